@@ -1,0 +1,117 @@
+"""Apply a :class:`~amp_rewrite.paint.Painting`: change type attributes and insert casts.
+
+Promises:
+
+* one Cast per (source tensor, target dtype), shared by all consumers, placed on the source
+  node's device and named ``<source>/amp_<dtype>`` (``_<port>`` for outputs other than 0);
+* no half -> float -> half chains: where a low-precision consumer would read the float32
+  output of a widening Cast (half/bfloat16 -> float, which is exact), it reads the Cast's input;
+  a Cast left with no reader at all is removed;
+* Consts painted by the painting are stored in the target dtype (no run-time cast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.framework import tensor_util
+
+from .ir import Graph, TensorRef
+from .paint import Painting
+from .types import BFLOAT16, FLOAT, HALF, dtype_name, get_dtype, input_dtype, output_dtype, set_dtype
+
+_FLOATS = (FLOAT, HALF, BFLOAT16)
+_NUMPY = {HALF: np.float16, FLOAT: np.float32}
+
+
+@dataclass
+class CastStats:
+    added: list[str] = field(default_factory=list)      # names of inserted casts
+    folded: int = 0                                       # consumers that skipped a cast chain
+    removed: list[str] = field(default_factory=list)     # original casts left unused, removed
+    consts: list[str] = field(default_factory=list)      # Consts stored in low precision
+
+
+def apply_painting(graph: Graph, painting: Painting) -> CastStats:
+    """Rewrite ``graph`` in place to the dtypes ``painting`` decided; returns what was added."""
+    stats = CastStats()
+    for (name, attr), decision in sorted(painting.decisions.items()):
+        if not decision.lowp:
+            continue
+        node = graph.node(name)
+        set_dtype(node, attr, painting.target)
+        if node.op == "Const" and attr.attr == "dtype":
+            _convert_const(node, painting.target)
+            stats.consts.append(name)
+        elif node.op in ("Placeholder", "PlaceholderWithDefault") and attr.attr == "dtype":
+            pass  # only the dtype attr changes; a shape attr stays as it is
+
+    originally_read = {n for n in graph.names() if graph.consumers(n) or graph.control_consumers(n)}
+    made: dict[tuple[TensorRef, int], TensorRef] = {}
+    for name in list(graph.names()):
+        for port, ref in enumerate(graph.inputs(name)):
+            have = output_dtype(graph.node(ref.node), ref.port)
+            want = input_dtype(graph.node(name), port)
+            if have == want or have not in _FLOATS or want not in _FLOATS:
+                continue
+            source = _unwidened(graph, ref, want)
+            if source is not None:
+                graph.set_input(name, port, source)
+                stats.folded += 1
+                continue
+            key = (ref, want)
+            if key not in made:
+                made[key] = _insert_cast(graph, ref, have, want)
+                stats.added.append(made[key].node)
+            graph.set_input(name, port, made[key])
+
+    for name in list(graph.names()):
+        node = graph.node(name)
+        if (node.op == "Cast" and name in originally_read and not graph.consumers(name)
+                and not graph.control_consumers(name)):
+            graph.remove_node(name)
+            stats.removed.append(name)
+    return stats
+
+
+def _unwidened(graph: Graph, ref: TensorRef, want: int) -> TensorRef | None:
+    """If ``ref`` is an exact widening Cast of a ``want``-typed tensor, that tensor."""
+    node = graph.node(ref.node)
+    if node.op != "Cast" or ref.port != 0:
+        return None
+    if get_dtype_attr(node, "SrcT") == want and get_dtype_attr(node, "DstT") == FLOAT \
+            and want in (HALF, BFLOAT16):
+        return graph.input(ref.node, 0)
+    return None
+
+
+def get_dtype_attr(node, name: str) -> int | None:
+    return node.attr[name].type if name in node.attr else None
+
+
+def _insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
+    base = f"{ref.node}/amp_{dtype_name(dst)}" + (f"_{ref.port}" if ref.port else "")
+    attrs = {
+        "SrcT": attr_value_pb2.AttrValue(type=src),
+        "DstT": attr_value_pb2.AttrValue(type=dst),
+        "Truncate": attr_value_pb2.AttrValue(b=False),
+    }
+    node = graph.add_node("Cast", base, [ref], attrs, device=graph.node(ref.node).device,
+                          after=ref.node)
+    node.meta["amp_inserted"] = True
+    return TensorRef(node.name, 0)
+
+
+def _convert_const(node, target: int) -> None:
+    values = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    if target == HALF:
+        converted = values.astype(np.float16)
+    else:
+        import ml_dtypes  # shipped with TensorFlow; numpy has no bfloat16 of its own
+        converted = values.astype(ml_dtypes.bfloat16)
+    shape = list(values.shape)
+    proto = tensor_util.make_tensor_proto(converted, dtype=target, shape=shape)
+    node.attr["value"].tensor.CopyFrom(proto)
+    node.attr["dtype"].type = target

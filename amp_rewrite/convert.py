@@ -1,0 +1,153 @@
+"""The pipeline: load -> IR -> type model -> paint -> casts (-> loss scaling) -> lint -> save.
+
+:func:`convert` works on a GraphDef in memory; :func:`convert_model` on a loaded
+:class:`~amp_rewrite.load.Model` (GraphDef, MetaGraph or SavedModel); :func:`convert_file`
+from a path to a path. Each returns a :class:`~amp_rewrite.report.Report`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from tensorflow.core.framework import graph_pb2
+
+from . import casts, lint, load as load_mod, save as save_mod
+from .errors import InputError
+from .ir import Graph
+from .paint import paint
+from .report import Report, build_report
+from .rules import RuleSet, load_rules
+from .types import LOW_PRECISION, TARGETS, dtype_name, get_dtype, node_types
+
+log = logging.getLogger(__name__)
+
+DEVICES = {"gpu": "GPU", "cpu": "CPU"}
+
+
+@dataclass
+class Options:
+    """What one conversion is asked to do (the CLI flags, as data)."""
+
+    target: str = "float16"
+    device: str = "gpu"
+    rules: RuleSet | Sequence[str | os.PathLike] | None = None
+    keep: Sequence[str] = ()
+    lowp_io: bool = False
+    loss_scale: str | None = None          # "dynamic", "none" or a number; None: by target
+    loss_scale_options: dict = field(default_factory=dict)
+
+    def rule_set(self) -> RuleSet:
+        if isinstance(self.rules, RuleSet):
+            return self.rules
+        return load_rules(self.target, list(self.rules or ()))
+
+    def check(self) -> None:
+        if self.target not in TARGETS:
+            raise InputError(f"unknown target {self.target!r}: choose float16 or bfloat16")
+        if self.device not in DEVICES:
+            raise InputError(f"unknown device {self.device!r}: choose gpu or cpu")
+
+
+def convert_graph(graph: Graph, options: Options, rules: RuleSet | None = None,
+                  extra_keep: Sequence[str] = ()) -> tuple[Graph, Report]:
+    """Convert an IR graph; returns a new graph (the input is not changed) and the report."""
+    options.check()
+    rules = rules or options.rule_set()
+    target = TARGETS[options.target]
+    device = DEVICES[options.device]
+    keep = set(options.keep) | set(extra_keep)
+    missing = sorted(k for k in set(options.keep) if k not in graph)
+    if missing:
+        raise InputError(f"--keep names no node {missing[0]!r}")
+
+    original = graph
+    work = graph.copy()
+    already = [n.name for n in work.nodes() if node_types(n) and
+               any(get_dtype(n, a) in LOW_PRECISION for a in node_types(n).attrs)]
+    painting = paint(work, rules, target=target, device=device, keep=keep, lowp_io=options.lowp_io)
+    stats = casts.apply_painting(work, painting)
+    report = build_report(work, original, painting, target=options.target, device=device,
+                          rules=rules, matrix_ops=rules.lists["allow"])
+    report.casts_added = stats.added
+    report.casts_removed = stats.removed
+    report.consts_converted = stats.consts
+    unknown = sorted({n.op for n in original.nodes() if node_types(n) is None})
+    if unknown:
+        report.warnings.append("ops not registered with TensorFlow left as they are: "
+                               + ", ".join(unknown))
+    if already:
+        report.warnings.append(f"the input already has {len(already)} low-precision nodes "
+                               f"(e.g. {already[0]!r}); they are left as they are")
+    lint.lint(work, original=original, rules=rules)
+    for w in report.warnings:
+        log.warning(w)
+    return work, report
+
+
+def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str = "gpu",
+            rules: RuleSet | Sequence[str | os.PathLike] | None = None,
+            keep: Sequence[str] = (), lowp_io: bool = False) -> tuple[graph_pb2.GraphDef, Report]:
+    """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
+
+    The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
+    device unplaced nodes will run on (``"gpu"`` or ``"cpu"``), which decides which kernels
+    exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
+    ``keep`` names nodes whose dtypes must not change.
+    """
+    options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io)
+    graph = Graph.from_graph_def(graph_def)
+    work, report = convert_graph(graph, options)
+    return work.to_graph_def(graph_def), report
+
+
+def convert_model(model: load_mod.Model, options: Options) -> Report:
+    """Convert a loaded model in place (its graph_def, and its functions where it has them)."""
+    if model.kind == "savedmodel":
+        from .savedmodel import convert_saved_model
+        return convert_saved_model(model, options)
+    graph = Graph.from_graph_def(model.graph_def)
+    rules = options.rule_set()
+    work, report = convert_graph(graph, options, rules, extra_keep=model.signature_tensors())
+    _maybe_loss_scaling(work, model, options, report)
+    model.graph_def = work.to_graph_def(model.graph_def)
+    return report
+
+
+def _maybe_loss_scaling(graph: Graph, model: load_mod.Model, options: Options, report: Report) -> None:
+    try:
+        from . import loss_scaling
+    except ImportError:  # the training pass is optional at this stage of the pipeline
+        return
+    loss_scaling.apply(graph, model, options, report)
+
+
+def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, *,
+                 force: bool = False, in_place: bool = False, **options) -> Report:
+    """Load ``input_path``, convert it, and write ``output_path`` atomically.
+
+    The input is never overwritten unless ``in_place`` is set; an existing output is only
+    replaced with ``force``. Options are those of :class:`Options`.
+    """
+    src, dst = Path(input_path), Path(output_path)
+    if _same_file(src, dst) and not in_place:
+        raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
+    opts = Options(**options)
+    opts.check()
+    model = load_mod.load(src)
+    report = convert_model(model, opts)
+    save_mod.save(model, dst, force=force or in_place)
+    return report
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+__all__ = ["Options", "convert", "convert_file", "convert_graph", "convert_model", "dtype_name"]

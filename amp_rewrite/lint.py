@@ -1,0 +1,87 @@
+"""The lint every converted graph must pass before anything is written.
+
+A failure here is an amp-rewrite bug, never the user's: the CLI reports it as an internal
+error (exit 1) and writes nothing.
+"""
+
+from __future__ import annotations
+
+from .errors import LintError
+from .ir import Graph
+from .paint import VARIABLE_OPS, Painting
+from .rules import RuleSet
+from .types import allowed_by_opdef, get_dtype, input_dtype, node_types, output_dtype, LOW_PRECISION, \
+    dtype_name, TypeAttr
+
+
+def lint_problems(graph: Graph, *, original: Graph | None = None, rules: RuleSet | None = None,
+                  painting: Painting | None = None) -> list[str]:
+    """Every problem found, as one sentence each naming the node; empty when the graph is sound.
+
+    Checks: each data edge's producer dtype equals what the consumer's OpDef expects; every
+    type attribute holds a dtype its OpDef allows; no deny-list op runs in low precision
+    (unless a user override forced it); variable ops keep their dtypes; node names are unique
+    and every input names an existing node (the IR refuses both, so they are checked on the
+    exported GraphDef).
+    """
+    problems: list[str] = []
+    gd = graph.to_graph_def()
+    names = [n.name for n in gd.node]
+    if len(set(names)) != len(names):
+        seen = set()
+        dup = next(n for n in names if n in seen or seen.add(n))
+        problems.append(f"node name {dup!r} is used twice")
+    known = set(names)
+    for nd in gd.node:
+        for text in nd.input:
+            src = text.lstrip("^").split(":")[0]
+            if src not in known:
+                problems.append(f"node {nd.name!r} reads missing node {src!r}")
+
+    for node in graph.nodes():
+        types = node_types(node)
+        if types is None:
+            continue
+        inputs = graph.inputs(node.name)
+        if len(inputs) != len(types.inputs):
+            problems.append(f"node {node.name!r} ({node.op}) has {len(inputs)} data inputs, its "
+                            f"OpDef expects {len(types.inputs)}")
+        for port, ref in enumerate(inputs):
+            have = output_dtype(graph.node(ref.node), ref.port)
+            want = input_dtype(node, port)
+            if have is not None and want is not None and have != want:
+                problems.append(f"edge {ref} -> {node.name!r}:{port} ({node.op}) carries "
+                                f"{dtype_name(have)} but the op expects {dtype_name(want)}")
+        for attr in types.attrs:
+            dtype = get_dtype(node, attr)
+            if dtype and not allowed_by_opdef(node, attr, dtype):
+                problems.append(f"node {node.name!r} ({node.op}) has {attr}={dtype_name(dtype)}, "
+                                f"which its OpDef does not allow")
+        if rules is not None and rules.category(node.op) == "deny":
+            forced = rules.node_rule(node.name)
+            if forced is None or forced.action != "force_lowp":
+                for attr in types.attrs:
+                    if get_dtype(node, attr) in LOW_PRECISION and _was_float(original, node.name, attr):
+                        problems.append(f"deny op {node.name!r} ({node.op}) runs in "
+                                        f"{dtype_name(get_dtype(node, attr))}")
+        if original is not None and node.op in VARIABLE_OPS and node.name in original:
+            before = original.node(node.name)
+            for attr in types.attrs:
+                if get_dtype(node, attr) != get_dtype(before, attr):
+                    problems.append(f"variable op {node.name!r} ({node.op}) changed {attr} from "
+                                    f"{dtype_name(get_dtype(before, attr))} to "
+                                    f"{dtype_name(get_dtype(node, attr))}")
+    return problems
+
+
+def _was_float(original: Graph | None, name: str, attr: TypeAttr) -> bool:
+    if original is None or name not in original:
+        return True
+    return get_dtype(original.node(name), attr) not in LOW_PRECISION
+
+
+def lint(graph: Graph, **kwargs) -> None:
+    """Raise :class:`LintError` listing every problem :func:`lint_problems` finds."""
+    problems = lint_problems(graph, **kwargs)
+    if problems:
+        raise LintError(problems)

@@ -1,0 +1,148 @@
+"""Loading: GraphDef (.pb / .pbtxt) and MetaGraphDef (.meta), detected from the content.
+
+Loading only parses protocol buffers: it never runs code from the model (no pickle, no Keras
+deserialization) and never changes the input. Every failure is an :class:`InputError` that
+names the file and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import message, text_format
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from .errors import InputError
+
+# protobuf cannot parse a message of 2 GiB or more
+PROTOBUF_LIMIT = 2**31 - 1
+TEXT_SUFFIXES = (".pbtxt", ".pbtext", ".txt", ".prototxt")
+
+
+@dataclass
+class Model:
+    """A loaded model: the GraphDef to convert, and the container it came in.
+
+    ``kind`` is ``"graphdef"`` or ``"metagraph"`` (or ``"savedmodel"``); ``text`` tells whether
+    the file was protobuf text format.
+    """
+
+    path: Path
+    kind: str
+    text: bool
+    graph_def: graph_pb2.GraphDef
+    meta_graph: meta_graph_pb2.MetaGraphDef | None = None
+    extra: dict = field(default_factory=dict)
+
+    def signature_tensors(self) -> set[str]:
+        """Node names behind the MetaGraph's signature inputs and outputs (the interface)."""
+        names: set[str] = set()
+        if self.meta_graph is None:
+            return names
+        for sig in self.meta_graph.signature_def.values():
+            for info in list(sig.inputs.values()) + list(sig.outputs.values()):
+                if info.name:
+                    names.add(info.name.split(":")[0].lstrip("^"))
+        return names
+
+
+def _looks_text(data: bytes) -> bool:
+    if b"\x00" in data[:4096]:
+        return False
+    try:
+        data[:4096].decode("utf-8")
+    except UnicodeDecodeError:
+        # a multi-byte character cut at the 4096th byte is still text
+        try:
+            data[:4090].decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return True
+
+
+def _valid_graph(gd: graph_pb2.GraphDef) -> bool:
+    return len(gd.node) > 0 and all(n.name and n.op for n in gd.node)
+
+
+def load(path: str | os.PathLike) -> Model:
+    """Load a GraphDef or MetaGraphDef file, or a SavedModel directory."""
+    path = Path(path)
+    if path.is_dir():
+        from .savedmodel import load_saved_model
+        return load_saved_model(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.name in ("saved_model.pb", "saved_model.pbtxt"):
+        from .savedmodel import load_saved_model
+        return load_saved_model(path.parent)
+    try:
+        size = path.stat().st_size
+        if size > PROTOBUF_LIMIT:
+            raise InputError(f"{path}: {size / 2**30:.1f} GiB is over protobuf's 2 GiB limit for one "
+                             "graph; save the model as a SavedModel so its weights live in variables")
+        data = path.read_bytes()
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse(data, path)
+
+
+def parse(data: bytes, path: Path) -> Model:
+    """Detect and parse the bytes of a GraphDef or MetaGraphDef, binary or text."""
+    if not data:
+        raise InputError(f"{path}: file is empty")
+    if _looks_text(data) and (path.suffix in TEXT_SUFFIXES or not _binary_model(data)):
+        return _parse_text(data, path)
+    model = _binary_model(data)
+    if model is None:
+        raise InputError(f"{path}: not a TensorFlow GraphDef or MetaGraphDef (the bytes do not "
+                         "parse as either; is the file truncated or another format?)")
+    kind, proto = model
+    if kind == "metagraph":
+        return Model(path, "metagraph", False, proto.graph_def, proto)
+    return Model(path, "graphdef", False, proto)
+
+
+def _binary_model(data: bytes):
+    meta = meta_graph_pb2.MetaGraphDef()
+    try:
+        meta.ParseFromString(data)
+        if _valid_graph(meta.graph_def):
+            return "metagraph", meta
+    except (message.DecodeError, RuntimeError, ValueError):
+        pass
+    gd = graph_pb2.GraphDef()
+    try:
+        gd.ParseFromString(data)
+    except (message.DecodeError, RuntimeError, ValueError):
+        return None
+    return ("graphdef", gd) if _valid_graph(gd) else None
+
+
+def _parse_text(data: bytes, path: Path) -> Model:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text and not a binary GraphDef") from None
+    stripped = text.lstrip()
+    is_meta = stripped.startswith(("meta_info_def", "graph_def", "saver_def", "collection_def",
+                                   "signature_def", "object_graph_def", "asset_file_def"))
+    proto = meta_graph_pb2.MetaGraphDef() if is_meta else graph_pb2.GraphDef()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as exc:
+        what = "MetaGraphDef" if is_meta else "GraphDef"
+        raise InputError(f"{path}: not a valid text {what}: {exc}") from None
+    if is_meta:
+        if not _valid_graph(proto.graph_def):
+            raise InputError(f"{path}: the MetaGraphDef holds no graph nodes")
+        return Model(path, "metagraph", True, proto.graph_def, proto)
+    if not _valid_graph(proto):
+        raise InputError(f"{path}: the GraphDef holds no nodes")
+    return Model(path, "graphdef", True, proto)
