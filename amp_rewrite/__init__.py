@@ -5,18 +5,30 @@ Public API::
     from amp_rewrite import convert, convert_file
     new_graph_def, report = convert(graph_def, target="float16")
     report = convert_file("model.pb", "model_amp.pb", target="bfloat16", device="cpu")
+
+Names are imported on first use, so ``import amp_rewrite`` (and the CLI's start-up) does not
+pay for importing TensorFlow until something needs it.
 """
 
-from .convert import Options, convert, convert_file, convert_model
-from .errors import AmpRewriteError, InputError, LintError, RuleError, UnsupportedGraphError
-from .load import load
-from .report import Report
-from .rules import RuleSet, load_rules
-from .save import save
+from __future__ import annotations
 
-__all__ = [
-    "AmpRewriteError", "InputError", "LintError", "Options", "Report", "RuleError", "RuleSet",
-    "UnsupportedGraphError", "convert", "convert_file", "convert_model", "load", "load_rules",
-    "save",
-]
+import importlib
+
+_EXPORTS = {
+    "Options": "pipeline", "convert": "pipeline", "convert_file": "pipeline",
+    "convert_model": "pipeline",
+    "AmpRewriteError": "errors", "InputError": "errors", "LintError": "errors",
+    "RuleError": "errors", "UnsupportedGraphError": "errors",
+    "Report": "report", "RuleSet": "rules",
+    "load_rules": "rules",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'amp_rewrite' has no attribute {name!r}")

@@ -90,7 +90,7 @@ def _setup_logging(args) -> None:
 
 
 def run_convert(args) -> int:
-    from . import convert as conv
+    from .pipeline import convert_file
     from .save import atomic_write
 
     if os.path.exists(args.output) and not (args.force or args.in_place):
@@ -101,7 +101,7 @@ def run_convert(args) -> int:
     for hook in _convert_hooks():
         if hasattr(hook, "convert_options"):
             options.update(hook.convert_options(args))
-    report = conv.convert_file(args.input, args.output, force=args.force, in_place=args.in_place,
+    report = convert_file(args.input, args.output, force=args.force, in_place=args.in_place,
                                **options)
     if args.report:
         atomic_write(args.report, report.to_json().encode("utf-8"), force=True)
@@ -114,8 +114,30 @@ def run_convert(args) -> int:
     return 0
 
 
+def _import_tensorflow_quietly(verbose: bool) -> None:
+    """Import TensorFlow with its C++ start-up lines (printed before absl logging is set up, so
+    no environment variable silences them) kept off stderr, unless -v asks to see everything."""
+    if verbose or "tensorflow" in sys.modules:
+        return
+    try:
+        saved = os.dup(2)
+    except OSError:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        sys.stderr.flush()
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _import_tensorflow_quietly("-v" in argv or "--verbose" in argv)
     if argv and argv[0] in SUBCOMMANDS:
         module = importlib.import_module(SUBCOMMANDS[argv[0]])
         parser = _Parser(prog=f"{PROG} {argv[0]}")

@@ -33,7 +33,7 @@ def run(args, command: str) -> int:
         for rule in rules.node_rules:
             print(f"override: {rule.pattern} -> {rule.action} ({rule.source})")
         return 0
-    from .convert import Options, convert_model
+    from .pipeline import Options, convert_model
     from .load import load
     model = load(args.input)
     report = convert_model(model, Options(target=args.target, device=args.device, rules=args.rules,

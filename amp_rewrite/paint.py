@@ -224,7 +224,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
             blocked[idx] = Decision(False, "user_keep",
                                     f"kept float32 by override {rule.pattern} ({rule.source})")
         elif name in interface:
-            blocked[idx] = Decision(False, "interface", f"kept float32: {interface[name]}")
+            blocked[idx] = Decision(False, "interface", interface[name])
     for name in nodes:
         node_refread[name] = _reads_ref(graph, nodes[name])
 
