@@ -217,7 +217,8 @@ def kernel_supports(node: Node, changes: dict[TypeAttr, int], device: str) -> bo
         return None
 
     for kernel in _kernels(node.op):
-        if kernel.device_type != device:
+        # DEVICE_DEFAULT kernels (loop plumbing, Identity ...) serve every device type
+        if kernel.device_type not in (device, "DEFAULT"):
             continue
         ok = True
         for constraint in kernel.constraint:
