@@ -15,7 +15,7 @@ from typing import Sequence
 
 from tensorflow.core.framework import graph_pb2
 
-from . import casts, lint, load as load_mod, save as save_mod
+from . import casts, functions, lint, load as load_mod, save as save_mod
 from .errors import InputError
 from .ir import Graph
 from .paint import paint
@@ -100,8 +100,12 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     """
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io)
     graph = Graph.from_graph_def(graph_def)
-    work, report = convert_graph(graph, options)
-    return work.to_graph_def(graph_def), report
+    rules = options.rule_set()
+    work, report = convert_graph(graph, options, rules,
+                                 extra_keep=functions.direct_call_feeders(graph, graph_def.library))
+    out = work.to_graph_def(graph_def)
+    functions.paint_library(out, options, rules, report)
+    return out, report
 
 
 def convert_model(model: load_mod.Model, options: Options) -> Report:
@@ -111,9 +115,11 @@ def convert_model(model: load_mod.Model, options: Options) -> Report:
         return convert_saved_model(model, options)
     graph = Graph.from_graph_def(model.graph_def)
     rules = options.rule_set()
-    work, report = convert_graph(graph, options, rules, extra_keep=model.signature_tensors())
+    keep = model.signature_tensors() | functions.direct_call_feeders(graph, model.graph_def.library)
+    work, report = convert_graph(graph, options, rules, extra_keep=keep)
     _maybe_loss_scaling(work, model, options, report)
     model.graph_def = work.to_graph_def(model.graph_def)
+    functions.paint_library(model.graph_def, options, rules, report)
     return report
 
 

@@ -1,0 +1,360 @@
+"""Function libraries: FunctionDef <-> IR, painting every reachable body, boundary types.
+
+A ``FunctionDef`` becomes an ordinary :class:`~amp_rewrite.ir.Graph` so the same painting,
+casts and lint run on it: each input argument is a ``Placeholder`` named after the argument,
+each output argument an ``Identity`` *sentinel* reading the returned tensor, and the
+FunctionDef's ``node:out_arg:index`` input strings become flat ``node:port`` edges (the port
+layout comes from the OpDef, or from the callee's signature for a direct call). Because the
+Placeholders and sentinels are the body's interface, a body is painted with float32 arguments
+and results, and casts sit just inside the boundary.
+
+Afterwards :func:`lower_boundaries` moves boundaries that only carry casts into low precision
+(``While`` loop-carried values, arguments and results of ``If``/``Case``/``PartitionedCall``
+callees), so the casts leave the loop or the call; a callee shared by call sites that want
+different boundary types is copied (specialized) first. Functions a SavedModel or graph calls
+from outside (the roots) keep their signatures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, types_pb2
+
+from .errors import InputError, UnsupportedGraphError
+from .ir import Graph, TensorRef
+from .types import FLOAT, op_def
+
+log = logging.getLogger(__name__)
+
+# Attributes that name the functions a node calls.
+_FUNC_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
+
+
+@dataclass
+class FunctionGraph:
+    """One function as IR: ``args`` are its Placeholders, ``rets`` its output sentinels."""
+
+    fdef: function_pb2.FunctionDef
+    graph: Graph
+    args: list[str]
+    rets: list[str]
+    defaults: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # attrs we filled in
+
+    @property
+    def name(self) -> str:
+        return self.fdef.signature.name
+
+    def boundary(self) -> set[str]:
+        return set(self.args) | set(self.rets)
+
+
+# ----------------------------------------------------------------- reachability
+def called_functions(node_def, library_names: set[str]) -> list[str]:
+    """Names of the library functions one NodeDef calls (by op name or function attrs)."""
+    out = []
+    if node_def.op in library_names:
+        out.append(node_def.op)
+    for key in sorted(node_def.attr):
+        value = node_def.attr[key]
+        kind = value.WhichOneof("value")
+        if kind == "func" and value.func.name in library_names:
+            out.append(value.func.name)
+        elif kind == "list":
+            out.extend(f.name for f in value.list.func if f.name in library_names)
+    return out
+
+
+def reachable(nodes, library: function_pb2.FunctionDefLibrary, extra_roots=()) -> list[str]:
+    """Library functions reachable from ``nodes`` and ``extra_roots``, callers before callees."""
+    by_name = {f.signature.name: f for f in library.function}
+    names = set(by_name)
+    order: list[str] = []
+    stack = [r for r in extra_roots if r in names]
+    for nd in nodes:
+        stack.extend(called_functions(nd, names))
+    stack.reverse()
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        order.append(name)
+        for nd in by_name[name].node_def:
+            stack.extend(reversed(called_functions(nd, names)))
+    return order
+
+
+# ----------------------------------------------------------------- default attributes
+def fill_defaults(node_def) -> list[str]:
+    """Set the OpDef defaults of attrs ``node_def`` omits; returns their names.
+
+    SavedModels strip default-valued attrs, but the type model reads every type attr.
+    """
+    od = op_def(node_def.op)
+    added = []
+    for attr in od.attr if od is not None else ():
+        if attr.name not in node_def.attr and attr.HasField("default_value"):
+            node_def.attr[attr.name].CopyFrom(attr.default_value)
+            added.append(attr.name)
+    return added
+
+
+def strip_defaults(node_def, names) -> None:
+    """Remove the attrs :func:`fill_defaults` added that still hold their default."""
+    od = op_def(node_def.op)
+    defaults = {a.name: a.default_value for a in od.attr} if od is not None else {}
+    for name in names:
+        if name in node_def.attr and node_def.attr[name] == defaults.get(name):
+            del node_def.attr[name]
+
+
+def graph_def_with_defaults(graph_def: graph_pb2.GraphDef):
+    """A copy of ``graph_def`` with default attrs filled in, and which ones were added."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    added = {nd.name: fill_defaults(nd) for nd in out.node}
+    return out, {k: v for k, v in added.items() if v}
+
+
+def strip_graph_defaults(graph_def: graph_pb2.GraphDef, added: dict[str, list[str]]) -> None:
+    for nd in graph_def.node:
+        if nd.name in added:
+            strip_defaults(nd, added[nd.name])
+
+
+# ----------------------------------------------------------------- FunctionDef <-> IR
+def _is_concrete(fdef: function_pb2.FunctionDef) -> bool:
+    sig = fdef.signature
+    args = list(sig.input_arg) + list(sig.output_arg)
+    return not sig.attr and all(a.type != types_pb2.DT_INVALID and not a.number_attr
+                                and not a.type_list_attr for a in args)
+
+
+def output_layout(node_def, signatures: dict) -> list[tuple[str, int]]:
+    """``(output arg name, index)`` of each flat output port of a node in a function body."""
+    if node_def.op in signatures:
+        return [(a.name, 0) for a in signatures[node_def.op].output_arg]
+    od = op_def(node_def.op)
+    if od is None:
+        raise UnsupportedGraphError(f"op {node_def.op!r} of node {node_def.name!r} is neither "
+                                    "registered with TensorFlow nor a library function")
+    out = []
+    for arg in od.output_arg:
+        if arg.type_list_attr:
+            count = len(node_def.attr[arg.type_list_attr].list.type)
+        elif arg.number_attr:
+            count = node_def.attr[arg.number_attr].i
+        else:
+            count = 1
+        out.extend((arg.name, i) for i in range(count))
+    return out
+
+
+def _flat_input(text: str, ports: dict[str, dict[tuple[str, int], int]], fname: str) -> str:
+    """A FunctionDef input string as a GraphDef one: ``n:out:2`` -> ``n:<flat port>``."""
+    if text.startswith("^"):
+        return text
+    parts = text.split(":")
+    if len(parts) == 1:
+        return text  # an argument: its Placeholder has one output
+    node, arg = parts[0], parts[1]
+    index = int(parts[2]) if len(parts) > 2 else 0
+    try:
+        port = ports[node][(arg, index)]
+    except KeyError:
+        raise InputError(f"function {fname!r}: input {text!r} names no output of a node") from None
+    return f"{node}:{port}"
+
+
+def function_to_graph(fdef: function_pb2.FunctionDef, signatures: dict) -> FunctionGraph:
+    """The body of a concrete function as IR, with Placeholder arguments and sentinel results."""
+    fname = fdef.signature.name
+    body_names = {nd.name for nd in fdef.node_def}
+    gd = graph_pb2.GraphDef()
+    for arg in fdef.signature.input_arg:
+        if arg.name in body_names:
+            raise UnsupportedGraphError(f"function {fname!r}: argument {arg.name!r} has the name "
+                                        "of a node of its body")
+        gd.node.add(name=arg.name, op="Placeholder").attr["dtype"].type = arg.type
+    ports = {nd.name: {key: i for i, key in enumerate(output_layout(nd, signatures))}
+             for nd in fdef.node_def}
+    defaults = {}
+    for nd in fdef.node_def:
+        new = gd.node.add()
+        new.CopyFrom(nd)
+        del new.input[:]
+        new.input.extend(_flat_input(t, ports, fname) for t in nd.input)
+        added = fill_defaults(new)
+        if added:
+            defaults[nd.name] = added
+    try:
+        graph = Graph.from_graph_def(gd)
+    except InputError as exc:
+        raise InputError(f"function {fname!r}: {exc}") from None
+    rets = []
+    for out in fdef.signature.output_arg:
+        ref = TensorRef.parse(_flat_input(fdef.ret[out.name], ports, fname))
+        sentinel = graph.add_node("Identity", f"{out.name}/amp_ret", [ref],
+                                  {"T": attr_value_pb2.AttrValue(type=out.type)})
+        rets.append(sentinel.name)
+    return FunctionGraph(fdef, graph, [a.name for a in fdef.signature.input_arg], rets, defaults)
+
+
+def _function_input(fg: FunctionGraph, ref: TensorRef, signatures: dict) -> str:
+    if ref.node in fg.args:
+        return ref.node
+    arg, index = output_layout(fg.graph.node(ref.node).proto, signatures)[ref.port]
+    return f"{ref.node}:{arg}:{index}"
+
+
+def graph_to_function(fg: FunctionGraph, signatures: dict) -> function_pb2.FunctionDef:
+    """The FunctionDef of ``fg``: its body, returns and signature types as the IR holds them."""
+    out = function_pb2.FunctionDef()
+    out.CopyFrom(fg.fdef)
+    del out.node_def[:]
+    boundary = fg.boundary()
+    graph = fg.graph
+    for node in graph.nodes():
+        if node.name in boundary:
+            continue
+        nd = out.node_def.add()
+        nd.CopyFrom(node.proto)
+        nd.input.extend(_function_input(fg, ref, signatures) for ref in graph.inputs(node.name))
+        nd.input.extend("^" + src for src in graph.control_inputs(node.name))
+        strip_defaults(nd, fg.defaults.get(node.name, ()))
+    for arg, name in zip(out.signature.input_arg, fg.args):
+        arg.type = graph.node(name).attr["dtype"].type
+    for arg, sentinel in zip(out.signature.output_arg, fg.rets):
+        arg.type = graph.node(sentinel).attr["T"].type
+        out.ret[arg.name] = _function_input(fg, graph.input(sentinel, 0), signatures)
+    return out
+
+
+# ----------------------------------------------------------------- painting a library
+def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_roots=()) -> None:
+    """Paint, in place, every library function reachable from ``graph_def``'s nodes or roots.
+
+    Functions reachable from outside (called by the graph's nodes, or ``extra_roots`` such as
+    a SavedModel's concrete functions) keep their signatures; bodies are painted like graphs,
+    and the nodes of each appear in ``report`` as ``function/node``.
+    """
+    library = graph_def.library
+    if not library.function:
+        return
+    names = reachable(graph_def.node, library, extra_roots)
+    if not names:
+        return
+    roots = {n for nd in graph_def.node for n in called_functions(nd, set(names))}
+    roots |= set(extra_roots)
+    signatures = {f.signature.name: f.signature for f in library.function}
+    by_name = {f.signature.name: f for f in library.function}
+    graphs: dict[str, FunctionGraph] = {}
+    for name in names:
+        fg = _convert_function(by_name[name], library, signatures, options, rules, report)
+        if fg is not None:
+            graphs[name] = fg
+    new_functions = lower_boundaries(graphs, roots, signatures)
+    for name, fg in graphs.items():
+        by_name[name].CopyFrom(graph_to_function(fg, signatures))
+    for fdef in new_functions:
+        library.function.add().CopyFrom(fdef)
+    problems = check_call_types(graph_def)
+    if problems:
+        from .errors import LintError
+        raise LintError(problems)
+
+
+def _convert_function(fdef, library, signatures, options, rules, report) -> FunctionGraph | None:
+    """Paint one function body; None (with a warning) when it cannot be painted."""
+    from .pipeline import convert_graph
+
+    name = fdef.signature.name
+    if not _is_concrete(fdef):
+        report.warnings.append(f"function {name!r} is polymorphic (type attributes in its "
+                               "signature): left as it is")
+        return None
+    try:
+        fg = function_to_graph(fdef, signatures)
+    except UnsupportedGraphError as exc:
+        report.warnings.append(f"function {name!r} left as it is: {exc}")
+        return None
+    body_options = dataclasses.replace(options, keep=(), lowp_io=False)
+    keep = fg.boundary() | direct_call_feeders(fg.graph, library)
+    work, sub = convert_graph(fg.graph, body_options, rules, extra_keep=keep)
+    merge_report(report, name, sub, exclude=fg.boundary())
+    return dataclasses.replace(fg, graph=work)
+
+
+def merge_report(report, prefix: str, sub, exclude=()) -> None:
+    """Append ``sub``'s nodes, casts and warnings to ``report``, named ``prefix/name``."""
+    skip = set(exclude)
+    for node in sub.nodes:
+        if node.name not in skip:
+            report.nodes.append(dataclasses.replace(node, name=f"{prefix}/{node.name}"))
+    report.casts_added.extend(f"{prefix}/{n}" for n in sub.casts_added)
+    report.casts_removed.extend(f"{prefix}/{n}" for n in sub.casts_removed)
+    report.consts_converted.extend(f"{prefix}/{n}" for n in sub.consts_converted)
+    report.warnings.extend(f"function {prefix!r}: {w}" for w in sub.warnings)
+
+
+def lower_boundaries(graphs: dict[str, FunctionGraph], roots: set[str], signatures: dict):
+    """Move cast-only function boundaries into low precision; returns new (specialized) FunctionDefs."""
+    return []
+
+
+# ----------------------------------------------------------------- consistency
+def check_call_types(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """Every call site's type lists equal its callees' signatures (While: T = cond = body)."""
+    sigs = {f.signature.name: f.signature for f in graph_def.library.function}
+    problems = []
+    bodies = [(None, graph_def.node)] + [(f.signature.name, f.node_def)
+                                         for f in graph_def.library.function]
+    for owner, nodes in bodies:
+        for nd in nodes:
+            for callee, want_in, want_out in _call_contract(nd):
+                sig = sigs.get(callee)
+                if sig is None:
+                    continue
+                have_in = [a.type for a in sig.input_arg]
+                have_out = [a.type for a in sig.output_arg]
+                if (want_in is not None and have_in != want_in) or \
+                        (want_out is not None and have_out != want_out):
+                    where = f"function {owner!r}" if owner else "the graph"
+                    problems.append(f"node {nd.name!r} ({nd.op}) in {where} calls {callee!r} "
+                                    "with types that differ from its signature")
+    return problems
+
+
+def _types(nd, attr: str) -> list[int]:
+    return list(nd.attr[attr].list.type) if attr in nd.attr else []
+
+
+def _call_contract(nd):
+    """``(callee, input types, output types)`` a functional op promises its callees."""
+    if nd.op in ("While", "StatelessWhile"):
+        t = _types(nd, "T")
+        return [(nd.attr["cond"].func.name, t, None), (nd.attr["body"].func.name, t, t)]
+    if nd.op in ("If", "StatelessIf"):
+        tin, tout = _types(nd, "Tin"), _types(nd, "Tout")
+        return [(nd.attr[b].func.name, tin, tout) for b in ("then_branch", "else_branch")]
+    if nd.op in ("Case", "StatelessCase"):
+        tin, tout = _types(nd, "Tin"), _types(nd, "Tout")
+        return [(f.name, tin, tout) for f in nd.attr["branches"].list.func]
+    if nd.op in ("PartitionedCall", "StatefulPartitionedCall"):
+        return [(nd.attr["f"].func.name, _types(nd, "Tin"), _types(nd, "Tout"))]
+    return []
+
+
+def direct_call_feeders(graph: Graph, library: function_pb2.FunctionDefLibrary) -> set[str]:
+    """Nodes feeding a direct call of a library function (op = function name): kept float32,
+    because such a node has no OpDef from which the cast pass could learn its input dtypes."""
+    names = {f.signature.name for f in library.function}
+    out = set()
+    for node in graph.nodes():
+        if node.op in names:
+            out.update(ref.node for ref in graph.inputs(node.name))
+    return out
