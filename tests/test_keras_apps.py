@@ -1,0 +1,93 @@
+"""Keras applications ResNet50 and MobileNetV2 (weights=None), frozen to constants, converted.
+
+Two checks per model:
+
+* as the acceptance asks: the frozen model as Keras builds it, converted in both targets,
+  imported, run, and within float16 / bfloat16 tolerance of FP32;
+* a harder one: with batch norm statistics calibrated on data (so activations stay O(1) as in
+  a trained network instead of shrinking layer by layer), the logits' error of our bfloat16
+  graph is no worse than that of grappler's own bfloat16 pass on the same graph.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+import graphs
+from amp_rewrite import convert
+
+MODELS = {"ResNet50": keras.applications.ResNet50, "MobileNetV2": keras.applications.MobileNetV2}
+TOL = {"float16": 5e-3, "bfloat16": 2e-2}
+DEVICE = {"float16": "gpu", "bfloat16": "cpu"}
+MATRIX = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
+
+
+def _freeze(model):
+    fn = tf.function(lambda x: model(x, training=False))
+    frozen = convert_variables_to_constants_v2(
+        fn.get_concrete_function(tf.TensorSpec([2, 64, 64, 3], tf.float32)))
+    return frozen.graph.as_graph_def(), frozen.inputs[0].name, frozen.outputs[0].name
+
+
+def _calibrate(model):
+    """Batch-norm variances from data (means left at zero, so no cancellation is staged)."""
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = 0.0
+    model(np.random.default_rng(1).uniform(0, 1, (16, 64, 64, 3)).astype(np.float32), training=True)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.moving_mean.assign(np.zeros(layer.moving_mean.shape, np.float32))
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model_name(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def images():
+    return np.random.default_rng(0).uniform(0, 1, (2, 64, 64, 3)).astype(np.float32)
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_keras_application_converts_and_matches(model_name, target, images):
+    keras.utils.set_random_seed(0)
+    graph_def, inp, out = _freeze(MODELS[model_name](weights=None, input_shape=(64, 64, 3)))
+    ref = graphs.run(graph_def, {inp: images}, [out])[0]
+    converted, report = convert(graph_def, target=target, device=DEVICE[target])
+    got = graphs.run(converted, {inp: images}, [out])[0]
+    assert np.all(np.isfinite(got))
+    assert graphs.rel_l2(got, ref) <= TOL[target]
+    matrix = [n for n in converted.node if n.op in MATRIX]
+    lowp = {"float16": tf.float16, "bfloat16": tf.bfloat16}[target].as_datatype_enum
+    assert len(matrix) > 50 and all(n.attr["T"].type == lowp for n in matrix)
+    # weights feeding the matrix ops are stored in the target dtype: no run-time casts for them
+    assert report.summary()["consts_converted"] >= len(matrix)
+
+
+def _grappler_bfloat16_run(graph_def, feeds, fetch):
+    config = config_pb2.ConfigProto()
+    rw = config.graph_options.rewrite_options
+    rw.auto_mixed_precision_onednn_bfloat16 = rewriter_config_pb2.RewriterConfig.ON
+    rw.remapping = rewriter_config_pb2.RewriterConfig.OFF
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    with tf.compat.v1.Session(graph=g, config=config) as sess:
+        return np.asarray(sess.run(fetch, feeds), np.float64)
+
+
+def test_calibrated_logits_no_worse_than_grappler(model_name, images):
+    keras.utils.set_random_seed(0)
+    model = MODELS[model_name](weights=None, input_shape=(64, 64, 3), classifier_activation=None)
+    _calibrate(model)
+    graph_def, inp, out = _freeze(model)
+    ref = graphs.run(graph_def, {inp: images}, [out])[0]
+    assert np.std(ref) > 0.1  # logits of O(1): the comparison means something
+    ours = graphs.run(convert(graph_def, target="bfloat16", device="cpu")[0], {inp: images}, [out])[0]
+    theirs = _grappler_bfloat16_run(graph_def, {inp: images}, out)
+    assert graphs.rel_l2(ours, ref) <= 1.25 * graphs.rel_l2(theirs, ref) + 1e-3
