@@ -22,6 +22,9 @@ PROG = "amp-rewrite"
 SUBCOMMANDS = {
     "explain": "amp_rewrite.explain",
     "rules": "amp_rewrite.explain",
+    "verify": "amp_rewrite.verify",
+    "kernels": "amp_rewrite.kernels",
+    "bench": "amp_rewrite.bench",
 }
 
 
@@ -89,13 +92,29 @@ def _setup_logging(args) -> None:
     logger.propagate = False
 
 
+def _check_paths(args) -> None:
+    """Refuse, before any work, writes that would clobber the input or an existing file."""
+    from .errors import InputError
+    from .save import same_file
+
+    # output = input is reported by convert_file, which names --in-place rather than --force
+    if (os.path.exists(args.output) and not (args.force or args.in_place)
+            and not same_file(args.input, args.output)):
+        raise InputError(f"{args.output}: already exists; pass --force to replace it")
+    if args.report:
+        for other in (args.input, args.output):
+            if same_file(args.report, other):
+                raise InputError(f"{args.report}: the report would overwrite {other}")
+        folder = os.path.dirname(os.path.abspath(args.report))
+        if not os.path.isdir(folder):
+            raise InputError(f"{args.report}: folder {folder} does not exist")
+
+
 def run_convert(args) -> int:
     from .pipeline import convert_file
     from .save import atomic_write
 
-    if os.path.exists(args.output) and not (args.force or args.in_place):
-        from .errors import InputError
-        raise InputError(f"{args.output}: already exists; pass --force to replace it")
+    _check_paths(args)
     options = dict(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
                    lowp_io=args.lowp_io)
     for hook in _convert_hooks():

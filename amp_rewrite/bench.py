@@ -1,0 +1,141 @@
+"""``amp-rewrite bench ORIG CONVERTED``: median latency and throughput of both, side by side.
+
+Both models are loaded into the same process, warmed up, then timed interleaved (ABBA order,
+so drift in clock speed or caches falls on both alike) on the same inputs. The speed-up is the
+original's median latency over the converted one's; throughput is the batch (the first input's
+leading dimension) over the median latency.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from .errors import InputError
+from .runner import check_same_interface, open_model, parse_shapes, share_weights
+from .verify import add_model_arguments, feed_sets
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    throughput: float   # samples per second at the median latency
+
+
+@dataclass
+class BenchResult:
+    runs: int
+    warmup: int
+    batch: int
+    original: Timing
+    converted: Timing
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster the converted model is (original / converted median latency)."""
+        return self.original.median_ms / self.converted.median_ms
+
+    def to_dict(self) -> dict:
+        return {"runs": self.runs, "warmup": self.warmup, "batch": self.batch,
+                "original": asdict(self.original), "converted": asdict(self.converted),
+                "speedup": self.speedup}
+
+
+def _timing(seconds: list[float], batch: int) -> Timing:
+    ms = sorted(s * 1e3 for s in seconds)
+    q = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else [ms[0]] * 9
+    median = statistics.median(ms)
+    return Timing(median, q[0], q[-1], batch / (median / 1e3))
+
+
+def time_interleaved(a: Callable[[], object], b: Callable[[], object], runs: int, warmup: int,
+                     progress: Callable[[int, int], None] | None = None) -> tuple[list[float], list[float]]:
+    """Call ``a`` and ``b`` alternately (ABBA), ``warmup`` untimed rounds first; seconds per call."""
+    total = warmup + runs
+    times_a, times_b = [], []
+    for i in range(total):
+        order = ((a, times_a), (b, times_b)) if i % 2 == 0 else ((b, times_b), (a, times_a))
+        for fn, sink in order:
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                sink.append(elapsed)
+        if progress:
+            progress(i + 1, total)
+    return times_a, times_b
+
+
+def bench(original_path, converted_path, *, runs: int = 20, warmup: int = 3,
+          shapes: Mapping | None = None, inputs: str | None = None, signature: str | None = None,
+          outputs: Sequence[str] = (), checkpoint: str | None = None,
+          progress: Callable[[int, int], None] | None = None) -> BenchResult:
+    """Time both models on the same inputs (see the module docstring)."""
+    if runs < 1 or warmup < 0:
+        raise InputError("--runs must be at least 1 and --warmup at least 0")
+    with open_model(original_path, signature=signature, outputs=outputs,
+                    checkpoint=checkpoint) as ra, open_model(
+            converted_path, signature=signature, outputs=outputs, checkpoint=checkpoint) as rb:
+        check_same_interface(ra, rb)
+        share_weights(ra, rb)
+        feed = feed_sets(ra, inputs, 1, shapes or {})[0]
+        call_a, call_b = ra.callable(), rb.callable()
+        times_a, times_b = time_interleaved(lambda: call_a(feed), lambda: call_b(feed), runs,
+                                            warmup, progress)
+    first = next(iter(feed.values()), None)
+    batch = int(first.shape[0]) if first is not None and first.ndim else 1
+    return BenchResult(runs, warmup, batch, _timing(times_a, batch), _timing(times_b, batch))
+
+
+# -- command line ------------------------------------------------------------------------------
+
+def add_arguments(parser, command: str) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
+    parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
+    parser.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rounds")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def run(args, command: str) -> int:
+    result = bench(args.original, args.converted, runs=args.runs, warmup=args.warmup,
+                   shapes=parse_shapes(args.shape), inputs=args.inputs, signature=args.signature,
+                   outputs=args.output, checkpoint=args.checkpoint,
+                   progress=None if args.quiet else _progress_bar)
+    if args.json:
+        from .save import atomic_write
+        atomic_write(Path(args.json), (json.dumps(result.to_dict(), indent=1) + "\n").encode(),
+                     force=True)
+    if args.html:
+        from .html import write_bench_report
+        write_bench_report(args.html, result, args.converted)
+    if not args.quiet:
+        print(format_result(result))
+    return 0
+
+
+def format_result(result: BenchResult) -> str:
+    rows = [("original", result.original), ("converted", result.converted)]
+    lines = [f"{result.runs} timed runs each after {result.warmup} warm-up, interleaved, "
+             f"batch {result.batch}"]
+    for name, t in rows:
+        lines.append(f"{name:<9}  median {t.median_ms:9.3f} ms  (p10 {t.p10_ms:.3f}, p90 "
+                     f"{t.p90_ms:.3f})  {t.throughput:10.1f} samples/s")
+    lines.append(f"speed-up (original / converted median latency): {result.speedup:.2f}x")
+    return "\n".join(lines)

@@ -1,0 +1,285 @@
+"""The HTML report (``--html``) and the TensorBoard export (``--tensorboard``).
+
+The HTML report is one self-contained file (inline CSS, an inline SVG chart, a few lines of
+script to sort tables; nothing fetched): the conversion summary, precision by op type as a
+table and a chart, the nodes kept float32 with their reasons, the casts added, and the
+verify / bench results when the command that wrote it has them. This module is also the
+convert command's hook: it adds ``--html`` and ``--tensorboard`` and acts on them after the
+converted graph is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from html import escape
+from pathlib import Path
+
+from .errors import InputError
+from .save import atomic_write
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("float32", "float16", "bfloat16", "mixed", "none")
+COLOURS = {"float32": "#4e79a7", "float16": "#f28e2b", "bfloat16": "#e15759", "mixed": "#b07aa1",
+           "none": "#bab0ac"}
+_LOW = {"half": "float16", "bfloat16": "bfloat16"}
+
+
+# -- convert hook ------------------------------------------------------------------------------
+
+def add_convert_arguments(parser) -> None:
+    parser.add_argument("--html", metavar="REPORT.html",
+                        help="also write a self-contained HTML report of the conversion")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="write the converted graph as a TensorBoard event file into DIR")
+
+
+def after_convert(args, report) -> None:
+    if getattr(args, "html", None):
+        write_convert_report(args.html, report.to_dict())
+    if getattr(args, "tensorboard", None):
+        from .load import load
+        write_tensorboard(args.tensorboard, load(args.output).graph_def)
+
+
+# -- writers -----------------------------------------------------------------------------------
+
+def write_convert_report(path, report: dict) -> None:
+    """The HTML report of one conversion (``report`` is ``Report.to_dict()``)."""
+    _write(path, render("amp-rewrite conversion report", report=report))
+
+
+def write_verify_report(path, result, converted_path, report_json=None) -> None:
+    """The HTML report of a verify run; the convert JSON report adds the decisions."""
+    report = _read_report(report_json) if report_json else None
+    precision = None if report else graph_precision(converted_path)
+    _write(path, render("amp-rewrite verify report", report=report, precision=precision,
+                        verify=result.to_dict()))
+
+
+def write_bench_report(path, result, converted_path) -> None:
+    _write(path, render("amp-rewrite bench report", precision=graph_precision(converted_path),
+                        bench=result.to_dict()))
+
+
+def write_tensorboard(logdir, graph_def) -> Path:
+    """Write ``graph_def`` into a new event file in ``logdir`` (TensorBoard's Graphs tab)."""
+    import tensorflow as tf
+    logdir = Path(logdir)
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{logdir}: cannot create the TensorBoard folder: {exc.strerror or exc}") from None
+    before = set(logdir.glob("events.out.tfevents.*"))
+    writer = tf.summary.create_file_writer(str(logdir))
+    with writer.as_default():
+        tf.summary.graph(graph_def)
+    writer.flush()
+    writer.close()
+    written = sorted(set(logdir.glob("events.out.tfevents.*")) - before)
+    log.info("wrote the converted graph for TensorBoard to %s", written[-1] if written else logdir)
+    return written[-1] if written else logdir
+
+
+def _write(path, text: str) -> None:
+    atomic_write(Path(path), text.encode("utf-8"), force=True)
+
+
+def _read_report(path) -> dict:
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable amp-rewrite JSON report: {exc}") from None
+    if not isinstance(report, dict) or "nodes" not in report:
+        raise InputError(f"{path}: not an amp-rewrite JSON report (no 'nodes')")
+    return report
+
+
+def graph_precision(path) -> list[dict]:
+    """Each node of a converted graph file with the precision its dtypes show (no reasons)."""
+    from .load import load
+    if Path(path).is_dir() and not (Path(path) / "saved_model.pb").exists():
+        return []
+    out = []
+    for node in load(path).graph_def.node:
+        types = {_dtype(v.type) for v in node.attr.values() if v.WhichOneof("value") == "type"}
+        low = sorted(_LOW[t] for t in types if t in _LOW)
+        precision = ("mixed" if "float" in types else low[0]) if low else (
+            "float32" if "float" in types else "none")
+        out.append({"name": node.name, "op": node.op, "precision": precision})
+    return out
+
+
+def _dtype(enum: int) -> str:
+    from tensorflow.core.framework import types_pb2
+    return types_pb2.DataType.Name(enum)[3:].lower()
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+def render(title: str, *, report: dict | None = None, precision: list[dict] | None = None,
+           verify: dict | None = None, bench: dict | None = None) -> str:
+    """The whole page. ``report`` (a convert report dict) or ``precision`` (nodes with their
+    precision) gives the graph sections; ``verify`` and ``bench`` add their results."""
+    nodes = report["nodes"] if report else (precision or [])
+    parts = [f"<h1>{escape(title)}</h1>"]
+    if report:
+        parts.append(_summary(report))
+    if verify:
+        parts.append(_verify(verify))
+    if bench:
+        parts.append(_bench(bench))
+    if nodes:
+        parts.append(_by_op_type(nodes))
+    if report:
+        parts.append(_kept(report))
+        parts.append(_list("Casts added", report.get("casts_added", [])))
+        if report.get("warnings"):
+            parts.append(_list("Warnings", report["warnings"]))
+    return _PAGE.format(title=escape(title), style=_STYLE, body="\n".join(parts), script=_SCRIPT)
+
+
+def _table(headers, rows, cls="") -> str:
+    head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(_fmt(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f'<table class="sortable {cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _summary(report: dict) -> str:
+    s = report["summary"]
+    rows = [("target", report["target"]), ("device", report["device"]), ("level", report["level"]),
+            ("nodes converted", f"{s['nodes_converted']} of {s['nodes_total']}"),
+            ("MatMul/Conv-family ops converted", f"{s['matrix_converted']} of {s['matrix_total']}"),
+            ("casts added", s["casts_added"]), ("original casts removed", s["casts_removed"]),
+            (f"Consts stored in {report['target']}", s["consts_converted"]),
+            ("rule files", ", ".join(report.get("rules", [])) or "defaults")]
+    rows += [(f"kept float32: {code}", n) for code, n in s["kept_float32_by_reason"].items()]
+    rows += [(key, value["summary"]) for key, value in report.items()
+             if isinstance(value, dict) and "summary" in value and key != "summary"]
+    return "<h2>Summary</h2>" + _table(("what", "value"), rows, "summary")
+
+
+def _by_op_type(nodes: list[dict]) -> str:
+    counts: dict[str, Counter] = {}
+    for n in nodes:
+        counts.setdefault(n["op"], Counter())[n["precision"]] += 1
+    present = [p for p in PRECISIONS if any(c[p] for c in counts.values())]
+    ops = sorted(counts, key=lambda op: (-sum(counts[op].values()), op))
+    rows = [(op, *(counts[op][p] for p in present), sum(counts[op].values())) for op in ops]
+    return ("<h2>Precision by op type</h2>" + _chart(ops, counts, present)
+            + _table(("op type", *present, "total"), rows, "by-op"))
+
+
+def _chart(ops, counts, present) -> str:
+    """A horizontal stacked bar per op type, as inline SVG."""
+    bar_h, label_w, width = 18, 190, 420
+    biggest = max(sum(c.values()) for c in counts.values())
+    rows = []
+    for i, op in enumerate(ops):
+        y, x = 24 + i * (bar_h + 4), label_w
+        rows.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{escape(op)}</text>')
+        for p in present:
+            w = width * counts[op][p] / biggest
+            if w:
+                rows.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" '
+                            f'fill="{COLOURS[p]}"><title>{escape(op)}: {counts[op][p]} {p}</title></rect>')
+                x += w
+    legend = "".join(f'<rect x="{label_w + 100 * i}" y="2" width="12" height="12" fill="{COLOURS[p]}"/>'
+                     f'<text x="{label_w + 100 * i + 16}" y="13">{p}</text>'
+                     for i, p in enumerate(present))
+    height = 30 + len(ops) * (bar_h + 4)
+    return (f'<svg class="chart" role="img" aria-label="precision by op type" '
+            f'width="{label_w + width + 20}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
+            f'{legend}{"".join(rows)}</svg>')
+
+
+def _kept(report: dict) -> str:
+    rows = [(n["name"], n["op"], n["code"], n["reason"], " -> ".join(n.get("via", [])))
+            for n in report["nodes"] if n["precision"] == "float32"]
+    if not rows:
+        return "<h2>Nodes kept float32</h2><p>none</p>"
+    return (f"<h2>Nodes kept float32 ({len(rows)})</h2>"
+            + _table(("node", "op", "code", "reason", "chain"), rows, "kept"))
+
+
+def _list(title: str, items) -> str:
+    if not items:
+        return f"<h2>{escape(title)}</h2><p>none</p>"
+    return (f"<h2>{escape(title)} ({len(items)})</h2><ul>"
+            + "".join(f"<li>{escape(str(i))}</li>" for i in items) + "</ul>")
+
+
+def _verify(v: dict) -> str:
+    verdict = "within tolerance" if v["ok"] else "OUT OF TOLERANCE"
+    parts = [f'<h2>Verify: <span class="{"ok" if v["ok"] else "fail"}">{verdict}</span></h2>',
+             f"<p>{v['samples']} sample(s); an element is within tolerance when "
+             f"|converted − original| ≤ {v['atol']:g} + {v['rtol']:g}·|original|.</p>",
+             _table(("output", "max abs error", "relative L2", "out of tolerance (%)", "elements",
+                     "non-finite", "ok"),
+                    [(o["name"], o["max_abs"], o["rel_l2"], 100 * o["out_of_tolerance"],
+                      o["elements"], o["nonfinite"], "yes" if o["ok"] else "NO")
+                     for o in v["outputs"]], "verify")]
+    if v.get("nodes"):
+        parts.append(f"<h3>Per node: the {min(len(v['nodes']), 50)} tensors adding the most error "
+                     f"(of {v['nodes_compared']} compared)</h3>")
+        parts.append(_table(("rank", "tensor", "op", "dtype", "error added", "relative L2"),
+                            [(i, n["tensor"], n["op"], n["dtype"], n["added"], n["rel_l2"])
+                             for i, n in enumerate(v["nodes"][:50], 1)], "per-node"))
+    return "\n".join(parts)
+
+
+def _bench(b: dict) -> str:
+    rows = [(name, b[name]["median_ms"], b[name]["p10_ms"], b[name]["p90_ms"], b[name]["throughput"])
+            for name in ("original", "converted")]
+    return (f"<h2>Bench: {b['speedup']:.2f}× speed-up</h2>"
+            f"<p>{b['runs']} timed runs each after {b['warmup']} warm-up, interleaved, "
+            f"batch {b['batch']}.</p>"
+            + _table(("model", "median (ms)", "p10 (ms)", "p90 (ms)", "samples/s"), rows, "bench"))
+
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;
+text-align:left;vertical-align:top}th{background:#f3f3f3;cursor:pointer}
+td:not(:first-child){font-variant-numeric:tabular-nums}.ok{color:#2a7d2a}.fail{color:#b22}
+svg.chart text{font-size:12px;fill:#222}
+"""
+
+# click a header to sort by it; then mark the page ready (the test reads this mark)
+_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (th, col) {
+    th.addEventListener("click", function () {
+      var body = table.tBodies[0], rows = Array.from(body.rows);
+      var asc = th.dataset.asc !== "1"; th.dataset.asc = asc ? "1" : "0";
+      rows.sort(function (a, b) {
+        var x = a.cells[col].textContent, y = b.cells[col].textContent;
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+        return asc ? c : -c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
+document.documentElement.dataset.ready = String(document.querySelectorAll("table").length);
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>{style}</style></head>
+<body>
+{body}
+<script>{script}</script>
+</body></html>
+"""
