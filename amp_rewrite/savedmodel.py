@@ -36,12 +36,6 @@ log = logging.getLogger(__name__)
 
 _PROTO_FILES = ("saved_model.pb", "saved_model.pbtxt")
 _FINGERPRINT = "fingerprint.pb"
-# Gradient ops that only appear when a function differentiates something.
-_GRADIENT_OPS = frozenset({"BroadcastGradientArgs", "BiasAddGrad", "ReluGrad", "SigmoidGrad",
-                           "TanhGrad", "SoftmaxCrossEntropyWithLogits",
-                           "SparseSoftmaxCrossEntropyWithLogits", "Conv2DBackpropFilter",
-                           "Conv2DBackpropInput", "FusedBatchNormGradV3"})
-_UPDATE_OPS = frozenset({"AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp"})
 
 
 def load_saved_model(path: Path) -> Model:
@@ -106,20 +100,21 @@ def convert_saved_model(model: Model, options) -> Report:
 
 def training_functions(meta) -> list[str]:
     """Functions of ``meta``'s library that compute gradients and update variables."""
+    from .training.detect import backprop_scope, is_variable_write
+
     out = []
     for fdef in meta.graph_def.library.function:
-        ops = {nd.op for nd in fdef.node_def}
-        grads = any(op in _GRADIENT_OPS or op.startswith("ResourceApply") for op in ops) or any(
-            nd.name.startswith("gradient_tape/") for nd in fdef.node_def)
-        updates = any(op in _UPDATE_OPS or op.startswith("ResourceApply") for op in ops)
-        if grads and updates:
+        grads = any(backprop_scope(nd.name) for nd in fdef.node_def)
+        if grads and any(is_variable_write(nd.op) for nd in fdef.node_def):
             out.append(fdef.signature.name)
     return sorted(out)
 
 
 def _refuse_untrainable(path: Path, meta, options) -> None:
     """Refuse a float16 conversion of training functions, which would need loss scaling."""
-    if options.target != "float16" or str(options.loss_scale).lower() == "none":
+    from .loss_scaling import scale_config
+
+    if scale_config(options.loss_scale, options.target, dict(options.loss_scale_options)) is None:
         return
     train = training_functions(meta)
     if train:
@@ -127,8 +122,8 @@ def _refuse_untrainable(path: Path, meta, options) -> None:
             f"{path}: function {train[0]!r} trains (gradients and variable updates inside a "
             "tf.function); float16 training needs loss scaling, which amp-rewrite adds to "
             "GraphDef/MetaGraph training graphs but not inside SavedModel functions. Convert "
-            "with --target bfloat16 (no loss scaling needed), turn loss scaling off "
-            "(loss_scale=\"none\", gradients may underflow), or save the training step as a "
+            "with --target bfloat16 (no loss scaling needed), or with --loss-scale none "
+            "(small gradients may underflow to zero), or save the training step as a "
             "MetaGraph and convert that")
 
 

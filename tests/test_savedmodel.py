@@ -1,0 +1,265 @@
+"""SavedModel directories in and out: Keras exports, tf.Modules with control flow, train steps."""
+
+import filecmp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from tensorflow.core.framework import types_pb2
+from tensorflow.python.saved_model import loader_impl
+
+from amp_rewrite import UnsupportedGraphError, convert_file
+from amp_rewrite.cli import main
+from amp_rewrite.errors import InputError
+
+import graphs
+
+TOL = {"float16": 5e-3, "bfloat16": 2e-2}
+DEVICE = {"float16": "gpu", "bfloat16": "cpu"}
+LOWP = {"float16": types_pb2.DT_HALF, "bfloat16": types_pb2.DT_BFLOAT16}
+MATRIX_OPS = ("MatMul", "BatchMatMulV2", "Einsum", "Conv2D")
+
+
+def functions_of(path):
+    """{function name: FunctionDef} of the first MetaGraph of the SavedModel at ``path``."""
+    saved = loader_impl.parse_saved_model(str(path))
+    return {f.signature.name: f for f in saved.meta_graphs[0].graph_def.library.function}
+
+
+def matrix_dtypes(path):
+    """The T of every MatMul-family node in every function of the SavedModel."""
+    return [nd.attr["T"].type for f in functions_of(path).values() for nd in f.node_def
+            if nd.op in MATRIX_OPS]
+
+
+def same_tree(a: Path, b: Path, subdir: str) -> bool:
+    names = sorted(p.relative_to(a / subdir) for p in (a / subdir).rglob("*") if p.is_file())
+    other = sorted(p.relative_to(b / subdir) for p in (b / subdir).rglob("*") if p.is_file())
+    return names == other and all(filecmp.cmp(a / subdir / n, b / subdir / n, shallow=False)
+                                  for n in names)
+
+
+# ----------------------------------------------------------------- Keras export
+@pytest.fixture(scope="module")
+def keras_export(tmp_path_factory):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Reshape((8, 64))(x)
+    x = keras.layers.LSTM(16, return_sequences=True)(x)
+    x = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    out = keras.layers.Dense(10)(x)
+    model = keras.Model(inp, out)
+    # BatchNormalization statistics that are not the identity, so the layer does something
+    model.layers[2].set_weights([w + np.linspace(0.1, 0.5, w.shape[0]).astype(np.float32)
+                                 for w in model.layers[2].get_weights()])
+    path = tmp_path_factory.mktemp("keras") / "model"
+    model.export(str(path), verbose=False)
+    x = load_digits().images[:6, :, :, None].astype(np.float32) / 16.0
+    return path, x, model(x).numpy()
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_keras_export_converts_serves_and_keeps_weights(keras_export, target, tmp_path):
+    src, x, want = keras_export
+    out = tmp_path / "amp"
+    report = convert_file(src, out, target=target, device=DEVICE[target])
+    loaded = tf.saved_model.load(str(out))
+    served = loaded.serve(tf.constant(x)).numpy()
+    signed = list(loaded.signatures["serving_default"](tf.constant(x)).values())[0].numpy()
+    assert graphs.rel_l2(served, want) <= TOL[target]
+    assert graphs.rel_l2(signed, want) <= TOL[target]
+    assert served.dtype == signed.dtype == np.float32
+    # every matrix op of every layer (Conv2D, LSTM's MatMuls, attention's Einsums, Dense) is low precision
+    dtypes = matrix_dtypes(out)
+    assert len(dtypes) >= 4 and set(dtypes) == {LOWP[target]}
+    assert same_tree(src, out, "variables") and same_tree(src, out, "assets")
+    # the signatures (float32 inputs and outputs) are the input's, unchanged
+    before = loader_impl.parse_saved_model(str(src)).meta_graphs[0]
+    after = loader_impl.parse_saved_model(str(out)).meta_graphs[0]
+    assert after.signature_def == before.signature_def
+    assert {info.dtype for info in after.signature_def["serving_default"].inputs.values()} == {
+        types_pb2.DT_FLOAT}
+    s = report.summary()
+    assert s["matrix_converted"] == s["matrix_total"] >= 4
+
+
+def test_saved_model_cli_reads_the_output(keras_export, tmp_path):
+    src, _, _ = keras_export
+    out = tmp_path / "amp"
+    convert_file(src, out, target="bfloat16", device="cpu")
+    cli = Path(sys.executable).with_name("saved_model_cli")
+    done = subprocess.run([str(cli), "show", "--dir", str(out), "--all"], capture_output=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
+    assert done.returncode == 0
+
+
+# ----------------------------------------------------------------- tf.Module with control flow
+class LoopAndBranch(tf.Module):
+    def __init__(self):
+        r = np.random.default_rng(0)
+        self.w = tf.Variable(r.normal(0, 0.25, (16, 16)).astype(np.float32))
+        self.v = tf.Variable(r.normal(0, 0.25, (16, 16)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32)])
+    def __call__(self, x):
+        _, h = tf.while_loop(lambda i, h: i < 3,
+                             lambda i, h: (i + 1, tf.nn.relu(tf.matmul(h, self.w))),
+                             [tf.constant(0), x])
+        y = tf.cond(tf.reduce_sum(h) > 0, lambda: tf.matmul(h, self.v), lambda: h * 2.0)
+        return {"y": y}
+
+
+@pytest.fixture(scope="module")
+def loop_module(tmp_path_factory):
+    module = LoopAndBranch()
+    path = tmp_path_factory.mktemp("loop") / "model"
+    tf.saved_model.save(module, str(path), signatures=module.__call__)
+    x = np.random.default_rng(1).normal(0, 1, (4, 16)).astype(np.float32)
+    return path, x, module(tf.constant(x))["y"].numpy()
+
+
+def _bodies(path, op, attrs):
+    """FunctionDefs that ``op`` nodes of any function call through ``attrs``."""
+    funcs = functions_of(path)
+    return [funcs[nd.attr[a].func.name] for f in funcs.values() for nd in f.node_def
+            if nd.op == op for a in attrs]
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_module_while_and_cond_bodies_are_painted(loop_module, target, tmp_path):
+    src, x, want = loop_module
+    out = tmp_path / "amp"
+    convert_file(src, out, target=target, device=DEVICE[target])
+    loop_bodies = _bodies(out, "While", ["body"])
+    branches = _bodies(out, "If", ["then_branch"])
+    assert loop_bodies and branches
+    for fdef in loop_bodies + branches:
+        matmuls = [nd for nd in fdef.node_def if nd.op == "MatMul"]
+        assert matmuls and all(nd.attr["T"].type == LOWP[target] for nd in matmuls)
+    loaded = tf.saved_model.load(str(out))
+    got = loaded.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+    assert graphs.rel_l2(got, want) <= TOL[target]
+    assert graphs.rel_l2(loaded(tf.constant(x))["y"].numpy(), want) <= TOL[target]
+
+
+# ----------------------------------------------------------------- writing
+def test_existing_output_needs_force_and_is_replaced_whole(loop_module, tmp_path):
+    src, x, want = loop_module
+    out = tmp_path / "amp"
+    out.mkdir()
+    (out / "stale.txt").write_text("left from before")
+    with pytest.raises(InputError):
+        convert_file(src, out, target="bfloat16", device="cpu")
+    assert sorted(p.name for p in out.iterdir()) == ["stale.txt"]
+    convert_file(src, out, target="bfloat16", device="cpu", force=True)
+    assert not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["amp"]  # no temporary folders left
+    got = tf.saved_model.load(str(out)).signatures["serving_default"](x=tf.constant(x))["y"]
+    assert graphs.rel_l2(got.numpy(), want) <= TOL["bfloat16"]
+
+
+def test_bad_saved_models_exit_2_and_write_nothing(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "saved_model.pb").write_bytes(b"\x0a\xff\xff\xff\x0fnot a protobuf")
+    for src in (empty, broken):
+        out = tmp_path / f"{src.name}_amp"
+        assert main([str(src), "-o", str(out)]) == 2
+        assert not out.exists()
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "empty"]
+
+
+# ----------------------------------------------------------------- training functions
+class Trainer(tf.Module):
+    """A two-layer classifier whose train step is a tf.function with a GradientTape."""
+
+    def __init__(self):
+        r = np.random.default_rng(0)
+        self.w1 = tf.Variable(r.normal(0, 0.25, (64, 32)).astype(np.float32))
+        self.b1 = tf.Variable(np.zeros(32, np.float32))
+        self.w2 = tf.Variable(r.normal(0, 0.25, (32, 10)).astype(np.float32))
+        self.b2 = tf.Variable(np.zeros(10, np.float32))
+
+    def logits(self, x):
+        return tf.matmul(tf.nn.relu(tf.matmul(x, self.w1) + self.b1), self.w2) + self.b2
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32),
+                                  tf.TensorSpec([None], tf.int32)])
+    def train(self, x, y):
+        params = [self.w1, self.b1, self.w2, self.b2]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=y, logits=self.logits(x)))
+        for var, grad in zip(params, tape.gradient(loss, params)):
+            var.assign_sub(0.5 * grad)
+        return {"loss": loss}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+    def predict(self, x):
+        return {"logits": self.logits(x)}
+
+
+@pytest.fixture(scope="module")
+def train_module(tmp_path_factory):
+    module = Trainer()
+    path = tmp_path_factory.mktemp("train") / "model"
+    tf.saved_model.save(module, str(path), signatures={"train": module.train,
+                                                        "predict": module.predict})
+    digits = load_digits()
+    return path, (digits.data[:256] / 16.0).astype(np.float32), digits.target[:256].astype(np.int32)
+
+
+def _train(loaded, x, y, steps):
+    step = loaded.signatures["train"]
+    return [float(step(x=tf.constant(x), y=tf.constant(y))["loss"]) for _ in range(steps)]
+
+
+def test_train_step_round_trip_in_bfloat16_trains(train_module, tmp_path):
+    src, x, y = train_module
+    out = tmp_path / "amp"
+    convert_file(src, out, target="bfloat16", device="cpu")
+    train_fn = [f for name, f in functions_of(out).items() if "train" in name and
+                any(nd.name.startswith("gradient_tape/") for nd in f.node_def)]
+    assert train_fn
+    matmuls = [nd for nd in train_fn[0].node_def if nd.op == "MatMul"]
+    assert len(matmuls) >= 5 and all(nd.attr["T"].type == types_pb2.DT_BFLOAT16 for nd in matmuls)
+    loaded = tf.saved_model.load(str(out))
+    losses = _train(loaded, x, y, steps=10)
+    reference = _train(tf.saved_model.load(str(src)), x, y, steps=10)
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.8 * losses[0]
+    assert abs(losses[-1] - reference[-1]) <= 0.05 * reference[-1]  # the FP32 run's curve
+    assert all(v.dtype == tf.float32 for v in (loaded.w1, loaded.b1, loaded.w2, loaded.b2))
+    assert same_tree(src, out, "variables")
+
+
+def test_train_step_in_float16_is_refused_with_hints(train_module, tmp_path, capsys):
+    src, _, _ = train_module
+    out = tmp_path / "amp"
+    with pytest.raises(UnsupportedGraphError):
+        convert_file(src, out, target="float16")
+    assert main([str(src), "-o", str(out), "--target", "float16"]) == 2
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_train_step_in_float16_without_loss_scaling_when_asked(train_module, tmp_path):
+    src, x, y = train_module
+    out = tmp_path / "amp"
+    convert_file(src, out, target="float16", loss_scale="none")
+    assert set(matrix_dtypes(out)) == {types_pb2.DT_HALF}
+    losses = _train(tf.saved_model.load(str(out)), x, y, steps=5)
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
