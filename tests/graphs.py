@@ -182,3 +182,43 @@ def dtypes_of(graph_def, op=None, name=None):
             out[n.name] = {k: tf.dtypes.as_dtype(v.type).name for k, v in n.attr.items()
                            if v.WhichOneof("value") == "type"}
     return out
+
+
+def training_mlp(seed=0, lr=0.1):
+    """A tf.compat.v1 training graph: resource variables, tf.gradients, GradientDescent.
+
+    Returns ``(graph_def, feeds, fetches)`` with fetches ``[loss, train_op]`` and the init op's
+    name in ``feeds["__init__"]``.
+    """
+    g = tf.Graph()
+    r = _rng(seed)
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 16], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        w1 = v1.get_variable("w1", initializer=r.normal(0, 0.3, (16, 32)).astype(np.float32),
+                             use_resource=True)
+        w2 = v1.get_variable("w2", initializer=r.normal(0, 0.3, (32, 4)).astype(np.float32),
+                             use_resource=True)
+        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2, name="logits")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits),
+                              name="loss")
+        train = v1.train.GradientDescentOptimizer(lr).minimize(loss, name="train")
+        init = v1.global_variables_initializer()
+    feeds = {"x:0": r.normal(0, 1, (32, 16)).astype(np.float32),
+             "y:0": r.integers(0, 4, 32).astype(np.int32), "__init__": init.name}
+    return g.as_graph_def(), feeds, ["loss:0", train.name]
+
+
+def train_losses(graph_def, feeds, fetches, steps):
+    """Run ``steps`` training steps of a graph from :func:`training_mlp`; returns the losses."""
+    feeds = dict(feeds)
+    init = feeds.pop("__init__")
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    losses = []
+    with v1.Session(graph=g) as sess:
+        sess.run(init)
+        for _ in range(steps):
+            losses.append(float(sess.run(fetches, feeds)[0]))
+    return losses
