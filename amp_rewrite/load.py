@@ -49,8 +49,12 @@ class Model:
         return names
 
 
+# Control bytes that never occur in protobuf text but fill binary protobufs (field tags, lengths).
+_BINARY_BYTES = bytes(set(range(32)) - {9, 10, 12, 13})
+
+
 def _looks_text(data: bytes) -> bool:
-    if b"\x00" in data[:4096]:
+    if data[:4096].translate(None, _BINARY_BYTES) != data[:4096]:
         return False
     try:
         data[:4096].decode("utf-8")

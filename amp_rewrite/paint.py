@@ -27,6 +27,7 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import tensor_util
 
+from .errors import InputError
 from .ir import Graph, Node
 from .rules import RuleSet
 from .types import (FLOAT, HALF, TypeAttr, device_type, dtype_name, get_dtype, kernel_supports,
@@ -164,7 +165,10 @@ def _fits(node: Node, target: int) -> bool:
     """Whether a float32 Const's values are finite after conversion to ``target``."""
     if target != HALF:
         return True
-    values = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    try:
+        values = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"Const {node.name!r} holds a malformed tensor: {exc}") from None
     finite = np.isfinite(values)
     return not np.any(np.abs(values[finite]) > np.finfo(np.float16).max)
 

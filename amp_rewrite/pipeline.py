@@ -21,7 +21,7 @@ from .ir import Graph
 from .paint import paint
 from .report import Report, build_report
 from .rules import RuleSet, load_rules
-from .types import LOW_PRECISION, TARGETS, dtype_name, get_dtype, node_types
+from .types import LOW_PRECISION, TARGETS, dtype_name, get_dtype, node_types, op_def
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ def convert_graph(graph: Graph, options: Options, rules: RuleSet | None = None,
     if missing:
         raise InputError(f"--keep names no node {missing[0]!r}")
 
+    check_input(graph)
     original = graph
     work = graph.copy()
     already = [n.name for n in work.nodes() if node_types(n) and
@@ -88,6 +89,48 @@ def convert_graph(graph: Graph, options: Options, rules: RuleSet | None = None,
     return work, report
 
 
+# Ports a graph may declare through number attrs (N of ConcatV2, num_split of Split ...) beyond
+# one per data edge: the type model lists every port, so a forged N of 2**40 in a tiny file
+# would otherwise exhaust memory.
+_SPARE_PORTS = 1 << 20
+
+
+def check_input(graph: Graph) -> None:
+    """Refuse, with an :class:`InputError` naming the node, a graph TensorFlow would not import.
+
+    Port counts must be sane before anything lists ports; then the lint's checks (each input's
+    arity and dtype matches its OpDef, type attrs hold allowed dtypes) run on the input, so a
+    broken input is reported as the user's problem, not as a failed lint of our output.
+    """
+    budget = _SPARE_PORTS + sum(1 for _ in graph.data_edges())
+    for node in graph.nodes():
+        od = op_def(node.op)
+        for arg in list(od.input_arg) + list(od.output_arg) if od is not None else ():
+            if not arg.number_attr:
+                continue
+            n = node.attr[arg.number_attr].i if arg.number_attr in node.attr else -1
+            budget -= max(n, 0)
+            if n < 0 or budget < 0:
+                raise InputError(f"node {node.name!r} ({node.op}) has {arg.number_attr}={n}, "
+                                 "not a usable port count")
+    problems = lint.lint_problems(graph)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(f"the input graph is not valid: {problems[0]}{more}")
+
+
+def _import(graph_def: graph_pb2.GraphDef) -> tuple[Graph, dict[str, list[str]]]:
+    """The IR of ``graph_def`` with the OpDef defaults of omitted attrs filled in (graphs saved
+    with ``strip_default_attrs`` lack type attrs the type model reads), and which were filled."""
+    graph = Graph.from_graph_def(graph_def)
+    added = {}
+    for node in graph.nodes():
+        names = functions.fill_defaults(node.proto)
+        if names:
+            added[node.name] = names
+    return graph, added
+
+
 def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str = "gpu",
             rules: RuleSet | Sequence[str | os.PathLike] | None = None,
             keep: Sequence[str] = (), lowp_io: bool = False) -> tuple[graph_pb2.GraphDef, Report]:
@@ -99,11 +142,12 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     ``keep`` names nodes whose dtypes must not change.
     """
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io)
-    graph = Graph.from_graph_def(graph_def)
+    graph, added = _import(graph_def)
     rules = options.rule_set()
     work, report = convert_graph(graph, options, rules,
                                  extra_keep=functions.direct_call_feeders(graph, graph_def.library))
     out = work.to_graph_def(graph_def)
+    functions.strip_graph_defaults(out, added)
     functions.paint_library(out, options, rules, report)
     return out, report
 
@@ -113,12 +157,13 @@ def convert_model(model: load_mod.Model, options: Options) -> Report:
     if model.kind == "savedmodel":
         from .savedmodel import convert_saved_model
         return convert_saved_model(model, options)
-    graph = Graph.from_graph_def(model.graph_def)
+    graph, added = _import(model.graph_def)
     rules = options.rule_set()
     keep = model.signature_tensors() | functions.direct_call_feeders(graph, model.graph_def.library)
     work, report = convert_graph(graph, options, rules, extra_keep=keep)
     _maybe_loss_scaling(work, model, options, report)
     model.graph_def = work.to_graph_def(model.graph_def)
+    functions.strip_graph_defaults(model.graph_def, added)
     functions.paint_library(model.graph_def, options, rules, report)
     return report
 
@@ -139,7 +184,7 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     replaced with ``force``. Options are those of :class:`Options`.
     """
     src, dst = Path(input_path), Path(output_path)
-    if _same_file(src, dst) and not in_place:
+    if save_mod.same_file(src, dst) and not in_place:
         raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
     opts = Options(**options)
     opts.check()
@@ -147,13 +192,6 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     report = convert_model(model, opts)
     save_mod.save(model, dst, force=force or in_place)
     return report
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
 
 
 __all__ = ["Options", "convert", "convert_file", "convert_graph", "convert_model", "dtype_name"]

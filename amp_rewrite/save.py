@@ -49,6 +49,26 @@ def output_proto(model: Model, out_path: Path):
     return proto, text
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name the same file (through symlinks, ``..`` and hard links)."""
+    a, b = Path(a), Path(b)
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write(path: Path, data: bytes, *, force: bool = False) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
     path = Path(path)
@@ -64,6 +84,9 @@ def atomic_write(path: Path, data: bytes, *, force: bool = False) -> None:
     except OSError as exc:
         raise InputError(f"{path}: cannot write: {exc.strerror or exc}") from None
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would, or the
+        # mode of the file it replaces
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
