@@ -236,10 +236,12 @@ class GraphRunner(Runner):
     def load_variables(self, values: Mapping[str, np.ndarray]) -> int:
         """Set the variables that ``values`` names; returns how many were set."""
         count = 0
-        for var in self._variables():
-            if var.op.name in values:
-                var.load(values[var.op.name], self.session)
-                count += 1
+        with self.graph.as_default():
+            for var in self._variables():
+                if var.op.name in values:
+                    # feeding the initial value works for ref and resource variables alike
+                    self.session.run(var.initializer, {var.initial_value: values[var.op.name]})
+                    count += 1
         return count
 
     # -- running -----------------------------------------------------------------------------
