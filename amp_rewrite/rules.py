@@ -113,8 +113,13 @@ def builtin_rules_dir() -> Path:
     return Path(str(importlib.resources.files("amp_rewrite.default_rules")))
 
 
-def _line_of(text: str, needle: str) -> int:
-    for i, line in enumerate(text.splitlines(), 1):
+def _line_of(text: str, needle: str, section: str | None = None) -> int:
+    """The first line holding ``needle`` (after the ``[section]`` header when one is given)."""
+    lines = text.splitlines()
+    start = 0
+    if section is not None:
+        start = next((i for i, line in enumerate(lines) if line.strip() == f"[{section}]"), 0)
+    for i, line in enumerate(lines[start:], start + 1):
         if needle in line:
             return i
     return 1
@@ -157,8 +162,8 @@ class _Loader:
         except tomllib.TOMLDecodeError as exc:
             raise RuleError(f"{path}: not valid TOML: {exc}") from None
 
-        def fail(message: str, needle: str | None = None) -> RuleError:
-            line = _line_of(text, needle) if needle else 1
+        def fail(message: str, needle: str | None = None, section: str | None = None) -> RuleError:
+            line = _line_of(text, needle, section) if needle else 1
             return RuleError(f"{path}:{line}: {message}")
 
         for key in data:
@@ -201,15 +206,15 @@ class _Loader:
             for key in ("ops", "add", "remove"):
                 ops = section.get(key, [])
                 if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
-                    raise fail(f"[{list_name}] {key} must be a list of op names", key)
+                    raise fail(f"[{list_name}] {key} must be a list of op names", key, list_name)
                 for op in ops:
                     if op not in self.known:
                         raise fail(f"[{list_name}] {key}: TensorFlow has no op {op!r}{_suggest(op)}",
-                                   f'"{op}"')
+                                   f'"{op}"', list_name)
                     if key != "remove":
                         if op in seen and seen[op] != list_name:
                             raise fail(f"op {op!r} is in both [{seen[op]}] and [{list_name}]",
-                                       f'"{op}"')
+                                       f'"{op}"', list_name)
                         seen[op] = list_name
             current = set(rules.lists[list_name])
             if "ops" in section:
