@@ -1,0 +1,85 @@
+"""kernels: oneDNN's own log says which ISA ran the converted CNN's matrix work."""
+
+import json
+from pathlib import Path
+
+import pytest
+from tensorflow.core.framework import step_stats_pb2
+
+from amp_rewrite import cli, convert_file
+from amp_rewrite.kernels import classify_gpu_kernels, misaligned_dims, onednn_kernels
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
+BATCH = 4
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+needs_bf16_units = pytest.mark.skipif(
+    not ({"amx_bf16", "avx512_bf16"} & _cpu_flags()),
+    reason="this CPU has neither AMX nor AVX512-BF16, so oneDNN has no bfloat16 matrix unit to use")
+
+
+def _conv_macs(batch):
+    # the example CNN: 8x8 images, SAME 3x3 convolutions 1->32 and 32->64 channels
+    return batch * 8 * 8 * 9 * (1 * 32 + 32 * 64)
+
+
+@needs_bf16_units
+def test_bfloat16_cnn_convolutions_run_on_16bit_units(tmp_path):
+    conv = tmp_path / "cnn_bf16.pb"
+    convert_file(EXAMPLE, conv, target="bfloat16", device="cpu")
+    code = cli.main(["kernels", str(conv), "--device", "cpu", "--shape", f"images={BATCH},8,8,1",
+                     "--json", str(tmp_path / "k.json"), "-q"])
+    assert code == 0
+    report = json.loads((tmp_path / "k.json").read_text())
+    convs = [k for k in report["kernels"] if k["kind"] == "convolution"]
+    assert len(convs) == 2
+    for k in convs:
+        assert k["dtype"] == "bf16" and k["sixteen_bit"]
+        assert "amx" in k["implementation"] or "avx512_core_bf16" in k["implementation"]
+    # the work counted from oneDNN's problem descriptors is the graph's real work
+    assert sum(k["macs"] for k in convs) == _conv_macs(BATCH)
+    assert report["share"] == 1.0
+
+
+def test_fp32_original_has_no_16bit_work():
+    report = onednn_kernels(EXAMPLE, shapes={"images": (BATCH, 8, 8, 1)})
+    convs = [k for k in report.kernels if k.kind == "convolution"]
+    assert len(convs) == 2 and all(k.dtype == "f32" and not k.sixteen_bit for k in convs)
+    assert sum(k.macs for k in convs) == _conv_macs(BATCH)
+    assert report.share == 0.0
+
+
+def test_float16_alignment_lists_dims_not_multiple_of_8(tmp_path):
+    conv = tmp_path / "cnn_fp16.pb"
+    convert_file(EXAMPLE, conv, target="float16")
+    found = {m["op"] + ":" + ",".join(f"{k}={v}" for k, v in sorted(m["not_multiple_of_8"].items()))
+             for m in misaligned_dims(conv, shapes={"images": (BATCH, 8, 8, 1)})}
+    # the first conv reads 1 channel; the last MatMul has 10 classes; the rest are 32/64/128/1024
+    assert found == {"Conv2D:C=1", "MatMul:N=10"}
+    bf16 = tmp_path / "cnn_bf16.pb"
+    convert_file(EXAMPLE, bf16, target="bfloat16", device="cpu")
+    assert misaligned_dims(bf16) == []   # only float16 nodes are Tensor Core candidates
+
+
+def test_gpu_kernel_names_classified():
+    """Kernel names as cuBLAS/cuDNN print them in a step trace."""
+    stats = step_stats_pb2.StepStats()
+    stream = stats.dev_stats.add(device="/device:GPU:0/stream:all")
+    names = {"volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_nn": True,
+             "ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_64x3_nn": True,
+             "cutlass_tensorop_h1688gemm_128x128_32x2_nn_align8": True,
+             "volta_sgemm_128x64_nn": False,
+             "implicit_convolve_sgemm": False}
+    for name in names:
+        stream.node_stats.add(node_name="fc/MatMul", timeline_label=name)
+    stream.node_stats.add(node_name="relu", timeline_label="Eigen::internal::EigenMetaKernel")
+    stats.dev_stats.add(device="/device:GPU:0").node_stats.add(node_name="fc/MatMul")
+    kernels = classify_gpu_kernels(stats)
+    assert {k.implementation: k.sixteen_bit for k in kernels} == names
