@@ -15,7 +15,7 @@ from typing import Sequence
 
 from tensorflow.core.framework import graph_pb2
 
-from . import casts, functions, lint, load as load_mod, save as save_mod
+from . import casts, functions, lint, load as load_mod, loss_scaling, save as save_mod
 from .errors import InputError
 from .ir import Graph
 from .paint import paint
@@ -161,19 +161,12 @@ def convert_model(model: load_mod.Model, options: Options) -> Report:
     rules = options.rule_set()
     keep = model.signature_tensors() | functions.direct_call_feeders(graph, model.graph_def.library)
     work, report = convert_graph(graph, options, rules, extra_keep=keep)
-    _maybe_loss_scaling(work, model, options, report)
+    if loss_scaling.apply(work, model, options, report):
+        lint.lint(work, original=graph, rules=rules)
     model.graph_def = work.to_graph_def(model.graph_def)
     functions.strip_graph_defaults(model.graph_def, added)
     functions.paint_library(model.graph_def, options, rules, report)
     return report
-
-
-def _maybe_loss_scaling(graph: Graph, model: load_mod.Model, options: Options, report: Report) -> None:
-    try:
-        from . import loss_scaling
-    except ImportError:  # the training pass is optional at this stage of the pipeline
-        return
-    loss_scaling.apply(graph, model, options, report)
 
 
 def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, *,

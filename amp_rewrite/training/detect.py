@@ -1,0 +1,213 @@
+"""Find the backward pass of a training graph: the backprop seeds, the gradients, the updates.
+
+A TF1 training graph built with ``tf.gradients`` (``optimizer.minimize``) starts backprop at
+a ``Fill`` of ones under a ``gradients/`` name scope (``gradients/grad_ys_0`` or
+``gradients/Fill``); one built with ``tf.GradientTape`` starts at a Const of ones read only by
+nodes under ``gradient_tape/``. The gradients are the float tensors that leave that scope
+(moved past an all-reduce that reads them, so every replica checks the same values); the
+updates are the variable writes (Apply*, ResourceApply*, the sparse ones, Assign*, Scatter*)
+that read them.
+
+Everything here only reads the graph.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+from tensorflow.python.framework import tensor_util
+
+from ..errors import UnsupportedGraphError
+from ..ir import Graph, TensorRef
+from ..types import BFLOAT16, FLOAT, HALF, output_dtype
+
+_BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
+_SEED_LEAF = re.compile(r"^(?:Fill|grad_ys_\d+)$")
+FLOATS = (FLOAT, HALF, BFLOAT16)
+
+# Ops that sum a gradient across replicas: the unscale and the finiteness check go after them.
+ALL_REDUCE_OPS = frozenset({
+    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "NcclAllReduce",
+    "HorovodAllreduce", "HorovodAllgather", "_ScopedAllocatorConcat",
+})
+_WRITE_OPS = frozenset({
+    "Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
+    "AssignSubVariableOp", "StridedSliceAssign", "ResourceStridedSliceAssign",
+})
+
+
+def is_variable_write(op: str) -> bool:
+    """Whether ``op`` changes a variable or an optimizer slot."""
+    return (op in _WRITE_OPS or "Apply" in op and op.startswith(("Apply", "ResourceApply",
+                                                                  "SparseApply", "ResourceSparseApply"))
+            or op.startswith(("Scatter", "ResourceScatter")))
+
+
+def backprop_scope(name: str) -> str | None:
+    """The backprop name scope ``name`` lies in (``"gradients/"``, ``"x/gradient_tape/"``), or None."""
+    match = None
+    for match in _BACKPROP_SCOPE.finditer(name):
+        pass
+    return name[:match.end()] if match else None
+
+
+@dataclass
+class Backprop:
+    """What :func:`find_backprop` found; names only, in graph order."""
+
+    seeds: list[str]
+    gradients: list[TensorRef]          # the gradient tensors to unscale (after any all-reduce)
+    updates: list[str]                  # variable writes that read the gradients
+    all_reduced: int = 0                # gradients taken after an all-reduce
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_ones(graph: Graph, ref: TensorRef) -> bool:
+    node = graph.node(ref.node)
+    if node.op != "Const" or "value" not in node.attr:
+        return False
+    values = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    return values.size > 0 and values.dtype.kind == "f" and bool(np.all(values == 1))
+
+
+def _auto_seeds(graph: Graph) -> list[str]:
+    seeds = []
+    for node in graph.nodes():
+        scope = backprop_scope(node.name)
+        if node.op == "Fill" and scope is not None:
+            leaf = node.name[len(scope):]
+            if _SEED_LEAF.match(leaf) and _is_ones(graph, graph.input(node.name, 1)):
+                seeds.append(node.name)
+        elif node.op == "Const" and scope is None and _is_ones(graph, TensorRef(node.name)):
+            readers = graph.consumers(node.name)
+            if readers and all(backprop_scope(r) and "gradient_tape/" in backprop_scope(r)
+                               for r, _ in readers):
+                seeds.append(node.name)
+    return seeds
+
+
+def _loss_seeds(graph: Graph, seeds: list[str], loss: str) -> list[str]:
+    """The seeds whose shape is read off ``loss`` (``Fill(Shape(loss), 1)``)."""
+    if loss.split(":")[0] not in graph:
+        raise UnsupportedGraphError(f"--loss names no node {loss!r}")
+    want = TensorRef.parse(loss)
+    picked = []
+    for seed in seeds:
+        if graph.node(seed).op != "Fill":
+            continue
+        dims = graph.node(graph.input(seed, 0).node)
+        if dims.op == "Shape" and graph.input(dims.name, 0) == want:
+            picked.append(seed)
+    if not picked:
+        raise UnsupportedGraphError(
+            f"no backprop seed reads the shape of loss {loss!r} (seeds found: "
+            f"{', '.join(seeds) or 'none'}); name the seed itself with --grad")
+    return picked
+
+
+def descendants(graph: Graph, roots, control: bool = False) -> set[str]:
+    """Nodes reachable from ``roots`` along data edges (and control edges if asked)."""
+    seen, stack = set(), list(roots)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.extend(c for c, _ in graph.consumers(name))
+        if control:
+            stack.extend(graph.control_consumers(name))
+    return seen
+
+
+def ancestors(graph: Graph, roots) -> set[str]:
+    """Nodes ``roots`` depend on, along data and control edges (roots included)."""
+    seen, stack = set(), list(roots)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.extend(r.node for r in graph.inputs(name))
+        stack.extend(graph.control_inputs(name))
+    return seen
+
+
+def _past_all_reduce(graph: Graph, ref: TensorRef, counter: list[int]) -> TensorRef:
+    readers = graph.consumers(ref.node, ref.port)
+    if len(readers) == 1 and graph.node(readers[0][0]).op in ALL_REDUCE_OPS:
+        counter[0] += 1
+        return _past_all_reduce(graph, TensorRef(readers[0][0], 0), counter)
+    return ref
+
+
+def _gradient_tensors(graph: Graph, seeds: list[str], region: set[str]) -> tuple[list[TensorRef], int]:
+    """Float tensors made in a seed's backprop scope and read outside it."""
+    scopes = {backprop_scope(s) or _reader_scope(graph, s) for s in seeds}
+    scopes.discard(None)
+    inside = {n for n in region if any(n.startswith(s) for s in scopes)} | set(seeds)
+    found: list[TensorRef] = []
+    counter = [0]
+    for name in graph.names():
+        if name not in inside:
+            continue
+        for port, reader, _ in graph.out_edges(name):
+            ref = TensorRef(name, port)
+            if reader in inside or output_dtype(graph.node(name), port) not in FLOATS:
+                continue
+            ref = _past_all_reduce(graph, ref, counter)
+            if ref not in found:
+                found.append(ref)
+    return found, counter[0]
+
+
+def _reader_scope(graph: Graph, seed: str) -> str | None:
+    scopes = {backprop_scope(r) for r, _ in graph.consumers(seed)}
+    return scopes.pop() if len(scopes) == 1 else None
+
+
+def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = ()) -> Backprop | None:
+    """The backward pass of ``graph``, or None when the graph does not train.
+
+    A graph trains when a variable write reads (through data edges) a node of a backprop
+    scope or of a named seed. Raises :class:`UnsupportedGraphError` naming the missing part
+    when it trains but the seed or the updates cannot be identified without doubt.
+    """
+    for name in grads:
+        if TensorRef.parse(name).node not in graph:
+            raise UnsupportedGraphError(f"--grad names no node {name!r}")
+    seeds = [TensorRef.parse(g).node for g in grads] or _auto_seeds(graph)
+    if loss is not None and not grads:
+        seeds = _loss_seeds(graph, seeds, loss)
+    backprop_nodes = [n for n in graph.names() if backprop_scope(n)] + seeds
+    trained = [n for n in sorted(descendants(graph, backprop_nodes))
+               if is_variable_write(graph.node(n).op)]
+    if not trained:
+        if grads or loss:
+            raise UnsupportedGraphError(
+                "the seed given with --grad/--loss reaches no variable update (Apply*, Assign*, "
+                "Scatter*): nothing to loss-scale")
+        return None
+    if not seeds:
+        raise UnsupportedGraphError(
+            f"the graph trains ({len(trained)} variable updates, e.g. {trained[0]!r}) but its "
+            "backprop seed is missing: no Fill of ones under a gradients/ scope and no ones "
+            "read only by gradient_tape/; name the loss with --loss NAME or the seed with --grad NAME")
+    region = descendants(graph, seeds)
+    seeds = [s for s in seeds if any(is_variable_write(graph.node(n).op)
+                                     for n in descendants(graph, [s]))]
+    unseeded = [n for n in trained if n not in region]
+    if unseeded:
+        raise UnsupportedGraphError(
+            f"variable update {unseeded[0]!r} ({graph.node(unseeded[0]).op}) reads gradients that "
+            f"no backprop seed found ({', '.join(seeds) or 'none'}) leads to; name every seed with --grad")
+    gradients, reduced = _gradient_tensors(graph, seeds, region)
+    after = descendants(graph, [g.node for g in gradients])
+    updates = [n for n in graph.names() if n in after and is_variable_write(graph.node(n).op)]
+    if not gradients or not updates:
+        raise UnsupportedGraphError(
+            f"found backprop seed(s) {', '.join(seeds)} but could not tell which tensors are the "
+            "gradients the updates read (they do not leave a gradients/ or gradient_tape/ scope); "
+            "name the seed with --grad")
+    return Backprop([s for s in graph.names() if s in seeds], gradients, updates, reduced)

@@ -1,0 +1,180 @@
+"""Loss scaling inside the graph: seed x scale, gradient / scale, one finiteness check, skipped steps.
+
+On a step whose gradients are not all finite, no update op runs at all: each update reads its
+gradient through a ``Switch`` on the finiteness predicate, whose taken output is dead on such
+a step, and TensorFlow's executor does not run a node with a dead input (data or control)
+and marks everything after it dead. So variables, optimizer slots (momentum, Adam m/v),
+Adam's beta powers (they wait on the updates) and the global step (it waits on them too)
+keep their exact bits. Writes that hang off the train op without waiting on an update get a
+control input from the same dead-on-skip gate. The scale and counters are updated by a
+group the train op waits on, which runs on every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedGraphError
+from ..ir import Graph, TensorRef
+from ..types import FLOAT, output_dtype
+from . import nodes as nd
+from .detect import Backprop, ancestors, backprop_scope, descendants, is_variable_write
+from .state import StateVar, add_variable, assign
+
+SCOPE = "amp_loss_scale"
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """How to scale: ``mode`` is ``"dynamic"`` or ``"static"`` (``start`` is the fixed scale)."""
+
+    mode: str
+    start: float = 2.0 ** 15
+    interval: int = 2000
+    factor: float = 2.0
+
+
+@dataclass
+class Added:
+    """What :func:`insert_loss_scaling` added, for the report."""
+
+    variables: list[StateVar]
+    gated: list[str]         # updates that read a gated gradient
+    gated_writes: list[str]  # other writes of the train op, gated by a control edge
+    train_ops: list[str]     # the sinks that now also run the scale update
+
+
+def insert_loss_scaling(graph: Graph, backprop: Backprop, config: ScaleConfig) -> Added:
+    """Rewrite ``graph`` in place so its train op trains with loss scaling (see module doc)."""
+    if SCOPE in graph or f"{SCOPE}/scale" in graph:
+        raise UnsupportedGraphError(f"the graph already has nodes named {SCOPE}/... (converted "
+                                    "before?): convert the FP32 original instead")
+    scale = add_variable(graph, f"{SCOPE}/scale", config.start, FLOAT)
+    skipped = add_variable(graph, f"{SCOPE}/skipped_steps", 0, nd.INT64)
+    variables = [scale, skipped]
+    good = None
+    if config.mode == "dynamic":
+        good = add_variable(graph, f"{SCOPE}/good_steps", 0, nd.INT64)
+        variables.append(good)
+
+    for seed in backprop.seeds:
+        _scale_seed(graph, TensorRef(seed), scale.read)
+    unscaled = [_unscale(graph, g, scale.read) for g in backprop.gradients]
+    finite = _all_finite(graph, unscaled)
+
+    train_ops = _sinks(graph, backprop.updates)
+    gated = _gate_updates(graph, backprop.updates, unscaled, finite)
+    gated_writes = _gate_other_writes(graph, backprop.updates, train_ops, finite)
+    updates = _state_updates(graph, config, finite, scale, skipped, good)
+    group = nd.noop(graph, f"{SCOPE}/update", control=updates)
+    for name in train_ops:
+        graph.add_control_edge(group, name)
+    return Added(variables, gated, gated_writes, train_ops)
+
+
+def _scale_seed(graph: Graph, seed: TensorRef, scale: TensorRef) -> None:
+    dtype = output_dtype(graph.node(seed.node), seed.port)
+    factor = nd.cast(graph, f"{seed.node}/amp_scale_cast", scale, FLOAT, dtype)
+    scaled = nd.binary(graph, "Mul", f"{seed.node}/amp_scaled", seed, factor, dtype)
+    graph.replace_uses(seed, scaled, exclude=[scaled.node])
+
+
+def _unscale(graph: Graph, grad: TensorRef, scale: TensorRef) -> TensorRef:
+    """``grad / scale`` in float32, read by every reader of ``grad`` outside the backprop scope."""
+    readers = [(c, p) for c, p in graph.consumers(grad.node, grad.port) if backprop_scope(c) is None]
+    dtype = output_dtype(graph.node(grad.node), grad.port)
+    wide = nd.cast(graph, f"{grad.node}/amp_float32", grad, dtype, FLOAT)
+    value = nd.binary(graph, "RealDiv", f"{grad.node}/amp_unscaled", wide, scale, FLOAT)
+    back = nd.cast(graph, f"{grad.node}/amp_unscaled_cast", value, FLOAT, dtype)
+    for consumer, port in readers:
+        graph.set_input(consumer, port, back)
+    return value
+
+
+def _all_finite(graph: Graph, values: list[TensorRef]) -> TensorRef:
+    flags = []
+    for value in values:
+        finite = nd.op(graph, "IsFinite", f"{value.node}/amp_is_finite", [value], T=FLOAT)
+        flags.append(nd.reduce_all(graph, f"{value.node}/amp_all_finite", finite))
+    attrs = {"N": nd.attr_value_pb2.AttrValue(i=len(flags)), "T": nd.type_attr(nd.BOOL),
+             "axis": nd.attr_value_pb2.AttrValue(i=0)}
+    packed = graph.add_node("Pack", f"{SCOPE}/finite_flags", flags, attrs)
+    packed.meta["amp_inserted"] = True
+    return nd.reduce_all(graph, f"{SCOPE}/all_finite", TensorRef(packed.name))
+
+
+def _sinks(graph: Graph, updates: list[str]) -> list[str]:
+    """The train ops: NoOps and writes reached from the updates that nothing waits on.
+
+    A dangling read (Adam's beta-power ReadVariableOps) is not a train op: no one fetches it.
+    """
+    after = descendants(graph, updates, control=True)
+    ends = [n for n in graph.names() if n in after and not graph.consumers(n)
+            and not graph.control_consumers(n)]
+    return [n for n in ends if graph.node(n).op == "NoOp" or is_variable_write(graph.node(n).op)] or ends
+
+
+def _gate_updates(graph: Graph, updates: list[str], unscaled: list[TensorRef],
+                  finite: TensorRef) -> list[str]:
+    """Route each update's gradient-derived inputs through ``Switch(x, finite):1``."""
+    derived = descendants(graph, [u.node for u in unscaled])
+    switches: dict[TensorRef, TensorRef] = {}
+    for update in updates:
+        for port, ref in enumerate(graph.inputs(update)):
+            if ref.node not in derived:
+                continue
+            if ref not in switches:
+                dtype = output_dtype(graph.node(ref.node), ref.port)
+                switch = nd.op(graph, "Switch", f"{ref.node}/amp_skip_if_not_finite", [ref, finite], T=dtype)
+                switches[ref] = TensorRef(switch.node, 1)
+            graph.set_input(update, port, switches[ref])
+    return list(updates)
+
+
+def _gate_other_writes(graph: Graph, updates: list[str], train_ops: list[str],
+                       finite: TensorRef) -> list[str]:
+    """Gate the train op's writes that neither read a gradient nor wait on an update."""
+    dead_on_skip = descendants(graph, updates, control=True)
+    needed_for_check = ancestors(graph, [finite.node])
+    writes = [n for n in graph.names()
+              if n in ancestors(graph, train_ops) and n not in dead_on_skip
+              and n not in needed_for_check and is_variable_write(graph.node(n).op)]
+    if writes:
+        switch = nd.op(graph, "Switch", f"{SCOPE}/gate", [finite, finite], T=nd.BOOL)
+        gate = nd.op(graph, "Identity", f"{SCOPE}/gate/taken", [TensorRef(switch.node, 1)], T=nd.BOOL)
+        for name in writes:
+            graph.add_control_edge(gate.node, name)
+    return writes
+
+
+def _state_updates(graph: Graph, config: ScaleConfig, finite: TensorRef, scale: StateVar,
+                   skipped: StateVar, good: StateVar | None) -> list[str]:
+    """The assigns of the step: skipped += !finite; dynamic: grow or shrink the scale."""
+    s = f"{SCOPE}/next"
+    overflow = nd.op(graph, "LogicalNot", f"{s}/overflow", [finite])
+    one = nd.cast(graph, f"{s}/overflow_count", overflow, nd.BOOL, nd.INT64)
+    ops = [assign(graph, skipped, nd.binary(graph, "AddV2", f"{s}/skipped_steps", skipped.read, one, nd.INT64),
+                  f"{SCOPE}/skipped_steps/update")]
+    if good is None:
+        return ops
+    factor = nd.const(graph, f"{s}/factor", config.factor, FLOAT)
+    grown = nd.binary(graph, "Mul", f"{s}/grown", scale.read, factor, FLOAT)
+    shrunk = nd.binary(graph, "Maximum", f"{s}/shrunk",
+                       nd.binary(graph, "RealDiv", f"{s}/divided", scale.read, factor, FLOAT),
+                       nd.const(graph, f"{s}/floor", 1.0, FLOAT), FLOAT)
+    count = nd.binary(graph, "AddV2", f"{s}/count", good.read, nd.const(graph, f"{s}/one", 1, nd.INT64),
+                      nd.INT64)
+    due = nd.binary(graph, "GreaterEqual", f"{s}/due", count,
+                    nd.const(graph, f"{s}/interval", config.interval, nd.INT64), nd.INT64)
+    grow = nd.op(graph, "LogicalAnd", f"{s}/grow", [finite, due])
+    grow_ok = nd.op(graph, "LogicalAnd", f"{s}/grow_ok",
+                    [grow, nd.op(graph, "IsFinite", f"{s}/grown_is_finite", [grown], T=FLOAT)])
+    kept = nd.select(graph, f"{s}/kept_or_grown", grow_ok, grown, scale.read, FLOAT)
+    new_scale = nd.select(graph, f"{s}/scale", finite, kept, shrunk, FLOAT)
+    zero = nd.const(graph, f"{s}/zero", 0, nd.INT64)
+    counting = nd.op(graph, "LogicalAnd", f"{s}/counting",
+                     [finite, nd.op(graph, "LogicalNot", f"{s}/not_grow", [grow])])
+    new_good = nd.select(graph, f"{s}/good_steps", counting, count, zero, nd.INT64)
+    ops.append(assign(graph, scale, new_scale, f"{SCOPE}/scale/update"))
+    ops.append(assign(graph, good, new_good, f"{SCOPE}/good_steps/update"))
+    return ops

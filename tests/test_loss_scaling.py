@@ -1,0 +1,254 @@
+"""Training graphs: detection of the backward pass, loss scaling, skipped steps, state variables.
+
+Every graph is a real TF1 training graph (tests/training_graphs.py) trained on scikit-learn's
+bundled digits data; the float16 graphs run on TensorFlow's CPU float16 kernels.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from amp_rewrite import cli
+from amp_rewrite.errors import InputError, UnsupportedGraphError
+from amp_rewrite.load import Model
+from amp_rewrite.pipeline import Options, convert_model
+from training_graphs import Trainer, batches, build
+
+SCALE = "amp_loss_scale/scale/Read/ReadVariableOp:0"
+SKIPPED = "amp_loss_scale/skipped_steps/Read/ReadVariableOp:0"
+GOOD = "amp_loss_scale/good_steps/Read/ReadVariableOp:0"
+FINITE = "amp_loss_scale/all_finite:0"
+
+
+def convert(meta, target="float16", loss_scale=None, **scale_options):
+    """Convert a training MetaGraphDef in memory; returns ``(converted MetaGraphDef, report)``."""
+    model = Model(Path("train.meta"), "metagraph", False, meta.graph_def, copy.deepcopy(meta))
+    report = convert_model(model, Options(target=target, device="cpu", loss_scale=loss_scale,
+                                          loss_scale_options=scale_options))
+    out = copy.deepcopy(model.meta_graph)
+    out.graph_def.CopyFrom(model.graph_def)
+    return out, report
+
+
+def ops_of(meta, *kinds):
+    return [n for n in meta.graph_def.node if n.op in kinds]
+
+
+def overflow_feed():
+    """A real batch with its pixels scaled up: finite in float32, but its float16 gradients,
+    times the loss scale, overflow."""
+    feed = next(batches(1, seed=7))
+    return {"x:0": feed["x:0"] * 300.0, "y:0": feed["y:0"]}
+
+
+def infinite_feed():
+    """A real batch scaled past float16's range (65504): infinite in float16 at any scale."""
+    feed = next(batches(1, seed=7))
+    return {"x:0": feed["x:0"] * 1e6, "y:0": feed["y:0"]}
+
+
+def state_without_amp(trainer):
+    return {k: v for k, v in trainer.variables().items() if not k.startswith("amp_loss_scale/")}
+
+
+# ----------------------------------------------------------------- detection
+@pytest.mark.parametrize("model,optimizer,resource,backprop,update_ops", [
+    ("mlp", "adam", False, "gradients", {"ApplyAdam"}),
+    ("mlp", "momentum", True, "tape", {"ResourceApplyMomentum"}),
+    ("embedding", "sgd", True, "gradients", {"ResourceScatterAdd", "ResourceApplyGradientDescent"}),
+    ("embedding", "sgd", False, "gradients", {"ScatterSub", "ApplyGradientDescent"}),
+    ("embedding", "momentum", True, "gradients", {"ResourceSparseApplyMomentum", "ResourceApplyMomentum"}),
+])
+def test_detection_finds_seed_and_every_update(model, optimizer, resource, backprop, update_ops):
+    meta = build(model, optimizer, resource=resource, backprop=backprop)
+    out, report = convert(meta)
+    found = report.extra["loss_scaling"]
+    assert found["mode"] == "dynamic" and found["start"] == 2.0 ** 15
+    assert len(found["seeds"]) == 1
+    writes = {n.name for n in ops_of(meta, *update_ops)}
+    assert {u["name"] for u in found["updates"]} == writes
+    assert {u["op"] for u in found["updates"]} == update_ops
+    # each update now reads its gradient through the finiteness Switch, in float32
+    by_name = {n.name: n for n in out.graph_def.node}
+    for name in writes:
+        gated = [by_name[i.split(":")[0]] for i in by_name[name].input if not i.startswith("^")
+                 and by_name[i.split(":")[0]].op == "Switch"]
+        assert gated and all(g.attr["T"].type == tf.float32.as_datatype_enum for g in gated)
+    assert found["init_ops"] == ["init"] and found["in_saver"] and found["in_collection"]
+
+
+def test_user_seed_needs_a_hint():
+    meta = build("mlp", "sgd", backprop="grad_ys")
+    with pytest.raises(UnsupportedGraphError, match="seed is missing"):
+        convert(meta)
+    with pytest.raises(UnsupportedGraphError, match="no backprop seed reads the shape of loss"):
+        convert(meta, loss="loss")
+    out, report = convert(meta, grads=["seed"])
+    assert report.extra["loss_scaling"]["seeds"] == ["seed"]
+    trainer = Trainer(out)
+    losses = trainer.train(60)
+    assert losses[-1] < losses[0] / 3 and trainer.fetch(SKIPPED) == [0]
+
+
+def test_inference_graph_and_bfloat16_get_no_loss_scaling():
+    from graphs import mlp
+    graph_def, _, _ = mlp()
+    meta = tf.compat.v1.MetaGraphDef(graph_def=graph_def)
+    out, report = convert(meta)
+    assert "loss_scaling" not in report.extra
+    out, report = convert(build("mlp", "sgd"), target="bfloat16")
+    assert "loss_scaling" not in report.extra
+    assert not [n for n in out.graph_def.node if n.name.startswith("amp_loss_scale/")]
+
+
+# ----------------------------------------------------------------- training to accuracy
+@pytest.mark.parametrize("model,optimizer,resource,steps", [
+    ("mlp", "sgd", True, 200),
+    ("mlp", "momentum", False, 200),
+    ("mlp", "adam", True, 200),
+    ("cnn", "sgd", False, 80),
+    ("cnn", "momentum", True, 80),
+    ("cnn", "adam", True, 80),
+])
+def test_float16_training_matches_float32_accuracy(model, optimizer, resource, steps):
+    meta = build(model, optimizer, resource=resource)
+    out, _ = convert(meta)
+    half_ops = {n.op for n in out.graph_def.node if n.attr["T"].type == tf.float16.as_datatype_enum}
+    assert {"MatMul"} <= half_ops
+    if model == "cnn":
+        assert {"Conv2DBackpropFilter", "FusedBatchNormGradV3"} <= half_ops
+    fp32, fp16 = Trainer(meta), Trainer(out)
+    loss32, loss16 = fp32.train(steps), fp16.train(steps)
+    assert all(math.isfinite(v) for v in loss16)
+    assert fp32.accuracy() > 0.9
+    assert abs(fp16.accuracy() - fp32.accuracy()) <= 0.01
+    assert fp16.fetch(SKIPPED, SCALE) == [0, 2.0 ** 15]
+
+
+# ----------------------------------------------------------------- skipped steps
+@pytest.mark.parametrize("optimizer,resource", [("adam", True), ("momentum", False), ("adam", False)])
+def test_overflow_step_is_skipped_bit_identically(optimizer, resource):
+    out, _ = convert(build("mlp", optimizer, resource=resource))
+    trainer = Trainer(out)
+    trainer.train(5)
+    before = state_without_amp(trainer)
+    loss, finite = trainer.step(overflow_feed(), FINITE)
+    assert not finite
+    after = state_without_amp(trainer)
+    assert before.keys() == after.keys() and "global_step" in after
+    for name in before:
+        assert np.array_equal(before[name], after[name]), name
+    assert trainer.fetch(SCALE, SKIPPED, GOOD) == [2.0 ** 14, 1, 0]
+    losses = trainer.train(30, seed=3)
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    assert trainer.fetch(SKIPPED) == [1] and trainer.variables()["global_step"] == 35
+
+
+def test_float32_graph_does_not_skip_the_same_batch():
+    meta = build("mlp", "adam")
+    trainer = Trainer(meta)
+    trainer.train(5)
+    before = trainer.variables()["w1"]
+    trainer.step(overflow_feed())
+    assert not np.array_equal(before, trainer.variables()["w1"])
+
+
+def test_underflow_needs_loss_scaling():
+    # loss x 1e-7 with the learning rate x 1e7: float32 trains as usual, but the float16
+    # gradients (about 1e-9) are below float16's smallest subnormal (6e-8) without scaling
+    meta = build("mlp", "sgd", loss_factor=1e-7, lr_factor=1e7)
+    fp32 = Trainer(meta)
+    fp32.train(150)
+    unscaled, report = convert(meta, loss_scale="none")
+    assert "loss_scaling" not in report.extra
+    scaled, _ = convert(meta)
+    stuck, learns = Trainer(unscaled), Trainer(scaled)
+    start = stuck.variables()["w2"]
+    stuck.train(150)
+    learns.train(150)
+    assert np.array_equal(start, stuck.variables()["w2"])
+    assert stuck.accuracy() < 0.5
+    assert fp32.accuracy() > 0.9 and abs(learns.accuracy() - fp32.accuracy()) <= 0.01
+
+
+# ----------------------------------------------------------------- modes
+def test_static_scale_stays_and_still_skips_overflow():
+    out, report = convert(build("mlp", "momentum"), loss_scale="1024")
+    found = report.extra["loss_scaling"]
+    assert found["mode"] == "static" and found["start"] == 1024.0
+    assert "amp_loss_scale/good_steps" not in {n.name for n in out.graph_def.node}
+    trainer = Trainer(out)
+    losses = trainer.train(40)
+    assert losses[-1] < losses[0] / 2
+    trainer.step(infinite_feed())
+    assert trainer.fetch(SCALE, SKIPPED) == [1024.0, 1]
+
+
+def test_dynamic_scale_grows_after_interval_and_never_drops_below_one():
+    out, _ = convert(build("mlp", "sgd"), start=2.0, interval=3, factor=4.0)
+    trainer = Trainer(out)
+    seen = []
+    for feed in batches(7):
+        trainer.step(feed)
+        seen.append(trainer.fetch(SCALE, GOOD))
+    assert seen == [[2, 1], [2, 2], [8, 0], [8, 1], [8, 2], [32, 0], [32, 1]]
+    low, _ = convert(build("mlp", "sgd"), start=1.0)
+    trainer = Trainer(low)
+    trainer.step(infinite_feed())
+    assert trainer.fetch(SCALE, SKIPPED) == [1.0, 1]
+
+
+@pytest.mark.parametrize("value,message", [("banana", "--loss-scale"), ("-4", "--loss-scale"),
+                                           ("inf", "--loss-scale")])
+def test_bad_loss_scale_is_an_input_error(value, message):
+    with pytest.raises(InputError, match=message):
+        convert(build("mlp", "sgd"), loss_scale=value)
+
+
+def test_bad_interval_and_factor_are_input_errors():
+    with pytest.raises(InputError, match="interval"):
+        convert(build("mlp", "sgd"), interval=0)
+    with pytest.raises(InputError, match="factor"):
+        convert(build("mlp", "sgd"), factor=1.0)
+
+
+# ----------------------------------------------------------------- state users keep
+def test_checkpoint_keeps_scale_and_counters(tmp_path):
+    out, _ = convert(build("mlp", "adam"))
+    trainer = Trainer(out)
+    trainer.train(3)
+    trainer.step(overflow_feed())
+    with trainer.graph.as_default():   # the Saver works in graph mode only
+        path = trainer.saver.save(trainer.sess, str(tmp_path / "ckpt"))
+    stored = dict(tf.train.list_variables(path))
+    assert {"amp_loss_scale/scale", "amp_loss_scale/skipped_steps", "amp_loss_scale/good_steps"} <= set(stored)
+    fresh = Trainer(out)
+    assert fresh.fetch(SCALE, SKIPPED) == [2.0 ** 15, 0]
+    with fresh.graph.as_default():
+        fresh.saver.restore(fresh.sess, path)
+    assert fresh.fetch(SCALE, SKIPPED) == [2.0 ** 14, 1]
+    assert np.array_equal(fresh.variables()["w1"], trainer.variables()["w1"])
+
+
+def test_cli_converts_meta_file_and_refuses_missing_seed(tmp_path, capsys):
+    src, dst = tmp_path / "train.meta", tmp_path / "train_amp.meta"
+    src.write_bytes(build("mlp", "adam").SerializeToString())
+    assert cli.main([str(src), "-o", str(dst), "--device", "cpu", "--loss-scale-interval", "5"]) == 0
+    meta = tf.compat.v1.MetaGraphDef.FromString(dst.read_bytes())
+    trainer = Trainer(meta)
+    trainer.train(6)
+    assert trainer.fetch(SCALE) == [2.0 ** 16]
+
+    bad, none = tmp_path / "seedless.meta", tmp_path / "out.meta"
+    bad.write_bytes(build("mlp", "sgd", backprop="grad_ys").SerializeToString())
+    capsys.readouterr()
+    assert cli.main([str(bad), "-o", str(none), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and not none.exists()
+    assert cli.main([str(bad), "-o", str(none), "--device", "cpu", "--grad", "seed"]) == 0
