@@ -30,7 +30,7 @@ from tensorflow.python.framework import tensor_util
 from .errors import InputError
 from .ir import Graph, Node
 from .rules import RuleSet
-from .types import (FLOAT, HALF, TypeAttr, device_type, dtype_name, get_dtype, kernel_supports,
+from .types import (BFLOAT16, FLOAT, HALF, TypeAttr, device_type, dtype_name, get_dtype, kernel_supports,
                     node_types, output_dtype)
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     order = graph.topological_order()
     tg = _TypeGraph(graph, order)
     result = Painting(target=target, device=device)
-    tname = dtype_name(target)
+    tname = {HALF: "float16", BFLOAT16: "bfloat16"}.get(target, dtype_name(target))
     items = tg.items
     nodes = {name: graph.node(name) for name in order}
     cat = [rules.category(nodes[name].op) for name, _ in items]
