@@ -1,0 +1,53 @@
+"""bench: both models timed interleaved on the same inputs, and the ratio of their medians.
+
+No speed is asserted here (timed assertions are flaky on a shared machine): the speed claim
+lives in benchmarks/inference.py and BENCHMARKS.md.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from amp_rewrite import cli, convert_file
+from amp_rewrite.bench import bench, time_interleaved
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
+
+
+@pytest.fixture(scope="module")
+def cnn_bf16(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "cnn_bf16.pb"
+    convert_file(EXAMPLE, out, target="bfloat16", device="cpu")
+    return out
+
+
+def test_bench_reports_both_figures_and_the_ratio(cnn_bf16, tmp_path):
+    code = cli.main(["bench", str(EXAMPLE), str(cnn_bf16), "--shape", "images=32,8,8,1",
+                     "--runs", "6", "--warmup", "2", "--json", str(tmp_path / "b.json"),
+                     "--html", str(tmp_path / "b.html"), "-q"])
+    assert code == 0
+    r = json.loads((tmp_path / "b.json").read_text())
+    assert (r["runs"], r["warmup"], r["batch"]) == (6, 2, 32)
+    for side in ("original", "converted"):
+        t = r[side]
+        assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
+        assert t["throughput"] == pytest.approx(32 / (t["median_ms"] / 1e3))
+    assert r["speedup"] == pytest.approx(r["original"]["median_ms"] / r["converted"]["median_ms"])
+    assert (tmp_path / "b.html").stat().st_size > 0
+
+
+def test_interleaving_warmup_and_progress():
+    calls, ticks = [], []
+    times_a, times_b = time_interleaved(lambda: calls.append("a"), lambda: calls.append("b"),
+                                        runs=4, warmup=2, progress=lambda d, t: ticks.append((d, t)))
+    assert len(times_a) == len(times_b) == 4
+    assert calls == list("ab" "ba" "ab" "ba" "ab" "ba")      # ABBA: neither always goes first
+    assert ticks == [(i, 6) for i in range(1, 7)]
+
+
+def test_bench_library_call_and_bad_input(cnn_bf16, tmp_path):
+    result = bench(EXAMPLE, cnn_bf16, runs=3, warmup=1, shapes={"images": (2, 8, 8, 1)})
+    assert result.batch == 2 and result.speedup > 0
+    assert cli.main(["bench", str(EXAMPLE), str(cnn_bf16), "--runs", "0"]) == 2
+    assert cli.main(["bench", str(EXAMPLE), str(tmp_path / "none.pb")]) == 2
