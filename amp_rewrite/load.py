@@ -75,13 +75,11 @@ def load(path: str | os.PathLike) -> Model:
     """Load a GraphDef or MetaGraphDef file, or a SavedModel directory."""
     path = Path(path)
     if path.is_dir():
-        from .savedmodel import load_saved_model
-        return load_saved_model(path)
+        return _load_saved_model(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.name in ("saved_model.pb", "saved_model.pbtxt"):
-        from .savedmodel import load_saved_model
-        return load_saved_model(path.parent)
+        return _load_saved_model(path.parent)
     try:
         size = path.stat().st_size
         if size > PROTOBUF_LIMIT:
@@ -95,6 +93,33 @@ def load(path: str | os.PathLike) -> Model:
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse(data, path)
+
+
+def _load_saved_model(path: Path) -> Model:
+    from .savedmodel import load_saved_model
+    model = load_saved_model(path)
+    _check_checkpoint(model)
+    return model
+
+
+def _check_checkpoint(model: Model) -> None:
+    """A SavedModel with variables must carry their checkpoint: the converted copy takes
+    ``variables/`` as it is, and TensorFlow could not load it without."""
+    metas = model.extra["saved_model"].meta_graphs
+    has_vars = any(n.WhichOneof("kind") == "variable" for m in metas for n in m.object_graph_def.nodes)
+    has_vars = has_vars or any(nd.op in ("VarHandleOp", "VariableV2", "Variable")
+                               for m in metas for nd in m.graph_def.node)
+    if not has_vars:
+        return
+    folder = model.path / "variables"
+    if not (folder / "variables.index").is_file():
+        raise InputError(f"{model.path}: the SavedModel has variables but no "
+                         f"{folder / 'variables.index'}; copy the whole SavedModel directory")
+    shards = sorted(folder.glob("variables.data-*-of-*"))
+    want = shards[0].name.rpartition("-of-")[2] if shards else ""
+    if not shards or not want.isdigit() or len(shards) != int(want):
+        raise InputError(f"{model.path}: the SavedModel's variable data in {folder} is incomplete "
+                         f"({len(shards)} of {want or 'its'} variables.data shards)")
 
 
 def parse(data: bytes, path: Path) -> Model:
