@@ -311,12 +311,9 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
                                       (src,))
 
     # 5. allow spreads both ways through clear ops
-    spread_parent: dict[int, int] = {}
-
     def _spread(i: int, parent: int | None) -> None:
         if parent is None or i in allow:
             return
-        spread_parent[i] = parent
         src = items[parent][0]
         allow[i] = Decision(True, "clear_spread",
                             f"clear op next to low-precision `{src}`", (src,))
@@ -328,17 +325,9 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
                lambda i, parent, r: _spread(i, parent))
 
     # 6. user overrides that force low precision
-    used_rules = set()
     for idx, (name, attr) in enumerate(items):
         rule = rules.node_rule(name)
-        if rule is None:
-            continue
-        used_rules.add(rule)
-        if rule.action != "force_lowp" or idx in allow:
-            continue
-        if idx in blocked and blocked[idx].code in ("not_float32",):
-            continue
-        if idx in blocked:
+        if rule is None or rule.action != "force_lowp" or idx in allow or idx in blocked:
             continue
         if kernel_ok(idx):
             allow[idx] = Decision(True, "user_force",
@@ -349,7 +338,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
             blocked[idx] = Decision(False, "no_kernel", msg)
             result.warnings.append(msg)
     for rule in rules.node_rules:
-        if rule not in used_rules and not any(rule.matches(n) for n in nodes):
+        if not any(rule.matches(n) for n in nodes):
             result.warnings.append(f"override {rule.pattern} ({rule.source}) matches no node")
 
     # 7. loops and TensorLists must agree across their back edges / clusters
