@@ -238,18 +238,18 @@ def graph_to_function(fg: FunctionGraph, signatures: dict) -> function_pb2.Funct
 def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_roots=()) -> None:
     """Paint, in place, every library function reachable from ``graph_def``'s nodes or roots.
 
-    Functions reachable from outside (called by the graph's nodes, or ``extra_roots`` such as
-    a SavedModel's concrete functions) keep their signatures; bodies are painted like graphs,
-    and the nodes of each appear in ``report`` as ``function/node``.
+    Bodies are painted like graphs, with float32 boundaries; then boundaries that only carry
+    casts are lowered (:class:`BoundaryLowering`), in the functions and at the graph's own
+    call sites. ``extra_roots`` (a SavedModel's concrete functions) keep their signatures.
+    The nodes of each function appear in ``report`` as ``function/node``.
     """
+    from . import lint
+    from .types import TARGETS
+
     library = graph_def.library
-    if not library.function:
-        return
     names = reachable(graph_def.node, library, extra_roots)
     if not names:
         return
-    roots = {n for nd in graph_def.node for n in called_functions(nd, set(names))}
-    roots |= set(extra_roots)
     signatures = {f.signature.name: f.signature for f in library.function}
     by_name = {f.signature.name: f for f in library.function}
     graphs: dict[str, FunctionGraph] = {}
@@ -257,15 +257,52 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         fg = _convert_function(by_name[name], library, signatures, options, rules, report)
         if fg is not None:
             graphs[name] = fg
-    new_functions = lower_boundaries(graphs, roots, signatures)
-    for name, fg in graphs.items():
-        by_name[name].CopyFrom(graph_to_function(fg, signatures))
-    for fdef in new_functions:
-        library.function.add().CopyFrom(fdef)
+    filled, added = graph_def_with_defaults(graph_def)
+    main = Graph.from_graph_def(filled)
+    roots = set(extra_roots) | _gradient_linked(library)
+    lowering = BoundaryLowering(graphs, main, roots, signatures, TARGETS[options.target])
+    lowering.run()
+    for owner in sorted(lowering.changed, key=str):
+        lint.lint(main if owner is None else graphs[owner].graph)
+    if None in lowering.changed:
+        out = main.to_graph_def(filled)
+        strip_graph_defaults(out, added)
+        del graph_def.node[:]
+        graph_def.node.extend(out.node)
+    for name in names:
+        if name in graphs:
+            by_name[name].CopyFrom(graph_to_function(graphs[name], signatures))
+    for name in lowering.specialized:
+        library.function.add().CopyFrom(graph_to_function(graphs[name], signatures))
+    _drop_unreachable(graph_def, set(names) - roots, extra_roots)
+    if lowering.lowered:
+        report.extra["functions"] = lowering.summary()
+        # casts we inserted and then moved are simply not there; only the input's own count
+        # as removed
+        gone, ours = set(lowering.casts_removed), set(report.casts_added) | set(lowering.casts_added)
+        report.casts_added[:] = [n for n in report.casts_added + lowering.casts_added
+                                 if n not in gone]
+        report.casts_removed.extend(n for n in lowering.casts_removed if n not in ours)
     problems = check_call_types(graph_def)
     if problems:
         from .errors import LintError
         raise LintError(problems)
+
+
+def _gradient_linked(library) -> set[str]:
+    """Functions named in the library's gradient table: renaming or retyping them would break it."""
+    return {n for g in library.gradient for n in (g.function_name, g.gradient_func)}
+
+
+def _drop_unreachable(graph_def, candidates: set[str], extra_roots) -> None:
+    """Remove functions of ``candidates`` nothing calls any more (replaced by specialized copies)."""
+    library = graph_def.library
+    still = set(reachable(graph_def.node, library, extra_roots))
+    dead = candidates - still
+    if dead:
+        keep = [f for f in library.function if f.signature.name not in dead]
+        del library.function[:]
+        library.function.extend(keep)
 
 
 def _convert_function(fdef, library, signatures, options, rules, report) -> FunctionGraph | None:
@@ -301,9 +338,260 @@ def merge_report(report, prefix: str, sub, exclude=()) -> None:
     report.warnings.extend(f"function {prefix!r}: {w}" for w in sub.warnings)
 
 
-def lower_boundaries(graphs: dict[str, FunctionGraph], roots: set[str], signatures: dict):
-    """Move cast-only function boundaries into low precision; returns new (specialized) FunctionDefs."""
-    return []
+_WHILE = ("While", "StatelessWhile")
+_BRANCH = ("If", "StatelessIf", "Case", "StatelessCase")
+_CALL = ("PartitionedCall", "StatefulPartitionedCall")
+
+
+def _cast_types(node) -> tuple[int, int] | None:
+    if node.op != "Cast":
+        return None
+    return node.attr["SrcT"].type, node.attr["DstT"].type
+
+
+class BoundaryLowering:
+    """Moves float32 function boundaries that only carry casts into the target dtype.
+
+    A boundary is lowered only where the values crossing it are rounded to the target anyway,
+    so results do not change (beyond a While loop that runs zero times returning its input
+    rounded): an input whose callee arguments are only read by casts to the target, an output
+    whose callee results come from exact widening casts (target -> float). For a ``While``
+    loop-carried value this takes the two casts per iteration out of the loop. A callee that
+    is also called elsewhere, or is a root (its signature is an interface), is copied first.
+    """
+
+    def __init__(self, graphs: dict[str, FunctionGraph], main: Graph, roots: set[str],
+                 signatures: dict, target: int):
+        self.graphs = graphs
+        self.main = main
+        self.roots = roots
+        self.signatures = signatures
+        self.target = target
+        self.specialized: list[str] = []
+        self.lowered = 0
+        self.casts_added: list[str] = []     # report names: ``function/node``, or ``node``
+        self.casts_removed: list[str] = []
+        self.changed: set[str | None] = set()   # owners (None: the main graph) and callees edited
+
+    # ------------------------------------------------------------- bookkeeping
+    def _owners(self):
+        yield None, self.main
+        for name, fg in list(self.graphs.items()):
+            yield name, fg.graph
+
+    def _refcount(self, fname: str) -> int:
+        names = set(self.graphs)
+        count = 1 if fname in self.roots else 0
+        for _, graph in self._owners():
+            for node in graph.nodes():
+                count += called_functions(node.proto, names).count(fname)
+        return count
+
+    def _callee_slots(self, node) -> list[tuple[str, int]]:
+        """``(attr, list index or -1)`` of each function a functional node calls."""
+        if node.op in _WHILE:
+            return [("cond", -1), ("body", -1)]
+        if node.op in ("If", "StatelessIf"):
+            return [("then_branch", -1), ("else_branch", -1)]
+        if node.op in ("Case", "StatelessCase"):
+            return [("branches", i) for i in range(len(node.attr["branches"].list.func))]
+        return [("f", -1)]
+
+    @staticmethod
+    def _slot_ref(node, slot):
+        attr, index = slot
+        return node.attr[attr].func if index < 0 else node.attr[attr].list.func[index]
+
+    def _callees(self, node) -> list[FunctionGraph] | None:
+        names = [self._slot_ref(node, s).name for s in self._callee_slots(node)]
+        if not all(n in self.graphs for n in names):
+            return None
+        return [self.graphs[n] for n in names]
+
+    def _own(self, node) -> list[FunctionGraph]:
+        """The callees of ``node``, each copied first if anything else calls it."""
+        out = []
+        for slot in self._callee_slots(node):
+            ref = self._slot_ref(node, slot)
+            if self._refcount(ref.name) > 1:
+                ref.name = self._copy(ref.name)
+            out.append(self.graphs[ref.name])
+            self.changed.add(ref.name)
+        return out
+
+    def _copy(self, fname: str) -> str:
+        fg = self.graphs[fname]
+        i = 1
+        while f"{fname}_amp{i}" in self.signatures:
+            i += 1
+        name = f"{fname}_amp{i}"
+        fdef = function_pb2.FunctionDef()
+        fdef.CopyFrom(fg.fdef)
+        fdef.signature.name = name
+        self.graphs[name] = FunctionGraph(fdef, fg.graph.copy(), list(fg.args), list(fg.rets),
+                                          dict(fg.defaults))
+        self.signatures[name] = fdef.signature
+        self.specialized.append(name)
+        return name
+
+    # ------------------------------------------------------------- predicates
+    def _narrowing_readers(self, graph: Graph, ref: TensorRef) -> list[str] | None:
+        """The readers of ``ref`` if every one is a Cast float -> target, else None."""
+        readers = graph.consumers(ref.node, ref.port)
+        names = [r for r, _ in readers]
+        for name in names:
+            node = graph.node(name)
+            if _cast_types(node) != (FLOAT, self.target) or graph.control_consumers(name):
+                return None
+        return names
+
+    def _widened(self, graph: Graph, ref: TensorRef) -> TensorRef | None:
+        """The target-dtype tensor ``ref`` exactly widens (a Cast target -> float), else None."""
+        node = graph.node(ref.node)
+        if ref.port == 0 and _cast_types(node) == (self.target, FLOAT):
+            return graph.input(ref.node, 0)
+        return None
+
+    def _arg_ok(self, fg: FunctionGraph, k: int, need_reader: bool) -> bool:
+        readers = self._narrowing_readers(fg.graph, TensorRef(fg.args[k]))
+        return readers is not None and (bool(readers) or not need_reader)
+
+    def _ret_ok(self, fg: FunctionGraph, j: int) -> bool:
+        return self._widened(fg.graph, fg.graph.input(fg.rets[j], 0)) is not None
+
+    # ------------------------------------------------------------- edits
+    def _lower_arg(self, fg: FunctionGraph, k: int) -> None:
+        graph, arg = fg.graph, fg.args[k]
+        graph.node(arg).attr["dtype"].type = self.target
+        for reader in self._narrowing_readers(graph, TensorRef(arg)):
+            graph.replace_uses(TensorRef(reader), TensorRef(arg))
+            self._remove(graph, reader)
+
+    def _lower_ret(self, fg: FunctionGraph, j: int) -> None:
+        graph, sentinel = fg.graph, fg.rets[j]
+        old = graph.input(sentinel, 0)
+        graph.set_input(sentinel, 0, self._widened(graph, old))
+        graph.node(sentinel).attr["T"].type = self.target
+        self._drop_if_unread(graph, old.node)
+
+    def _drop_if_unread(self, graph: Graph, name: str) -> None:
+        if not graph.consumers(name) and not graph.control_consumers(name):
+            self._remove(graph, name)
+
+    def _qualified(self, graph: Graph, name: str) -> str:
+        owner = next((n for n, fg in self.graphs.items() if fg.graph is graph), None)
+        return name if owner is None else f"{owner}/{name}"
+
+    def _remove(self, graph: Graph, name: str) -> None:
+        self.casts_removed.append(self._qualified(graph, name))
+        graph.remove_node(name)
+
+    def _cast(self, graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
+        """A Cast of ``ref`` from ``src`` to ``dst``: an existing one, else a new one."""
+        for reader, _ in graph.consumers(ref.node, ref.port):
+            if _cast_types(graph.node(reader)) == (src, dst):
+                return TensorRef(reader)
+        from .casts import _insert_cast
+        new = _insert_cast(graph, ref, src, dst)
+        self.casts_added.append(self._qualified(graph, new.node))
+        return new
+
+    def _feed_lowp(self, graph: Graph, node: str, port: int) -> None:
+        """Make input ``port`` of ``node`` read a target-dtype tensor."""
+        ref = graph.input(node, port)
+        source = self._widened(graph, ref)
+        graph.set_input(node, port, source or self._cast(graph, ref, FLOAT, self.target))
+        if source is not None:
+            self._drop_if_unread(graph, ref.node)
+
+    def _read_lowp(self, graph: Graph, node: str, port: int) -> None:
+        """Output ``port`` of ``node`` is now in the target dtype: fix its readers."""
+        out = TensorRef(node, port)
+        for reader, reader_port in graph.consumers(node, port):
+            if _cast_types(graph.node(reader)) == (FLOAT, self.target) and \
+                    not graph.control_consumers(reader):
+                graph.replace_uses(TensorRef(reader), out)
+                self._remove(graph, reader)
+            else:
+                graph.set_input(reader, reader_port, self._cast(graph, out, self.target, FLOAT))
+
+    # ------------------------------------------------------------- sites
+    def run(self, rounds: int = 8) -> None:
+        """Lower boundaries until nothing changes (one lowering can enable the next)."""
+        for _ in range(rounds):
+            before = self.lowered
+            for owner, graph in list(self._owners()):
+                for node in list(graph.nodes()):
+                    if node.name in graph and node.op in _WHILE + _BRANCH + _CALL:
+                        self._site(owner, graph, graph.node(node.name))
+            if self.lowered == before:
+                return
+
+    def _site(self, owner, graph: Graph, node) -> None:
+        if self._callees(node) is None:
+            return
+        if node.op in _WHILE:
+            for i, dtype in enumerate(node.attr["T"].list.type):
+                if dtype == FLOAT and self._while_var_ok(node, i):
+                    self._lower_while_var(owner, graph, node, i)
+            return
+        offset = 1 if node.op in _BRANCH else 0
+        for k, dtype in enumerate(node.attr["Tin"].list.type):
+            if dtype == FLOAT and self._input_ok(graph, node, k, offset):
+                self._lower_input(owner, graph, node, k, offset)
+        for j, dtype in enumerate(node.attr["Tout"].list.type):
+            if dtype == FLOAT and self._output_ok(graph, node, j):
+                self._lower_output(owner, graph, node, j)
+
+    def _while_var_ok(self, node, i: int) -> bool:
+        cond, body = self._callees(node)
+        return (self._arg_ok(body, i, need_reader=True) and self._ret_ok(body, i)
+                and self._arg_ok(cond, i, need_reader=False))
+
+    def _lower_while_var(self, owner, graph: Graph, node, i: int) -> None:
+        cond, body = self._own(node)
+        node.attr["T"].list.type[i] = self.target
+        self._lower_arg(body, i)
+        self._lower_ret(body, i)
+        self._lower_arg(cond, i)
+        self._feed_lowp(graph, node.name, i)
+        self._read_lowp(graph, node.name, i)
+        self._done(owner)
+
+    def _input_ok(self, graph: Graph, node, k: int, offset: int) -> bool:
+        callees = self._callees(node)
+        return (self._widened(graph, graph.input(node.name, k + offset)) is not None
+                and all(self._arg_ok(fg, k, need_reader=False) for fg in callees)
+                and any(self._arg_ok(fg, k, need_reader=True) for fg in callees))
+
+    def _lower_input(self, owner, graph: Graph, node, k: int, offset: int) -> None:
+        for fg in self._own(node):
+            self._lower_arg(fg, k)
+        node.attr["Tin"].list.type[k] = self.target
+        self._feed_lowp(graph, node.name, k + offset)
+        self._done(owner)
+
+    def _output_ok(self, graph: Graph, node, j: int) -> bool:
+        readers = self._narrowing_readers(graph, TensorRef(node.name, j))
+        return bool(readers) and all(self._ret_ok(fg, j) for fg in self._callees(node))
+
+    def _lower_output(self, owner, graph: Graph, node, j: int) -> None:
+        for fg in self._own(node):
+            self._lower_ret(fg, j)
+        node.attr["Tout"].list.type[j] = self.target
+        self._read_lowp(graph, node.name, j)
+        self._done(owner)
+
+    def _done(self, owner) -> None:
+        self.lowered += 1
+        self.changed.add(owner)
+
+    def summary(self) -> dict:
+        return {"boundaries_lowered": self.lowered, "specialized": list(self.specialized),
+                "casts_moved_in": len(self.casts_added), "casts_moved_out": len(self.casts_removed),
+                "summary": f"{self.lowered} function boundaries moved to low precision, "
+                           f"{len(self.specialized)} functions specialized, casts "
+                           f"+{len(self.casts_added)}/-{len(self.casts_removed)}"}
 
 
 # ----------------------------------------------------------------- consistency
