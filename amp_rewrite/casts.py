@@ -69,8 +69,12 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
 
     for name in list(graph.names()):
         node = graph.node(name)
-        if (node.op == "Cast" and name in originally_read and not graph.consumers(name)
-                and not graph.control_consumers(name)):
+        if node.op != "Cast" or name not in originally_read:
+            continue
+        if get_dtype_attr(node, "SrcT") == get_dtype_attr(node, "DstT") and not graph.control_consumers(name):
+            # a retargeted Cast that now casts half to half: its readers take its input
+            graph.replace_uses(TensorRef(name, 0), graph.input(name, 0))
+        if not graph.consumers(name) and not graph.control_consumers(name):
             graph.remove_node(name)
             stats.removed.append(name)
     return stats
