@@ -68,7 +68,7 @@ def called_functions(node_def, library_names: set[str]) -> list[str]:
 
 
 def reachable(nodes, library: function_pb2.FunctionDefLibrary, extra_roots=()) -> list[str]:
-    """Library functions reachable from ``nodes`` and ``extra_roots``, callers before callees."""
+    """Library functions reachable from ``nodes`` and ``extra_roots``, in depth-first order."""
     by_name = {f.signature.name: f for f in library.function}
     names = set(by_name)
     order: list[str] = []
@@ -638,11 +638,15 @@ def _call_contract(nd):
 
 
 def direct_call_feeders(graph: Graph, library: function_pb2.FunctionDefLibrary) -> set[str]:
-    """Nodes feeding a direct call of a library function (op = function name): kept float32,
-    because such a node has no OpDef from which the cast pass could learn its input dtypes."""
+    """Nodes that feed or read a direct call of a library function (op = function name).
+
+    They are kept float32: such a call has no OpDef, so the cast pass cannot learn the dtypes
+    its ports carry, and function arguments and results stay float32.
+    """
     names = {f.signature.name for f in library.function}
     out = set()
     for node in graph.nodes():
         if node.op in names:
             out.update(ref.node for ref in graph.inputs(node.name))
+            out.update(reader for reader, _ in graph.consumers(node.name))
     return out
