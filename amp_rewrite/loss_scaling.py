@@ -19,7 +19,7 @@ import math
 from .errors import InputError
 from .training.detect import find_backprop
 from .training.scaling import SCOPE, ScaleConfig, insert_loss_scaling
-from .training.state import add_to_collections, add_to_saver, hook_init_ops
+from .training.state import add_to_collections, add_to_saver, has_saver, hook_init_ops
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,12 @@ def apply(graph, model, options, report) -> bool:
     init_ops = hook_init_ops(graph, meta_graph, _init_group(graph, added))
     in_collection = add_to_collections(meta_graph, added.variables)
     in_saver = add_to_saver(graph, meta_graph, added.variables)
+    if not in_saver and has_saver(graph):
+        _warn(report, "the graph's Saver is sharded or not V2: the loss-scale variables are not "
+                      "in it, so checkpoints will not keep them")
     if not init_ops:
-        report.warnings.append(f"no init op groups the variable initializers: run {SCOPE}/init "
-                               "once before training")
+        _warn(report, f"no init op groups the variable initializers: run {SCOPE}/init once "
+                      "before training")
     report.extra["loss_scaling"] = {
         "mode": config.mode, "start": config.start,
         **({"interval": config.interval, "factor": config.factor} if config.mode == "dynamic" else {}),
@@ -102,6 +105,11 @@ def apply(graph, model, options, report) -> bool:
     }
     log.info("loss scaling: %s", report.extra["loss_scaling"]["summary"])
     return True
+
+
+def _warn(report, text: str) -> None:
+    report.warnings.append(text)
+    log.warning(text)
 
 
 def _init_group(graph, added) -> str:

@@ -150,6 +150,28 @@ def test_overflow_step_is_skipped_bit_identically(optimizer, resource):
     assert trainer.fetch(SKIPPED) == [1] and trainer.variables()["global_step"] == 35
 
 
+@pytest.mark.parametrize("backprop", ["step_in_group", "all_reduce"])
+def test_skip_covers_grouped_global_step_and_follows_all_reduce(backprop):
+    out, report = convert(build("mlp", "adam", backprop=backprop))
+    found = report.extra["loss_scaling"]
+    by_name = {n.name: n for n in out.graph_def.node}
+    if backprop == "all_reduce":
+        # the gradients are unscaled and checked after the all-reduce, so replicas agree
+        assert found["after_all_reduce"] == 4
+        for grad in found["gradients"]:
+            assert by_name[grad.split(":")[0]].op == "CollectiveReduceV2"
+    else:
+        assert [by_name[w].op for w in found["gated_writes"]] == ["AssignAddVariableOp"]
+    trainer = Trainer(out)
+    trainer.train(3)
+    before = state_without_amp(trainer)
+    trainer.step(overflow_feed())
+    after = state_without_amp(trainer)
+    assert all(np.array_equal(before[k], after[k]) for k in before) and after["global_step"] == 3
+    trainer.train(3)
+    assert trainer.variables()["global_step"] == 6 and trainer.fetch(SKIPPED) == [1]
+
+
 def test_float32_graph_does_not_skip_the_same_batch():
     meta = build("mlp", "adam")
     trainer = Trainer(meta)

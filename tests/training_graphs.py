@@ -76,9 +76,16 @@ def _minimize(optimizer, loss, step, backprop: str):
     """``optimizer.minimize`` through tf.gradients, a GradientTape, or a user-given seed."""
     if backprop == "gradients":
         return optimizer.minimize(loss, global_step=step, name="train")
+    if backprop == "step_in_group":   # the global step does not wait on the updates
+        return tf.group(optimizer.minimize(loss), step.assign_add(1), name="train")
     variables = v1.trainable_variables()
     if backprop == "grad_ys":
         grads = tf.gradients(loss, variables, grad_ys=tf.ones_like(loss, name="seed"))
+    elif backprop == "all_reduce":   # a one-replica collective all-reduce of each gradient
+        grads = [tf.raw_ops.CollectiveReduceV2(
+            input=g, group_size=tf.constant(1), group_key=tf.constant(1),
+            instance_key=tf.constant(i + 1), ordering_token=[], merge_op="Add", final_op="Id")
+            for i, g in enumerate(tf.gradients(loss, variables))]
     else:
         grads = backprop.gradient(loss, variables)
     return optimizer.apply_gradients(zip(grads, variables), global_step=step, name="train")
@@ -91,8 +98,10 @@ def build(model: str = "mlp", optimizer: str = "sgd", *, resource: bool = True,
 
     ``loss_factor`` multiplies the loss and ``lr_factor`` the learning rate: together they make
     a graph whose FP32 training is unchanged but whose gradients are tiny. ``backprop`` is
-    ``"gradients"`` (minimize), ``"tape"`` (tf.GradientTape) or ``"grad_ys"`` (tf.gradients
-    seeded by the user's ``tf.ones_like(loss, name="seed")``).
+    ``"gradients"`` (minimize), ``"tape"`` (tf.GradientTape), ``"grad_ys"`` (tf.gradients
+    seeded by the user's ``tf.ones_like(loss, name="seed")``), ``"all_reduce"`` (each gradient
+    through a collective all-reduce) or ``"step_in_group"`` (the global step increment grouped
+    with the updates instead of waiting on them).
     """
     rng = np.random.default_rng(seed)
     g = tf.Graph()

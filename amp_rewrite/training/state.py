@@ -7,7 +7,6 @@ value (not a ref that a later assign in the same step could change under it).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from tensorflow.core.framework import attr_value_pb2, types_pb2
@@ -16,9 +15,6 @@ from tensorflow.python.framework import tensor_util
 
 from ..ir import Graph, TensorRef
 from . import nodes as nd
-
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class StateVar:
@@ -123,13 +119,16 @@ def _saver_nodes(graph: Graph, meta_graph):
     return saves[0], restores[0], restore_all
 
 
+def has_saver(graph: Graph) -> bool:
+    """Whether the graph holds save/restore ops of any kind."""
+    return any(n.op in ("SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice")
+               for n in graph.nodes())
+
+
 def add_to_saver(graph: Graph, meta_graph, variables: list[StateVar]) -> bool:
     """Add the variables to the graph's one V2 Saver (SaveV2 + RestoreV2); False if there is none."""
     found = _saver_nodes(graph, meta_graph)
     if found is None:
-        if any(n.op in ("SaveV2", "RestoreV2", "SaveSlices", "Save") for n in graph.nodes()):
-            log.warning("the graph's saver is sharded or not V2: the loss-scale variables are "
-                        "not added to it and checkpoints will not keep them")
         return False
     save, restore, restore_all = found
     names = [v.name for v in variables]

@@ -1,0 +1,205 @@
+"""Training step time on this CPU: FP32, amp-rewrite's bfloat16 graph, grappler's bfloat16 AMP.
+
+    .venv/bin/python benchmarks/train_step.py [--steps 40] [--warmup 5] [--write]
+
+Two TF1 training graphs (Momentum, digits data from scikit-learn scaled up to fill the
+models): a wide MLP and a CNN with fused batch norm. Each is run three ways in one process,
+from the same initial weights on the same batches, timed round-robin (the order rotates every
+round, so clock drift falls on all three alike):
+
+* ``fp32``: the FP32 graph in a default session;
+* ``amp-rewrite``: the graph ``amp-rewrite --target bfloat16 --device cpu`` writes, in a default
+  session;
+* ``grappler``: the FP32 graph in a session with grappler's
+  ``auto_mixed_precision_onednn_bfloat16`` on (TensorFlow's own run-time AMP).
+
+Prints a Markdown table of median step times and their ratios to FP32; ``--write`` also puts it
+in BENCHMARKS.md under "## Training step" (only that section is replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
+
+from amp_rewrite.load import Model  # noqa: E402
+from amp_rewrite.pipeline import Options, convert_model  # noqa: E402
+
+v1 = tf.compat.v1
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = "## Training step"
+
+
+def _digits(side: int):
+    """Digits images upsampled (nearest) from 8x8 to ``side`` x ``side``, one-channel."""
+    x, y = load_digits(return_X_y=True)
+    img = (x.reshape(-1, 8, 8) / 16.0).astype(np.float32)
+    img = np.kron(img, np.ones((side // 8, side // 8), np.float32))
+    return img[..., None], y.astype(np.int32)
+
+
+def _wide_mlp(x, var):
+    h = tf.reshape(x, [-1, 32 * 32])
+    for i, width in enumerate((2048, 2048)):
+        h = tf.nn.relu(tf.matmul(h, var(f"w{i}", (h.shape[-1], width), 0.02)) + var(f"b{i}", (width,), 0.0))
+    return tf.matmul(h, var("out", (2048, 10), 0.02))
+
+
+def _cnn(x, var):
+    h = x
+    for i, channels in enumerate((32, 64)):
+        k = var(f"k{i}", (3, 3, h.shape[-1], channels), 0.1)
+        conv = tf.nn.conv2d(h, k, 1, "SAME")
+        bn, _, _ = v1.nn.fused_batch_norm(conv, var(f"g{i}", (channels,), 0.0, 1.0),
+                                          var(f"o{i}", (channels,), 0.0), is_training=True)
+        h = tf.nn.max_pool2d(tf.nn.relu(bn), 2, 2, "VALID")
+    h = tf.reshape(h, [-1, 8 * 8 * 64])
+    return tf.matmul(h, var("out", (8 * 8 * 64, 10), 0.02))
+
+
+# title: (body, batch, learning rate)
+MODELS = {"wide MLP (1024-2048-2048-10), batch 512": (_wide_mlp, 512, 0.01),
+          "CNN (2x conv3x3 + fused BN + pool, 32x32x1), batch 128": (_cnn, 128, 0.001)}
+
+
+def build(body, lr: float) -> tf.compat.v1.GraphDef:
+    rng = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 32, 32, 1], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+
+        def var(name, shape, std, mean=0.0):
+            return v1.get_variable(name, initializer=(mean + rng.normal(0, std, shape)).astype(np.float32))
+
+        logits = body(x, var)
+        tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        v1.train.MomentumOptimizer(lr, 0.9).minimize(g.get_tensor_by_name("loss:0"), name="train")
+        v1.global_variables_initializer()
+    return g.as_graph_def()
+
+
+def to_bfloat16(graph_def):
+    model = Model(Path("train.pb"), "graphdef", False, graph_def)
+    report = convert_model(model, Options(target="bfloat16", device="cpu"))
+    return model.graph_def, report
+
+
+def session(graph_def, grappler_amp: bool):
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    config = config_pb2.ConfigProto()
+    if grappler_amp:
+        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+            rewriter_config_pb2.RewriterConfig.ON)
+    sess = v1.Session(graph=g, config=config)
+    sess.run("init")
+    return sess
+
+
+def time_round_robin(steps: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Call every step function once per round, rotating the order; seconds per call."""
+    names = list(steps)
+    times = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            start = time.perf_counter()
+            steps[name]()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def bench_model(title: str, body, batch: int, lr: float, rounds: int, warmup: int) -> dict:
+    images, labels = _digits(32)
+    rng = np.random.default_rng(1)
+    feeds = [{"x:0": images[idx], "y:0": labels[idx]}
+             for idx in (rng.choice(len(images), batch, replace=False) for _ in range(warmup + rounds))]
+    fp32 = build(body, lr)
+    bf16, report = to_bfloat16(fp32)
+    sessions = {"fp32": session(fp32, False), "amp-rewrite": session(bf16, False),
+                "grappler": session(fp32, True)}
+    counters = {name: iter(feeds) for name in sessions}
+    losses = {name: [] for name in sessions}
+
+    def stepper(name):
+        def step():
+            losses[name].append(sessions[name].run(["loss:0", "train"], next(counters[name]))[0])
+        return step
+
+    times = time_round_robin({n: stepper(n) for n in sessions}, rounds, warmup)
+    for s in sessions.values():
+        s.close()
+    median = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+    summary = report.summary()
+    return {"title": title, "median_ms": median, "last_loss": {n: float(v[-1]) for n, v in losses.items()},
+            "first_loss": float(losses["fp32"][0]),
+            "converted": f"{summary['matrix_converted']}/{summary['matrix_total']}"}
+
+
+def table(results: list[dict], rounds: int, warmup: int) -> str:
+    lines = [
+        f"{SECTION}\n",
+        "One training step (forward, backward, Momentum update), median of "
+        f"{rounds} steps after {warmup} warm-up steps, the three variants timed round-robin in one "
+        f"process by `benchmarks/train_step.py` on {platform.machine()} with "
+        f"{os.cpu_count()} cores (AVX512-BF16, no AMX), TensorFlow {tf.__version__}. "
+        "Ratios are FP32 time / variant time (above 1: faster than FP32).\n",
+        "| model | MatMul/Conv ops in bf16 | FP32 ms | amp-rewrite bf16 ms (ratio) | "
+        "grappler AMP bf16 ms (ratio) | loss after the run: FP32 / amp-rewrite / grappler |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        m, l = r["median_ms"], r["last_loss"]
+        lines.append(
+            f"| {r['title']} | {r['converted']} | {m['fp32']:.1f} | {m['amp-rewrite']:.1f} "
+            f"({m['fp32'] / m['amp-rewrite']:.2f}x) | {m['grappler']:.1f} ({m['fp32'] / m['grappler']:.2f}x) "
+            f"| {l['fp32']:.3f} / {l['amp-rewrite']:.3f} / {l['grappler']:.3f} (first {r['first_loss']:.3f}) |")
+    lines.append("\nThe ratios come from steps interleaved in one process, so load from other jobs on "
+                 "the machine falls on all three alike; the absolute times are noisy. The MatMul/Conv "
+                 "count is amp-rewrite's (forward and backward). bfloat16 needs no loss scaling, so "
+                 "neither bfloat16 graph has any.")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
+    """Replace (or append) only the "## Training step" section of BENCHMARKS.md."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + (old[end:] if end >= 0 else "")
+    path.write_text(new)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()
+    results = [bench_model(title, body, batch, lr, args.steps, args.warmup)
+               for title, (body, batch, lr) in MODELS.items()]
+    text = table(results, args.steps, args.warmup)
+    print(text)
+    if args.write:
+        write_section(text)
+
+
+if __name__ == "__main__":
+    main()
