@@ -16,7 +16,7 @@ from typing import Sequence
 from tensorflow.core.framework import graph_pb2
 
 from . import casts, functions, lint, load as load_mod, loss_scaling, save as save_mod
-from .errors import InputError
+from .errors import InputError, RuleError
 from .ir import Graph
 from .paint import paint
 from .report import Report, build_report
@@ -182,7 +182,13 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     opts = Options(**options)
     opts.check()
     model = load_mod.load(src)
-    report = convert_model(model, opts)
+    try:
+        report = convert_model(model, opts)
+    except InputError as exc:
+        # errors found in the graph name a node; the user also needs to know which file
+        if not isinstance(exc, RuleError) and not str(exc).startswith(str(src)):
+            exc.args = (f"{src}: {exc}",)
+        raise
     save_mod.save(model, dst, force=force or in_place)
     return report
 

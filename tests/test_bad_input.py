@@ -1,0 +1,410 @@
+"""Bad input and unusual graphs: one-line refusals with exit 2, safe writes, untrusted models.
+
+Each refusal checks the whole contract (see ``refusals.assert_refused``): exit code 2, one line
+naming the file, no traceback, nothing written, the input unchanged. Most run the CLI in this
+process; a few run the installed ``amp-rewrite`` to prove it end to end.
+"""
+
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from tensorflow.core.protobuf import config_pb2
+
+import graphs
+from amp_rewrite import convert, convert_file, load
+from amp_rewrite.errors import InputError
+from amp_rewrite.load import PROTOBUF_LIMIT
+from refusals import (assert_refused, run_batch, run_cli, run_process, snapshot,
+                      without_root_powers)
+
+v1 = tf.compat.v1
+
+
+@pytest.fixture(scope="module")
+def mlp_bytes():
+    return graphs.mlp()[0].SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """A real TF2 SavedModel with one variable."""
+
+    class Dense(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(np.random.default_rng(0).normal(0, 0.3, (8, 4)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def __call__(self, x):
+            return tf.nn.relu(tf.matmul(x, self.w))
+
+    path = tmp_path_factory.mktemp("sm") / "model"
+    tf.saved_model.save(Dense(), str(path))
+    return path
+
+
+# ----------------------------------------------------------------- inputs that are not models
+def _empty(d, mlp):
+    (d / "in.pb").write_bytes(b"")
+    return d / "in.pb"
+
+
+def _truncated(d, mlp):
+    (d / "in.pb").write_bytes(mlp[: len(mlp) // 2])
+    return d / "in.pb"
+
+
+def _random_bytes(d, mlp):
+    (d / "in.pb").write_bytes(np.random.default_rng(7).integers(0, 256, 4096, np.uint8).tobytes())
+    return d / "in.pb"
+
+
+def _digit_example(d, mlp):
+    """A tf.train.Example holding a real scikit-learn digit: a protobuf, not a graph."""
+    digits = load_digits()
+    ex = tf.train.Example(features=tf.train.Features(feature={
+        "image": tf.train.Feature(float_list=tf.train.FloatList(value=digits.data[0])),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(digits.target[0])]))}))
+    (d / "in.pb").write_bytes(ex.SerializeToString())
+    return d / "in.pb"
+
+
+def _config_proto(d, mlp):
+    """A ConfigProto whose few bytes are all printable but for field tags."""
+    cfg = config_pb2.ConfigProto(intra_op_parallelism_threads=3, inter_op_parallelism_threads=2)
+    (d / "in.pb").write_bytes(cfg.SerializeToString())
+    return d / "in.pb"
+
+
+def _pbtxt_syntax_error(d, mlp):
+    gd = v1.GraphDef()
+    gd.ParseFromString(mlp)
+    text = str(gd)
+    (d / "in.pbtxt").write_text(text[: len(text) // 3] + "\n}}} oops {\n")
+    return d / "in.pbtxt"
+
+
+def _not_a_saved_model(d, mlp):
+    (d / "model").mkdir()
+    (d / "model" / "variables").mkdir()
+    (d / "model" / "notes.txt").write_text("weights live elsewhere\n")
+    return d / "model"
+
+
+def _missing_input(d, mlp):
+    return d / "nowhere.pb"
+
+
+def _over_2gb(d, mlp):
+    path = d / "huge.pb"
+    path.write_bytes(mlp)
+    os.truncate(path, PROTOBUF_LIMIT + 1)  # sparse: no disk used
+    return path
+
+
+def _pickle_payload(d, mlp):
+    """A pickle that creates a file when unpickled: loading it must not run it."""
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(d / "pwned"), "w"))
+
+    (d / "model.pkl").write_bytes(pickle.dumps(Payload()))
+    return d / "model.pkl"
+
+
+BAD_INPUTS = [_empty, _truncated, _random_bytes, _digit_example, _config_proto,
+              _pbtxt_syntax_error, _not_a_saved_model, _missing_input, _over_2gb, _pickle_payload]
+
+
+@pytest.mark.parametrize("make", BAD_INPUTS, ids=lambda f: f.__name__.strip("_"))
+def test_bad_input_is_refused_in_one_line(make, tmp_path, mlp_bytes, capsys):
+    src = make(tmp_path, mlp_bytes)
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, [src, "-o", tmp_path / "out.pb"])
+    assert_refused(code, err, src, tmp_path, before)
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("make", [_truncated, _digit_example, _pbtxt_syntax_error, _over_2gb],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_library_raises_input_error(make, tmp_path, mlp_bytes):
+    src = make(tmp_path, mlp_bytes)
+    with pytest.raises(InputError):
+        load.load(src)
+    with pytest.raises(InputError):
+        convert_file(src, tmp_path / "out.pb")
+    assert not (tmp_path / "out.pb").exists()
+
+
+def test_verbose_shows_the_traceback(tmp_path, mlp_bytes, capsys):
+    src = _truncated(tmp_path, mlp_bytes)
+    code, _, err = run_cli(capsys, [src, "-o", tmp_path / "out.pb", "-v"])
+    assert code == 2 and "Traceback" in err
+    assert not (tmp_path / "out.pb").exists()
+
+
+# ----------------------------------------------------------------- SavedModels
+def test_saved_model_without_variables_is_refused(saved_model, tmp_path, capsys):
+    broken = tmp_path / "model"
+    shutil.copytree(saved_model, broken)
+    shutil.rmtree(broken / "variables")
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, [broken, "-o", tmp_path / "out"])
+    assert_refused(code, err, broken, tmp_path, before)
+
+
+def test_saved_model_with_missing_data_shard_is_refused(saved_model, tmp_path, capsys):
+    broken = tmp_path / "model"
+    shutil.copytree(saved_model, broken)
+    for shard in (broken / "variables").glob("variables.data-*"):
+        shard.unlink()
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, [broken, "-o", tmp_path / "out"])
+    assert_refused(code, err, broken, tmp_path, before)
+
+
+def test_truncated_saved_model_proto_is_refused(saved_model, tmp_path, capsys):
+    broken = tmp_path / "model"
+    shutil.copytree(saved_model, broken)
+    data = (broken / "saved_model.pb").read_bytes()
+    (broken / "saved_model.pb").write_bytes(data[: len(data) // 2])
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, [broken, "-o", tmp_path / "out"])
+    assert_refused(code, err, broken, tmp_path, before)
+
+
+def test_complete_saved_model_converts(saved_model, tmp_path, capsys):
+    code, _, _ = run_cli(capsys, [saved_model, "-o", tmp_path / "out", "-q"])
+    assert code == 0
+    x = np.random.default_rng(1).normal(0, 1, (3, 8)).astype(np.float32)
+    ref = tf.saved_model.load(str(saved_model))(x).numpy()
+    out = tf.saved_model.load(str(tmp_path / "out"))(x).numpy()
+    assert out.dtype == np.float32 and graphs.rel_l2(out, ref) < 5e-3
+
+
+# ----------------------------------------------------------------- graphs TensorFlow would refuse
+def _graph_with(mutate):
+    gd, _, _ = graphs.mlp()
+    mutate({n.name: n for n in gd.node})
+    return gd
+
+
+BROKEN_GRAPHS = {
+    "wrong_arity": lambda n: n["logits"].input.append("h"),
+    "dtype_mismatch": lambda n: setattr(n["w2"].attr["dtype"], "type", tf.int32.as_datatype_enum),
+    "disallowed_dtype": lambda n: setattr(n["h"].attr["T"], "type", tf.string.as_datatype_enum),
+    "dangling_input": lambda n: n["probs"].input.__setitem__(0, "missing"),
+    "duplicate_name": lambda n: setattr(n["w1"], "name", "w2"),
+    "malformed_const": lambda n: setattr(n["w1"].attr["value"].tensor, "dtype", 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_GRAPHS))
+def test_graph_tensorflow_would_refuse_is_an_input_error(name, tmp_path, capsys):
+    gd = _graph_with(BROKEN_GRAPHS[name])
+    with pytest.raises(InputError):
+        convert(gd)
+    src = tmp_path / "in.pb"
+    src.write_bytes(gd.SerializeToString())
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, [src, "-o", tmp_path / "out.pb"])
+    assert_refused(code, err, src, tmp_path, before)
+
+
+def test_forged_port_count_is_refused_without_allocating():
+    """N=2**40 in a few bytes: refused before any per-port list is built."""
+    gd, _, _ = graphs.mlp()
+    split = gd.node.add(name="split", op="Split", input=["split_dim", "h"])
+    split.attr["T"].type = tf.float32.as_datatype_enum
+    split.attr["num_split"].i = 2**40
+    dim = gd.node.add(name="split_dim", op="Const")
+    dim.attr["dtype"].type = tf.int32.as_datatype_enum
+    dim.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(1, tf.int32))
+    with pytest.raises(InputError):
+        convert(gd)
+
+
+# ----------------------------------------------------------------- valid but unusual graphs
+def test_custom_op_is_left_alone(tmp_path):
+    gd, _, _ = graphs.mlp()
+    custom = gd.node.add(name="custom", op="MyCustomOp", input=["h"])
+    custom.attr["T"].type = tf.float32.as_datatype_enum
+    custom.attr["_output_types"].list.type.append(tf.float32.as_datatype_enum)
+    mm = gd.node.add(name="after", op="MatMul", input=["custom", "w2"])
+    mm.attr["T"].type = tf.float32.as_datatype_enum
+    gd.node.add(name="after_probs", op="Softmax", input=["after"]).attr["T"].type = \
+        tf.float32.as_datatype_enum
+    new, report = convert(gd)
+    out = {n.name: n for n in new.node}
+    assert out["custom"].op == "MyCustomOp" and dict(out["custom"].attr) == dict(custom.attr)
+    assert report.node("custom").code == "unknown_op"
+    # the custom op reads and yields float32, so the MatMul after it gets a cast to half
+    assert out["after"].attr["T"].type == tf.float16.as_datatype_enum
+    assert report.warnings
+
+
+def _ref_variable_training_graph():
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        w = v1.Variable(np.random.default_rng(0).normal(0, 0.1, (64, 10)).astype(np.float32),
+                        use_resource=False, name="w")
+        logits = tf.matmul(x, w, name="logits")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits),
+                              name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        v1.variables_initializer([w], name="init")
+    return g.as_graph_def()
+
+
+def _train(graph_def, steps=5):
+    digits = load_digits()
+    x = (digits.data[:128] / 16.0).astype(np.float32)
+    y = digits.target[:128].astype(np.int32)
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    with v1.Session(graph=g) as sess:
+        sess.run("init")
+        losses = [sess.run(["loss:0", "train"], {"x:0": x, "y:0": y})[0] for _ in range(steps)]
+        w = sess.run("w:0")
+    return np.array(losses), w
+
+
+def test_ref_variable_graph_converts_and_trains():
+    gd = _ref_variable_training_graph()
+    assert any(n.op == "VariableV2" for n in gd.node)
+    new, _ = convert(gd, target="bfloat16", device="cpu")
+    out = {n.name: n for n in new.node}
+    assert out["w"].attr["dtype"].type == tf.float32.as_datatype_enum
+    assert out["logits"].attr["T"].type == tf.bfloat16.as_datatype_enum
+    ref_losses, ref_w = _train(gd)
+    losses, w = _train(new)
+    assert w.dtype == np.float32
+    assert losses[-1] < losses[0]
+    assert np.max(np.abs(losses - ref_losses)) < 0.02
+    assert graphs.rel_l2(w, ref_w) < 0.01
+
+
+def test_already_converted_graph_is_left_as_is(tmp_path, capsys):
+    src = tmp_path / "in.pb"
+    src.write_bytes(graphs.conv_bn()[0].SerializeToString())
+    assert run_cli(capsys, [src, "-o", tmp_path / "once.pb", "-q"])[0] == 0
+    code, _, err = run_cli(capsys, [tmp_path / "once.pb", "-o", tmp_path / "twice.pb"])
+    assert code == 0 and "WARNING" in err
+    assert (tmp_path / "once.pb").read_bytes() == (tmp_path / "twice.pb").read_bytes()
+
+
+def test_stripped_default_attrs_convert_and_stay_stripped():
+    """SavedModel writers drop attrs that hold their OpDef default; the output keeps them dropped."""
+    from tensorflow.python.framework import meta_graph
+    gd, feeds, fetches = graphs.tensorarray_lstm()
+    meta = v1.MetaGraphDef(graph_def=gd)
+    meta_graph.strip_graph_default_valued_attrs(meta)
+    stripped = meta.graph_def
+    new, report = convert(stripped)
+    assert report.summary()["matrix_converted"] == report.summary()["matrix_total"] == 1
+    kept = {n.name: set(n.attr) for n in stripped.node}
+    assert all(set(n.attr) <= kept[n.name] for n in new.node if n.name in kept)
+    ref = graphs.run(gd, feeds, fetches)[0]
+    assert graphs.rel_l2(graphs.run(new, feeds, fetches)[0], ref) < 5e-3
+
+
+# ----------------------------------------------------------------- outputs and safe writes
+@pytest.fixture
+def model_dir(tmp_path, mlp_bytes):
+    (tmp_path / "in.pb").write_bytes(mlp_bytes)
+    (tmp_path / "old.pb").write_bytes(b"previous output")
+    (tmp_path / "outdir").mkdir()
+    return tmp_path
+
+
+OUTPUT_REFUSALS = {
+    "exists": (["old.pb"], "old.pb"),
+    "is_input": (["in.pb"], "in.pb"),
+    "is_input_even_with_force": (["in.pb", "--force"], "in.pb"),
+    "is_input_by_another_path": (["sub/../in.pb", "--force"], "in.pb"),
+    "folder_missing": (["sub/out.pb"], "out.pb"),
+    "is_a_directory": (["outdir", "--force"], "outdir"),
+    "report_is_input": (["new.pb", "--report", "in.pb"], "in.pb"),
+    "report_folder_missing": (["new.pb", "--report", "nowhere/r.json"], "r.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUT_REFUSALS))
+def test_output_refusals(case, model_dir, capsys, monkeypatch):
+    args, named = OUTPUT_REFUSALS[case]
+    monkeypatch.chdir(model_dir)
+    if case == "is_input_by_another_path":
+        (model_dir / "sub").mkdir()
+    before = snapshot(model_dir)
+    code, _, err = run_cli(capsys, ["in.pb", "-o", *args])
+    assert_refused(code, err, named, model_dir, before)
+
+
+def test_force_replaces_and_keeps_the_mode(model_dir, capsys):
+    os.chmod(model_dir / "old.pb", 0o640)
+    code, _, _ = run_cli(capsys, [model_dir / "in.pb", "-o", model_dir / "old.pb", "--force", "-q"])
+    assert code == 0
+    assert os.stat(model_dir / "old.pb").st_mode & 0o777 == 0o640
+    new = v1.GraphDef()
+    new.ParseFromString((model_dir / "old.pb").read_bytes())
+    assert {n.attr["T"].type for n in new.node if n.op == "MatMul"} == {tf.float16.as_datatype_enum}
+    assert sorted(p.name for p in model_dir.iterdir()) == ["in.pb", "old.pb", "outdir"]
+
+
+def test_new_output_gets_a_normal_mode(model_dir, capsys):
+    old = os.umask(0o022)
+    try:
+        assert run_cli(capsys, [model_dir / "in.pb", "-o", model_dir / "new.pb", "-q"])[0] == 0
+    finally:
+        os.umask(old)
+    assert os.stat(model_dir / "new.pb").st_mode & 0o777 == 0o644
+
+
+def test_in_place_overwrites_only_when_asked(model_dir, capsys):
+    src = model_dir / "in.pb"
+    original = src.read_bytes()
+    code, _, _ = run_cli(capsys, [src, "-o", src, "--in-place", "-q"])
+    assert code == 0 and src.read_bytes() != original
+    new = v1.GraphDef()
+    new.ParseFromString(src.read_bytes())
+    assert any(n.op == "Cast" for n in new.node)
+    assert sorted(p.name for p in model_dir.iterdir()) == ["in.pb", "old.pb", "outdir"]
+
+
+# ----------------------------------------------------------------- end to end, own processes
+def test_process_exit_codes_and_no_traceback(tmp_path, mlp_bytes):
+    src = _random_bytes(tmp_path, mlp_bytes)
+    before = snapshot(tmp_path)
+    proc = run_process([src, "-o", tmp_path / "out.pb"])
+    assert_refused(proc.returncode, proc.stderr, src, tmp_path, before)
+    assert proc.stdout == ""
+
+
+def test_unreadable_input_and_unwritable_output(tmp_path, mlp_bytes):
+    prefix = without_root_powers()
+    if prefix is None:
+        pytest.skip("running as root without setpriv: permission bits cannot be enforced")
+    readable, unreadable = tmp_path / "in.pb", tmp_path / "secret.pb"
+    readable.write_bytes(mlp_bytes)
+    unreadable.write_bytes(mlp_bytes)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    os.chmod(unreadable, 0o000)
+    try:
+        before = snapshot(tmp_path)
+        (code1, err1), (code2, err2) = run_batch([[unreadable, "-o", tmp_path / "out.pb"],
+                                                  [readable, "-o", locked / "out.pb"]], prefix)
+        assert_refused(code1, err1, unreadable, tmp_path, before)
+        assert_refused(code2, err2, "out.pb", tmp_path, before)
+    finally:
+        os.chmod(unreadable, 0o644)
+        os.chmod(locked, 0o755)
