@@ -10,6 +10,7 @@ dimensions come from ``shapes`` (``--shape name=2,8,8,1``) or default to 1 with 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -122,6 +123,33 @@ def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str
     return feeds
 
 
+@functools.lru_cache(maxsize=1)
+def init_devices() -> None:
+    """Let TensorFlow enumerate its devices once, before the first Session or SavedModel load.
+
+    On a machine without a GPU driver this is where TensorFlow's C++ layer logs a CUDA error
+    line that no environment variable silences; it means nothing for a CPU run, so it is kept
+    off stderr unless amp-rewrite logs at DEBUG level (``-v``).
+    """
+    import tensorflow as tf
+    if log.isEnabledFor(logging.DEBUG):
+        tf.config.list_physical_devices()
+        return
+    try:
+        saved = os.dup(2)
+    except OSError:
+        tf.config.list_physical_devices()
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        tf.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 class Runner:
     """A model ready to run. Subclasses: :class:`GraphRunner`, :class:`SavedModelRunner`."""
 
@@ -157,6 +185,7 @@ class GraphRunner(Runner):
                  checkpoint: str | None = None):
         import tensorflow as tf
         v1 = tf.compat.v1
+        init_devices()
         self.model = model
         self.graph = tf.Graph()
         saver = None
@@ -274,6 +303,7 @@ class SavedModelRunner(Runner):
 
     def __init__(self, path: Path, signature: str | None = None):
         import tensorflow as tf
+        init_devices()
         try:
             loaded = tf.saved_model.load(str(path))
         except (OSError, ValueError, tf.errors.OpError) as exc:

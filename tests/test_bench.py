@@ -5,21 +5,12 @@ lives in benchmarks/inference.py and BENCHMARKS.md.
 """
 
 import json
-from pathlib import Path
 
 import pytest
 
-from amp_rewrite import cli, convert_file
+from amp_rewrite import cli
 from amp_rewrite.bench import bench, time_interleaved
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
-
-
-@pytest.fixture(scope="module")
-def cnn_bf16(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "cnn_bf16.pb"
-    convert_file(EXAMPLE, out, target="bfloat16", device="cpu")
-    return out
+from test_verify import EXAMPLE, cnn_bf16  # noqa: F401  (the example CNN and its bf16 conversion)
 
 
 def test_bench_reports_both_figures_and_the_ratio(cnn_bf16, tmp_path):
