@@ -260,7 +260,8 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
     filled, added = graph_def_with_defaults(graph_def)
     main = Graph.from_graph_def(filled)
     roots = set(extra_roots) | _gradient_linked(library)
-    lowering = BoundaryLowering(graphs, main, roots, signatures, TARGETS[options.target])
+    lowering = BoundaryLowering(graphs, main, roots, signatures, TARGETS[options.target],
+                                inserted=set(report.casts_added))
     lowering.run()
     for owner in sorted(lowering.changed, key=str):
         lint.lint(main if owner is None else graphs[owner].graph)
@@ -279,10 +280,10 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         report.extra["functions"] = lowering.summary()
         # casts we inserted and then moved are simply not there; only the input's own count
         # as removed
-        gone, ours = set(lowering.casts_removed), set(report.casts_added) | set(lowering.casts_added)
+        gone = set(lowering.casts_removed)
         report.casts_added[:] = [n for n in report.casts_added + lowering.casts_added
-                                 if n not in gone]
-        report.casts_removed.extend(n for n in lowering.casts_removed if n not in ours)
+                                 + lowering.copied_casts if n not in gone]
+        report.casts_removed.extend(lowering.input_casts_removed)
     problems = check_call_types(graph_def)
     if problems:
         from .errors import LintError
@@ -361,7 +362,7 @@ class BoundaryLowering:
     """
 
     def __init__(self, graphs: dict[str, FunctionGraph], main: Graph, roots: set[str],
-                 signatures: dict, target: int):
+                 signatures: dict, target: int, inserted: set[str] = frozenset()):
         self.graphs = graphs
         self.main = main
         self.roots = roots
@@ -369,8 +370,11 @@ class BoundaryLowering:
         self.target = target
         self.specialized: list[str] = []
         self.lowered = 0
+        self.inserted = set(inserted)        # report names of the casts painting inserted
         self.casts_added: list[str] = []     # report names: ``function/node``, or ``node``
         self.casts_removed: list[str] = []
+        self.input_casts_removed: list[str] = []   # of those, casts the input had
+        self.copied_casts: list[str] = []    # inserted casts inside specialized copies
         self.changed: set[str | None] = set()   # owners (None: the main graph) and callees edited
 
     # ------------------------------------------------------------- bookkeeping
@@ -432,6 +436,8 @@ class BoundaryLowering:
                                           dict(fg.defaults))
         self.signatures[name] = fdef.signature
         self.specialized.append(name)
+        self.copied_casts.extend(f"{name}/{n.name}" for n in self.graphs[name].graph.nodes()
+                                 if n.meta.get("amp_inserted"))
         return name
 
     # ------------------------------------------------------------- predicates
@@ -483,7 +489,10 @@ class BoundaryLowering:
         return name if owner is None else f"{owner}/{name}"
 
     def _remove(self, graph: Graph, name: str) -> None:
-        self.casts_removed.append(self._qualified(graph, name))
+        qualified = self._qualified(graph, name)
+        self.casts_removed.append(qualified)
+        if not graph.node(name).meta.get("amp_inserted") and qualified not in self.inserted:
+            self.input_casts_removed.append(qualified)
         graph.remove_node(name)
 
     def _cast(self, graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
