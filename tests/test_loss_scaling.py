@@ -274,3 +274,30 @@ def test_cli_converts_meta_file_and_refuses_missing_seed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and not none.exists()
     assert cli.main([str(bad), "-o", str(none), "--device", "cpu", "--grad", "seed"]) == 0
+
+
+def test_graphdef_input_keeps_init_op_and_saver_nodes(tmp_path):
+    meta = build("mlp", "momentum", resource=False)
+    src, dst = tmp_path / "train.pb", tmp_path / "train_amp.pb"
+    src.write_bytes(meta.graph_def.SerializeToString())
+    assert cli.main([str(src), "-o", str(dst), "--device", "cpu", "-q"]) == 0
+    graph_def = tf.compat.v1.GraphDef.FromString(dst.read_bytes())
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    with tf.compat.v1.Session(graph=g) as sess:
+        sess.run("init")
+        for feed in batches(3):
+            sess.run("train", feed)
+        sess.run("train", overflow_feed())
+        path = str(tmp_path / "ckpt")
+        sess.run("save/control_dependency:0", {"save/Const:0": path})
+        assert sess.run([SCALE, SKIPPED]) == [2.0 ** 14, 1]
+    stored = dict(tf.train.list_variables(path))
+    assert stored["amp_loss_scale/scale"] == [] and "amp_loss_scale/skipped_steps" in stored
+    assert tf.train.load_checkpoint(path).get_tensor("amp_loss_scale/scale") == 2.0 ** 14
+
+    # converting the converted graph again is refused: it would scale twice
+    again = tmp_path / "twice.pb"
+    assert cli.main([str(dst), "-o", str(again), "--device", "cpu", "-q"]) == 2
+    assert not again.exists()

@@ -107,31 +107,25 @@ def _loss_seeds(graph: Graph, seeds: list[str], loss: str) -> list[str]:
     return picked
 
 
-def descendants(graph: Graph, roots, control: bool = False) -> set[str]:
-    """Nodes reachable from ``roots`` along data edges (and control edges if asked)."""
+def _reach(roots, neighbours) -> set[str]:
     seen, stack = set(), list(roots)
     while stack:
         name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        stack.extend(c for c, _ in graph.consumers(name))
-        if control:
-            stack.extend(graph.control_consumers(name))
+        if name not in seen:
+            seen.add(name)
+            stack.extend(neighbours(name))
     return seen
+
+
+def descendants(graph: Graph, roots, control: bool = False) -> set[str]:
+    """Nodes reachable from ``roots`` (included) along data edges, and control edges if asked."""
+    return _reach(roots, lambda n: [c for c, _ in graph.consumers(n)]
+                  + (graph.control_consumers(n) if control else []))
 
 
 def ancestors(graph: Graph, roots) -> set[str]:
-    """Nodes ``roots`` depend on, along data and control edges (roots included)."""
-    seen, stack = set(), list(roots)
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        stack.extend(r.node for r in graph.inputs(name))
-        stack.extend(graph.control_inputs(name))
-    return seen
+    """Nodes ``roots`` (included) depend on, along data and control edges."""
+    return _reach(roots, lambda n: [r.node for r in graph.inputs(n)] + graph.control_inputs(n))
 
 
 def _past_all_reduce(graph: Graph, ref: TensorRef, counter: list[int]) -> TensorRef:

@@ -39,14 +39,13 @@ class Added:
     """What :func:`insert_loss_scaling` added, for the report."""
 
     variables: list[StateVar]
-    gated: list[str]         # updates that read a gated gradient
     gated_writes: list[str]  # other writes of the train op, gated by a control edge
     train_ops: list[str]     # the sinks that now also run the scale update
 
 
 def insert_loss_scaling(graph: Graph, backprop: Backprop, config: ScaleConfig) -> Added:
     """Rewrite ``graph`` in place so its train op trains with loss scaling (see module doc)."""
-    if SCOPE in graph or f"{SCOPE}/scale" in graph:
+    if any(name.startswith(f"{SCOPE}/") for name in graph.names()):
         raise UnsupportedGraphError(f"the graph already has nodes named {SCOPE}/... (converted "
                                     "before?): convert the FP32 original instead")
     scale = add_variable(graph, f"{SCOPE}/scale", config.start, FLOAT)
@@ -63,13 +62,13 @@ def insert_loss_scaling(graph: Graph, backprop: Backprop, config: ScaleConfig) -
     finite = _all_finite(graph, unscaled)
 
     train_ops = _sinks(graph, backprop.updates)
-    gated = _gate_updates(graph, backprop.updates, unscaled, finite)
+    _gate_updates(graph, backprop.updates, unscaled, finite)
     gated_writes = _gate_other_writes(graph, backprop.updates, train_ops, finite)
     updates = _state_updates(graph, config, finite, scale, skipped, good)
     group = nd.noop(graph, f"{SCOPE}/update", control=updates)
     for name in train_ops:
         graph.add_control_edge(group, name)
-    return Added(variables, gated, gated_writes, train_ops)
+    return Added(variables, gated_writes, train_ops)
 
 
 def _scale_seed(graph: Graph, seed: TensorRef, scale: TensorRef) -> None:
@@ -115,7 +114,7 @@ def _sinks(graph: Graph, updates: list[str]) -> list[str]:
 
 
 def _gate_updates(graph: Graph, updates: list[str], unscaled: list[TensorRef],
-                  finite: TensorRef) -> list[str]:
+                  finite: TensorRef) -> None:
     """Route each update's gradient-derived inputs through ``Switch(x, finite):1``."""
     derived = descendants(graph, [u.node for u in unscaled])
     switches: dict[TensorRef, TensorRef] = {}
@@ -128,17 +127,14 @@ def _gate_updates(graph: Graph, updates: list[str], unscaled: list[TensorRef],
                 switch = nd.op(graph, "Switch", f"{ref.node}/amp_skip_if_not_finite", [ref, finite], T=dtype)
                 switches[ref] = TensorRef(switch.node, 1)
             graph.set_input(update, port, switches[ref])
-    return list(updates)
 
 
 def _gate_other_writes(graph: Graph, updates: list[str], train_ops: list[str],
                        finite: TensorRef) -> list[str]:
     """Gate the train op's writes that neither read a gradient nor wait on an update."""
-    dead_on_skip = descendants(graph, updates, control=True)
-    needed_for_check = ancestors(graph, [finite.node])
-    writes = [n for n in graph.names()
-              if n in ancestors(graph, train_ops) and n not in dead_on_skip
-              and n not in needed_for_check and is_variable_write(graph.node(n).op)]
+    candidates = ancestors(graph, train_ops) - descendants(graph, updates, control=True) \
+        - ancestors(graph, [finite.node])
+    writes = [n for n in graph.names() if n in candidates and is_variable_write(graph.node(n).op)]
     if writes:
         switch = nd.op(graph, "Switch", f"{SCOPE}/gate", [finite, finite], T=nd.BOOL)
         gate = nd.op(graph, "Identity", f"{SCOPE}/gate/taken", [TensorRef(switch.node, 1)], T=nd.BOOL)
