@@ -263,3 +263,33 @@ def test_train_step_in_float16_without_loss_scaling_when_asked(train_module, tmp
     assert set(matrix_dtypes(out)) == {types_pb2.DT_HALF}
     losses = _train(tf.saved_model.load(str(out)), x, y, steps=5)
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+# ----------------------------------------------------------------- weights over 2 GiB
+class Big(tf.Module):
+    """2.3 GB of float32 weights in three variables: more than one protobuf message may hold."""
+
+    def __init__(self):
+        self.tables = [tf.Variable(tf.fill([190_000_000], (i + 1) / 8)) for i in range(3)]
+        self.w = tf.Variable(np.random.default_rng(0).normal(0, 0.25, (16, 16)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 16], tf.float32)])
+    def __call__(self, x):
+        return {"y": tf.matmul(x, self.w) + tf.add_n([t[:16] for t in self.tables])}
+
+
+def test_weights_over_2_gib_convert_load_and_run(tmp_path):
+    src, out = tmp_path / "big", tmp_path / "big_amp"
+    module = Big()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    w = module.w.numpy().astype(np.float64)
+    del module
+    weights = sum(p.stat().st_size for p in (src / "variables").iterdir())
+    assert weights > 2**31
+    report = convert_file(src, out, target="bfloat16", device="cpu")
+    assert report.summary()["matrix_converted"] == 1
+    assert (out / "saved_model.pb").stat().st_size < 2**20
+    assert sum(p.stat().st_size for p in (out / "variables").iterdir()) == weights
+    x = np.random.default_rng(1).normal(0, 1, (4, 16)).astype(np.float32)
+    got = tf.saved_model.load(str(out)).signatures["serving_default"](x=tf.constant(x))["y"]
+    assert graphs.rel_l2(got.numpy(), x.astype(np.float64) @ w + 0.75) <= TOL["bfloat16"]
