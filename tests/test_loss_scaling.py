@@ -96,6 +96,14 @@ def test_user_seed_needs_a_hint():
     assert losses[-1] < losses[0] / 3 and trainer.fetch(SKIPPED) == [0]
 
 
+def test_loss_hint_picks_the_seed_of_that_loss():
+    meta = build("mlp", "sgd")
+    _, report = convert(meta, loss="loss")
+    assert report.extra["loss_scaling"]["seeds"] == ["gradients/grad_ys_0"]
+    with pytest.raises(UnsupportedGraphError, match="no backprop seed reads the shape of loss"):
+        convert(meta, loss="accuracy")
+
+
 def test_inference_graph_and_bfloat16_get_no_loss_scaling():
     from graphs import mlp
     graph_def, _, _ = mlp()

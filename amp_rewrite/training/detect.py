@@ -89,21 +89,32 @@ def _auto_seeds(graph: Graph) -> list[str]:
 
 
 def _loss_seeds(graph: Graph, seeds: list[str], loss: str) -> list[str]:
-    """The seeds whose shape is read off ``loss`` (``Fill(Shape(loss), 1)``)."""
-    if loss.split(":")[0] not in graph:
-        raise UnsupportedGraphError(f"--loss names no node {loss!r}")
+    """The seeds that start backprop at ``loss``.
+
+    A seed matches when it is ``Fill(Shape(loss), 1)``, or when it feeds the gradient of the
+    loss op itself (``gradients/<loss>_grad/...``); a scalar loss's shape is a Const, so the
+    second test is the one that usually decides. Identity ops at the end of the loss are looked
+    through (their gradient makes no node). A GradientTape names its gradient nodes by op type,
+    not by op name, so its seed is named with ``--grad`` instead.
+    """
     want = TensorRef.parse(loss)
+    if want.node not in graph:
+        raise UnsupportedGraphError(f"--loss names no node {loss!r}")
+    names = [want.node]
+    while graph.node(names[-1]).op == "Identity":
+        names.append(graph.input(names[-1], 0).node)
     picked = []
     for seed in seeds:
-        if graph.node(seed).op != "Fill":
-            continue
-        dims = graph.node(graph.input(seed, 0).node)
-        if dims.op == "Shape" and graph.input(dims.name, 0) == want:
+        scope = backprop_scope(seed) or _reader_scope(graph, seed) or ""
+        prefixes = tuple(f"{scope}{n}_grad/" for n in names)
+        dims = graph.node(graph.input(seed, 0).node) if graph.node(seed).op == "Fill" else None
+        if (dims is not None and dims.op == "Shape" and graph.input(dims.name, 0) == want) or \
+                any(r.startswith(prefixes) for r, _ in graph.consumers(seed)):
             picked.append(seed)
     if not picked:
         raise UnsupportedGraphError(
-            f"no backprop seed reads the shape of loss {loss!r} (seeds found: "
-            f"{', '.join(seeds) or 'none'}); name the seed itself with --grad")
+            f"no backprop seed reads the shape of loss {loss!r} or feeds its gradient (seeds "
+            f"found: {', '.join(seeds) or 'none'}); name the seed itself with --grad")
     return picked
 
 
