@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, types_pb2
 
-from .errors import InputError, UnsupportedGraphError
+from . import lint
+from .errors import InputError, LintError, UnsupportedGraphError
 from .ir import Graph, TensorRef
-from .types import FLOAT, op_def
+from .types import FLOAT, TARGETS, op_def
 
 log = logging.getLogger(__name__)
 
@@ -241,11 +242,9 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
     Bodies are painted like graphs, with float32 boundaries; then boundaries that only carry
     casts are lowered (:class:`BoundaryLowering`), in the functions and at the graph's own
     call sites. ``extra_roots`` (a SavedModel's concrete functions) keep their signatures.
-    The nodes of each function appear in ``report`` as ``function/node``.
+    The nodes of each function appear in ``report`` as ``function/node``. Raises
+    :class:`LintError` if a call site's types and its callee's signature disagree afterwards.
     """
-    from . import lint
-    from .types import TARGETS
-
     library = graph_def.library
     names = reachable(graph_def.node, library, extra_roots)
     if not names:
@@ -257,10 +256,25 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         fg = _convert_function(by_name[name], library, signatures, options, rules, report)
         if fg is not None:
             graphs[name] = fg
+    roots = set(extra_roots) | _gradient_linked(library)
+    lowering = _lower(graph_def, graphs, roots, signatures, TARGETS[options.target], report)
+    for name in names:
+        if name in graphs:
+            by_name[name].CopyFrom(graph_to_function(graphs[name], signatures))
+    for name in lowering.specialized:
+        library.function.add().CopyFrom(graph_to_function(graphs[name], signatures))
+    _drop_unreachable(graph_def, set(names) - roots, extra_roots)
+    problems = check_call_types(graph_def)
+    if problems:
+        raise LintError(problems)
+
+
+def _lower(graph_def, graphs, roots, signatures, target, report) -> "BoundaryLowering":
+    """Run :class:`BoundaryLowering` over the functions and ``graph_def``'s own nodes, lint
+    what changed, write the graph's nodes back and record the result in ``report``."""
     filled, added = graph_def_with_defaults(graph_def)
     main = Graph.from_graph_def(filled)
-    roots = set(extra_roots) | _gradient_linked(library)
-    lowering = BoundaryLowering(graphs, main, roots, signatures, TARGETS[options.target],
+    lowering = BoundaryLowering(graphs, main, roots, signatures, target,
                                 inserted=set(report.casts_added))
     lowering.run()
     for owner in sorted(lowering.changed, key=str):
@@ -270,12 +284,6 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         strip_graph_defaults(out, added)
         del graph_def.node[:]
         graph_def.node.extend(out.node)
-    for name in names:
-        if name in graphs:
-            by_name[name].CopyFrom(graph_to_function(graphs[name], signatures))
-    for name in lowering.specialized:
-        library.function.add().CopyFrom(graph_to_function(graphs[name], signatures))
-    _drop_unreachable(graph_def, set(names) - roots, extra_roots)
     if lowering.lowered:
         report.extra["functions"] = lowering.summary()
         # casts we inserted and then moved are simply not there; only the input's own count
@@ -284,10 +292,7 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         report.casts_added[:] = [n for n in report.casts_added + lowering.casts_added
                                  + lowering.copied_casts if n not in gone]
         report.casts_removed.extend(lowering.input_casts_removed)
-    problems = check_call_types(graph_def)
-    if problems:
-        from .errors import LintError
-        raise LintError(problems)
+    return lowering
 
 
 def _gradient_linked(library) -> set[str]:

@@ -171,6 +171,9 @@ def test_callee_with_two_different_needs_is_specialized(target):
     # the report counts exactly the casts the output holds (the input had none)
     held = sum(nd.op == "Cast" for nd in new.node) + sum(len(_nodes(f, "Cast")) for f in lib.values())
     assert held == report.summary()["casts_added"] > 0
+    again, second = convert(new, target=target, device=DEVICE[target])  # idempotent
+    assert again.SerializeToString(deterministic=True) == new.SerializeToString(deterministic=True)
+    assert second.summary()["casts_added"] == 0
 
 
 def test_direct_function_calls_keep_float32_neighbours_and_run():
