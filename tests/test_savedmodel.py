@@ -293,3 +293,30 @@ def test_weights_over_2_gib_convert_load_and_run(tmp_path):
     x = np.random.default_rng(1).normal(0, 1, (4, 16)).astype(np.float32)
     got = tf.saved_model.load(str(out)).signatures["serving_default"](x=tf.constant(x))["y"]
     assert graphs.rel_l2(got.numpy(), x.astype(np.float64) @ w + 0.75) <= TOL["bfloat16"]
+
+
+# ----------------------------------------------------------------- TF1 SavedModels
+def test_tf1_saved_model_main_graph_is_painted_and_serves(tmp_path):
+    v1 = tf.compat.v1
+    r = np.random.default_rng(4)
+    src, out = tmp_path / "tf1", tmp_path / "tf1_amp"
+    x_val = r.normal(0, 1, (4, 16)).astype(np.float32)
+    g = tf.Graph()
+    with g.as_default(), v1.Session(graph=g) as sess:
+        x = v1.placeholder(tf.float32, [None, 16], name="x")
+        w = v1.get_variable("w", initializer=r.normal(0, 0.25, (16, 8)).astype(np.float32))
+        y = tf.nn.softmax(tf.matmul(tf.nn.relu(tf.matmul(x, tf.ones([16, 16]) * 0.1)), w), name="y")
+        sess.run(v1.global_variables_initializer())
+        want = sess.run(y, {x: x_val})
+        v1.saved_model.simple_save(sess, str(src), inputs={"x": x}, outputs={"y": y})
+    convert_file(src, out, target="float16")
+    saved = loader_impl.parse_saved_model(str(out)).meta_graphs[0]
+    matmuls = [n for n in saved.graph_def.node if n.op == "MatMul"]
+    assert len(matmuls) == 2 and all(n.attr["T"].type == types_pb2.DT_HALF for n in matmuls)
+    assert same_tree(src, out, "variables")
+    g = tf.Graph()
+    with g.as_default(), v1.Session(graph=g) as sess:
+        meta = v1.saved_model.loader.load(sess, ["serve"], str(out))
+        sig = meta.signature_def["serving_default"]
+        got = sess.run(sig.outputs["y"].name, {sig.inputs["x"].name: x_val})
+    assert got.dtype == np.float32 and graphs.rel_l2(got, want) <= TOL["float16"]
