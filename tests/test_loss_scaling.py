@@ -64,6 +64,8 @@ def state_without_amp(trainer):
     ("embedding", "sgd", True, "gradients", {"ResourceScatterAdd", "ResourceApplyGradientDescent"}),
     ("embedding", "sgd", False, "gradients", {"ScatterSub", "ApplyGradientDescent"}),
     ("embedding", "momentum", True, "gradients", {"ResourceSparseApplyMomentum", "ResourceApplyMomentum"}),
+    ("mlp", "sgd", True, "manual", {"AssignSubVariableOp"}),
+    ("mlp", "sgd", False, "manual", {"AssignSub"}),
 ])
 def test_detection_finds_seed_and_every_update(model, optimizer, resource, backprop, update_ops):
     meta = build(model, optimizer, resource=resource, backprop=backprop)
@@ -158,9 +160,9 @@ def test_overflow_step_is_skipped_bit_identically(optimizer, resource):
     assert trainer.fetch(SKIPPED) == [1] and trainer.variables()["global_step"] == 35
 
 
-@pytest.mark.parametrize("backprop", ["step_in_group", "all_reduce"])
+@pytest.mark.parametrize("backprop", ["step_in_group", "all_reduce", "manual"])
 def test_skip_covers_grouped_global_step_and_follows_all_reduce(backprop):
-    out, report = convert(build("mlp", "adam", backprop=backprop))
+    out, report = convert(build("mlp", "sgd" if backprop == "manual" else "adam", backprop=backprop))
     found = report.extra["loss_scaling"]
     by_name = {n.name: n for n in out.graph_def.node}
     if backprop == "all_reduce":
@@ -168,7 +170,7 @@ def test_skip_covers_grouped_global_step_and_follows_all_reduce(backprop):
         assert found["after_all_reduce"] == 4
         for grad in found["gradients"]:
             assert by_name[grad.split(":")[0]].op == "CollectiveReduceV2"
-    else:
+    elif backprop == "step_in_group":
         assert [by_name[w].op for w in found["gated_writes"]] == ["AssignAddVariableOp"]
     trainer = Trainer(out)
     trainer.train(3)

@@ -79,6 +79,10 @@ def _minimize(optimizer, loss, step, backprop: str):
     if backprop == "step_in_group":   # the global step does not wait on the updates
         return tf.group(optimizer.minimize(loss), step.assign_add(1), name="train")
     variables = v1.trainable_variables()
+    if backprop == "manual":   # plain SGD written with assign_sub, no optimizer ops
+        updates = [v.assign_sub(0.2 * g) for v, g in zip(variables, tf.gradients(loss, variables))]
+        with tf.control_dependencies(updates):
+            return tf.group(step.assign_add(1), name="train")
     if backprop == "grad_ys":
         grads = tf.gradients(loss, variables, grad_ys=tf.ones_like(loss, name="seed"))
     elif backprop == "all_reduce":   # a one-replica collective all-reduce of each gradient
@@ -99,7 +103,8 @@ def build(model: str = "mlp", optimizer: str = "sgd", *, resource: bool = True,
     ``loss_factor`` multiplies the loss and ``lr_factor`` the learning rate: together they make
     a graph whose FP32 training is unchanged but whose gradients are tiny. ``backprop`` is
     ``"gradients"`` (minimize), ``"tape"`` (tf.GradientTape), ``"grad_ys"`` (tf.gradients
-    seeded by the user's ``tf.ones_like(loss, name="seed")``), ``"all_reduce"`` (each gradient
+    seeded by the user's ``tf.ones_like(loss, name="seed")``), ``"manual"`` (SGD by
+    ``assign_sub``, no optimizer), ``"all_reduce"`` (each gradient
     through a collective all-reduce) or ``"step_in_group"`` (the global step increment grouped
     with the updates instead of waiting on them).
     """
