@@ -36,21 +36,34 @@ class BenchResult:
     batch: int
     original: Timing
     converted: Timing
+    round_speedups: list[float]   # original / converted time within each timed round
 
     @property
     def speedup(self) -> float:
         """How many times faster the converted model is (original / converted median latency)."""
         return self.original.median_ms / self.converted.median_ms
 
+    def speedup_range(self) -> tuple[float, float]:
+        """p10 and p90 of the per-round ratios: how much the ratio moved during the run."""
+        q = _deciles(self.round_speedups)
+        return q[0], q[-1]
+
     def to_dict(self) -> dict:
+        low, high = self.speedup_range()
         return {"runs": self.runs, "warmup": self.warmup, "batch": self.batch,
                 "original": asdict(self.original), "converted": asdict(self.converted),
-                "speedup": self.speedup}
+                "speedup": self.speedup, "speedup_p10": low, "speedup_p90": high}
+
+
+def _deciles(values: list[float]) -> list[float]:
+    if len(values) < 2:
+        return [values[0]] * 9
+    return statistics.quantiles(sorted(values), n=10, method="inclusive")
 
 
 def _timing(seconds: list[float], batch: int) -> Timing:
     ms = sorted(s * 1e3 for s in seconds)
-    q = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else [ms[0]] * 9
+    q = _deciles(ms)
     median = statistics.median(ms)
     return Timing(median, q[0], q[-1], batch / (median / 1e3))
 
@@ -91,7 +104,8 @@ def bench(original_path, converted_path, *, runs: int = 20, warmup: int = 3,
                                             warmup, progress)
     first = next(iter(feed.values()), None)
     batch = int(first.shape[0]) if first is not None and first.ndim else 1
-    return BenchResult(runs, warmup, batch, _timing(times_a, batch), _timing(times_b, batch))
+    return BenchResult(runs, warmup, batch, _timing(times_a, batch), _timing(times_b, batch),
+                       [a / b for a, b in zip(times_a, times_b)])
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -137,5 +151,7 @@ def format_result(result: BenchResult) -> str:
     for name, t in rows:
         lines.append(f"{name:<9}  median {t.median_ms:9.3f} ms  (p10 {t.p10_ms:.3f}, p90 "
                      f"{t.p90_ms:.3f})  {t.throughput:10.1f} samples/s")
-    lines.append(f"speed-up (original / converted median latency): {result.speedup:.2f}x")
+    low, high = result.speedup_range()
+    lines.append(f"speed-up (original / converted median latency): {result.speedup:.2f}x "
+                 f"(per round p10-p90 {low:.2f}-{high:.2f}x)")
     return "\n".join(lines)

@@ -242,7 +242,8 @@ def _bench(b: dict) -> str:
             for name in ("original", "converted")]
     return (f"<h2>Bench: {b['speedup']:.2f}× speed-up</h2>"
             f"<p>{b['runs']} timed runs each after {b['warmup']} warm-up, interleaved, "
-            f"batch {b['batch']}.</p>"
+            f"batch {b['batch']}; the ratio within single rounds ran from {b['speedup_p10']:.2f}× "
+            f"(p10) to {b['speedup_p90']:.2f}× (p90).</p>"
             + _table(("model", "median (ms)", "p10 (ms)", "p90 (ms)", "samples/s"), rows, "bench"))
 
 

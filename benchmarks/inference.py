@@ -119,10 +119,14 @@ def section(results: list[dict]) -> str:
         b = r["bench"]
         share = "-" if r["share"] is None else f"{100 * r['share']:.0f}%"
         lines.append(f"| {r['name']} | `{r['shape']}` | {b['original']['median_ms']:.2f} | "
-                     f"{b['converted']['median_ms']:.2f} | **{b['speedup']:.2f}x** | "
+                     f"{b['converted']['median_ms']:.2f} | **{b['speedup']:.2f}x** "
+                     f"({b['speedup_p10']:.2f}-{b['speedup_p90']:.2f}) | "
                      f"{b['converted']['throughput']:.0f} | {share} | {r['rel_l2']:.1e} |")
     lines += ["", "Speed-up is the FP32 median latency over the bfloat16 one, measured side by "
-              "side in one run; \"matrix work on 16-bit units\" is the share of MatMul/Conv "
+              "side in one run; in brackets, the p10-p90 of the ratio within single rounds (the "
+              "machine is shared with other jobs, so absolute times are noisy and the ratio moves "
+              "between runs of the script; interleaving spreads that load over both sides); "
+              "\"matrix work on 16-bit units\" is the share of MatMul/Conv "
               "multiply-accumulates that oneDNN's verbose log shows on `avx512_core_bf16` or "
               "`amx` kernels (`amp-rewrite kernels`).", ""]
     return "\n".join(lines)

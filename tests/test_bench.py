@@ -25,6 +25,7 @@ def test_bench_reports_both_figures_and_the_ratio(cnn_bf16, tmp_path):
         assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
         assert t["throughput"] == pytest.approx(32 / (t["median_ms"] / 1e3))
     assert r["speedup"] == pytest.approx(r["original"]["median_ms"] / r["converted"]["median_ms"])
+    assert 0 < r["speedup_p10"] <= r["speedup_p90"]
     assert (tmp_path / "b.html").stat().st_size > 0
 
 

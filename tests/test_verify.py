@@ -1,6 +1,8 @@
 """verify: output errors on real converted graphs, the per-node ranking, and the container formats."""
 
 import math
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +143,18 @@ def test_bad_input_is_exit_2(cnn_bf16, tmp_path):
     assert cli.main(["verify", str(EXAMPLE), str(cnn_bf16), "--shape", "images=8x8"]) == 2
     assert cli.main(["verify", str(EXAMPLE), str(cnn_bf16), "--shape", "images=2,9,9,1"]) == 2
     assert cli.main(["verify", str(EXAMPLE), str(tmp_path / "missing.pb")]) == 2
+
+
+def test_readme_section_commands_run(tmp_path, monkeypatch):
+    """The commands of the README's "Verify, kernels, bench, HTML report" block, as written."""
+    readme = (EXAMPLE.parent.parent / "README.md").read_text()
+    section = readme.split("## Verify, kernels, bench, HTML report", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
+    monkeypatch.chdir(EXAMPLE.parent.parent)
+    commands = [shlex.split(line.split("#")[0].replace("/tmp/", f"{tmp_path}/"))
+                for line in block.splitlines() if line.strip()]
+    assert [c[0] for c in commands] == ["amp-rewrite"] * 4
+    for command in commands:
+        assert cli.main(command[1:] + ["-q"]) == 0, command
+    assert (tmp_path / "report.html").stat().st_size > 0
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
