@@ -106,6 +106,34 @@ def test_loss_hint_picks_the_seed_of_that_loss():
         convert(meta, loss="accuracy")
 
 
+def two_losses():
+    """Two losses, each with its own tf.gradients call and optimizer, grouped in one train op."""
+    g = tf.Graph()
+    rng = np.random.default_rng(0)
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 64], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [None], name="y")
+        steps = []
+        for name in ("a", "b"):
+            w = tf.compat.v1.get_variable(name, initializer=rng.normal(0, 0.1, (64, 10)).astype(np.float32))
+            xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=tf.matmul(x, w))
+            loss = tf.reduce_mean(xent, name=f"loss_{name}")
+            steps.append(tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[w]))
+        tf.group(*steps, name="train")
+        tf.compat.v1.global_variables_initializer()
+        return tf.compat.v1.train.Saver().export_meta_graph()
+
+
+def test_two_seeds_need_a_hint():
+    meta = two_losses()
+    with pytest.raises(UnsupportedGraphError, match="2 backprop seeds"):
+        convert(meta)
+    with pytest.raises(UnsupportedGraphError, match="no backprop seed found"):
+        convert(meta, loss="loss_a")      # loss_b's update would go unscaled
+    _, report = convert(meta, grads=["gradients/grad_ys_0", "gradients_1/grad_ys_0"])
+    assert len(report.extra["loss_scaling"]["updates"]) == 2
+
+
 def test_inference_graph_and_bfloat16_get_no_loss_scaling():
     from graphs import mlp
     graph_def, _, _ = mlp()

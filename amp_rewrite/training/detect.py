@@ -198,10 +198,16 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
         raise UnsupportedGraphError(
             f"the graph trains ({len(trained)} variable updates, e.g. {trained[0]!r}) but its "
             "backprop seed is missing: no Fill of ones under a gradients/ scope and no ones "
-            "read only by gradient_tape/; name the loss with --loss NAME or the seed with --grad NAME")
+            "read only by gradient_tape/; name the seed (the gradient fed to tf.gradients or the "
+            "tape) with --grad NAME")
     region = descendants(graph, seeds)
     seeds = [s for s in seeds if any(is_variable_write(graph.node(n).op)
                                      for n in descendants(graph, [s]))]
+    if len(seeds) > 1 and not (grads or loss):
+        # one scale and one check would tie separate train ops (a GAN's two) together
+        raise UnsupportedGraphError(
+            f"{len(seeds)} backprop seeds reach variable updates ({', '.join(seeds)}): name the "
+            "loss to scale with --loss NAME, or every seed to scale together with --grad NAME")
     unseeded = [n for n in trained if n not in region]
     if unseeded:
         raise UnsupportedGraphError(
