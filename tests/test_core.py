@@ -23,9 +23,10 @@ def test_converts_runs_and_matches(builder, target):
     for a, b in zip(out, ref):
         assert graphs.rel_l2(a, b) <= TOL[target]
     lowp = tf.dtypes.as_dtype({"float16": tf.float16, "bfloat16": tf.bfloat16}[target]).name
-    matrix = [n for n in new.node if n.op in ("MatMul", "Conv2D", "BatchMatMulV2", "Einsum")]
-    if builder is not graphs.functional_while:  # its MatMul lives in a function body
-        assert matrix and all(graphs.dtypes_of(new, name=n.name)[n.name]["T"] == lowp for n in matrix)
+    bodies = [n for f in new.library.function for n in f.node_def]  # functional_while's MatMul
+    matrix = [n for n in list(new.node) + bodies
+              if n.op in ("MatMul", "Conv2D", "BatchMatMulV2", "Einsum")]
+    assert matrix and all(tf.dtypes.as_dtype(n.attr["T"].type).name == lowp for n in matrix)
     s = report.summary()
     assert s["matrix_converted"] == s["matrix_total"]
 
