@@ -1,7 +1,7 @@
 """Small builders for the nodes the training pass adds, on top of :meth:`Graph.add_node`.
 
-Every builder returns the new node's output 0 as a :class:`TensorRef`; names go through
-:meth:`Graph.unique_name`, so they are deterministic.
+Every builder returns the new node's output 0 as a :class:`TensorRef` and marks the node
+``meta["amp_inserted"]``; names go through :meth:`Graph.unique_name`, so they are deterministic.
 """
 
 from __future__ import annotations
@@ -15,38 +15,38 @@ from ..ir import Graph, TensorRef
 BOOL = types_pb2.DT_BOOL
 INT32 = types_pb2.DT_INT32
 INT64 = types_pb2.DT_INT64
-RESOURCE = types_pb2.DT_RESOURCE
 
 
 def type_attr(dtype: int) -> attr_value_pb2.AttrValue:
     return attr_value_pb2.AttrValue(type=dtype)
 
 
-def op(graph: Graph, kind: str, name: str, inputs=(), control=(), **types) -> TensorRef:
-    """Add ``kind`` named ``name`` reading ``inputs``; keyword arguments are type attributes."""
-    attrs = {key: type_attr(value) for key, value in types.items()}
+def add(graph: Graph, kind: str, name: str, inputs=(), attrs=None, control=()) -> TensorRef:
+    """Add one node with ready-made ``AttrValue`` attrs."""
     node = graph.add_node(kind, name, inputs, attrs, control_inputs=control)
     node.meta["amp_inserted"] = True
     return TensorRef(node.name)
 
 
-def const(graph: Graph, name: str, value, dtype: int, control=()) -> TensorRef:
+def op(graph: Graph, kind: str, name: str, inputs=(), control=(), **types) -> TensorRef:
+    """Add ``kind`` named ``name`` reading ``inputs``; keyword arguments are type attributes."""
+    return add(graph, kind, name, inputs, {key: type_attr(value) for key, value in types.items()},
+               control)
+
+
+def const(graph: Graph, name: str, value, dtype: int) -> TensorRef:
     array = np.asarray(value)
-    attrs = {"dtype": type_attr(dtype),
-             "value": attr_value_pb2.AttrValue(
-                 tensor=tensor_util.make_tensor_proto(array, dtype=dtype, shape=array.shape))}
-    node = graph.add_node("Const", name, (), attrs, control_inputs=control)
-    node.meta["amp_inserted"] = True
-    return TensorRef(node.name)
+    proto = tensor_util.make_tensor_proto(array, dtype=dtype, shape=array.shape)
+    return add(graph, "Const", name, (), {"dtype": type_attr(dtype),
+                                           "value": attr_value_pb2.AttrValue(tensor=proto)})
 
 
 def cast(graph: Graph, name: str, ref: TensorRef, src: int, dst: int) -> TensorRef:
+    """``ref`` as ``dst``; ``ref`` itself when it already is."""
     if src == dst:
         return ref
-    node = graph.add_node("Cast", name, [ref], {"SrcT": type_attr(src), "DstT": type_attr(dst),
-                                                 "Truncate": attr_value_pb2.AttrValue(b=False)})
-    node.meta["amp_inserted"] = True
-    return TensorRef(node.name)
+    return add(graph, "Cast", name, [ref], {"SrcT": type_attr(src), "DstT": type_attr(dst),
+                                             "Truncate": attr_value_pb2.AttrValue(b=False)})
 
 
 def binary(graph: Graph, kind: str, name: str, a: TensorRef, b: TensorRef, dtype: int) -> TensorRef:
@@ -60,19 +60,20 @@ def select(graph: Graph, name: str, pred: TensorRef, a: TensorRef, b: TensorRef,
 def reduce_all(graph: Graph, name: str, flags: TensorRef) -> TensorRef:
     """``All`` over every axis of a bool tensor (a scalar, rank 0 included)."""
     rank = op(graph, "Rank", f"{name}/rank", [flags], T=BOOL)
-    zero = const(graph, f"{name}/start", 0, INT32)
-    one = const(graph, f"{name}/delta", 1, INT32)
-    axes = op(graph, "Range", f"{name}/axes", [zero, rank, one], Tidx=INT32)
-    node = graph.add_node("All", name, [flags, axes], {"Tidx": type_attr(INT32),
-                                                       "keep_dims": attr_value_pb2.AttrValue(b=False)})
-    node.meta["amp_inserted"] = True
-    return TensorRef(node.name)
+    axes = op(graph, "Range", f"{name}/axes", [const(graph, f"{name}/start", 0, INT32), rank,
+                                                const(graph, f"{name}/delta", 1, INT32)], Tidx=INT32)
+    return add(graph, "All", name, [flags, axes], {"Tidx": type_attr(INT32),
+                                                   "keep_dims": attr_value_pb2.AttrValue(b=False)})
+
+
+def pack(graph: Graph, name: str, values: list[TensorRef], dtype: int) -> TensorRef:
+    """Stack same-shaped tensors along a new first axis."""
+    return add(graph, "Pack", name, values, {"N": attr_value_pb2.AttrValue(i=len(values)),
+                                             "T": type_attr(dtype), "axis": attr_value_pb2.AttrValue(i=0)})
 
 
 def noop(graph: Graph, name: str, control=()) -> str:
-    node = graph.add_node("NoOp", name, (), control_inputs=control)
-    node.meta["amp_inserted"] = True
-    return node.name
+    return add(graph, "NoOp", name, control=control).node
 
 
 def scalar_shape() -> attr_value_pb2.AttrValue:

@@ -95,11 +95,8 @@ def _all_finite(graph: Graph, values: list[TensorRef]) -> TensorRef:
     for value in values:
         finite = nd.op(graph, "IsFinite", f"{value.node}/amp_is_finite", [value], T=FLOAT)
         flags.append(nd.reduce_all(graph, f"{value.node}/amp_all_finite", finite))
-    attrs = {"N": nd.attr_value_pb2.AttrValue(i=len(flags)), "T": nd.type_attr(nd.BOOL),
-             "axis": nd.attr_value_pb2.AttrValue(i=0)}
-    packed = graph.add_node("Pack", f"{SCOPE}/finite_flags", flags, attrs)
-    packed.meta["amp_inserted"] = True
-    return nd.reduce_all(graph, f"{SCOPE}/all_finite", TensorRef(packed.name))
+    packed = nd.pack(graph, f"{SCOPE}/finite_flags", flags, nd.BOOL)
+    return nd.reduce_all(graph, f"{SCOPE}/all_finite", packed)
 
 
 def _sinks(graph: Graph, updates: list[str]) -> list[str]:

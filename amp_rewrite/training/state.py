@@ -33,13 +33,11 @@ def add_variable(graph: Graph, name: str, value, dtype: int) -> StateVar:
     attrs = {"dtype": nd.type_attr(dtype), "shape": nd.scalar_shape(),
              "shared_name": attr_value_pb2.AttrValue(s=name.encode()),
              "container": attr_value_pb2.AttrValue(s=b"")}
-    handle = graph.add_node("VarHandleOp", name, (), attrs)
-    handle.meta["amp_inserted"] = True
-    ref = TensorRef(handle.name)
+    ref = nd.add(graph, "VarHandleOp", name, (), attrs)
     nd.op(graph, "VarIsInitializedOp", f"{name}/IsInitialized/VarIsInitializedOp", [ref])
     init = nd.op(graph, "AssignVariableOp", f"{name}/Assign", [ref, initial], dtype=dtype)
     read = nd.op(graph, "ReadVariableOp", f"{name}/Read/ReadVariableOp", [ref], dtype=dtype)
-    return StateVar(handle.name, dtype, initial.node, init.node, read)
+    return StateVar(ref.node, dtype, initial.node, init.node, read)
 
 
 def assign(graph: Graph, var: StateVar, value: TensorRef, name: str) -> str:
