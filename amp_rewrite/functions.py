@@ -320,14 +320,16 @@ def _convert_function(fdef, library, signatures, options, rules, report) -> Func
         report.warnings.append(f"function {name!r} is polymorphic (type attributes in its "
                                "signature): left as it is")
         return None
+    body_options = dataclasses.replace(options, keep=(), lowp_io=False)
     try:
         fg = function_to_graph(fdef, signatures)
-    except UnsupportedGraphError as exc:
+        keep = fg.boundary() | direct_call_feeders(fg.graph, library)
+        work, sub = convert_graph(fg.graph, body_options, rules, extra_keep=keep)
+    except InputError as exc:
+        # TensorFlow ran this body; if our IR cannot take it, it stays as it was
         report.warnings.append(f"function {name!r} left as it is: {exc}")
+        log.warning("function %r left as it is: %s", name, exc)
         return None
-    body_options = dataclasses.replace(options, keep=(), lowp_io=False)
-    keep = fg.boundary() | direct_call_feeders(fg.graph, library)
-    work, sub = convert_graph(fg.graph, body_options, rules, extra_keep=keep)
     merge_report(report, name, sub, exclude=fg.boundary())
     return dataclasses.replace(fg, graph=work)
 

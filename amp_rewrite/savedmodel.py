@@ -138,6 +138,9 @@ def save_saved_model(model: Model, out_path: Path, *, force: bool = False) -> No
     parent = out_path.parent if str(out_path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{out_path}: folder {parent} does not exist")
+    if Path(model.path).resolve() in parent.resolve().parents or \
+            Path(model.path).resolve() == parent.resolve():
+        raise InputError(f"{out_path}: inside the input SavedModel {model.path}; write it elsewhere")
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=parent))
     except OSError as exc:

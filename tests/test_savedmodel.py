@@ -182,6 +182,14 @@ def test_bad_saved_models_exit_2_and_write_nothing(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "empty"]
 
 
+def test_output_inside_the_input_is_refused(loop_module):
+    src, _, _ = loop_module
+    before = sorted(p.name for p in src.iterdir())
+    with pytest.raises(InputError):
+        convert_file(src, src / "amp", target="bfloat16", device="cpu")
+    assert sorted(p.name for p in src.iterdir()) == before
+
+
 # ----------------------------------------------------------------- training functions
 class Trainer(tf.Module):
     """A two-layer classifier whose train step is a tf.function with a GradientTape."""
