@@ -19,7 +19,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import tensor_util
 
 from .ir import Graph, TensorRef
-from .paint import Painting
+from .paint import Painting, const_values
 from .types import BFLOAT16, FLOAT, HALF, dtype_name, get_dtype, input_dtype, output_dtype, set_dtype
 
 _FLOATS = (FLOAT, HALF, BFLOAT16)
@@ -109,7 +109,7 @@ def _insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
 
 
 def _convert_const(node, target: int) -> None:
-    values = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    values = const_values(node)
     if target == HALF:
         converted = values.astype(np.float16)
     else:

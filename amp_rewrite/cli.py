@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     except AmpRewriteError as exc:
         if args.verbose:
             traceback.print_exc()
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        one_line = " ".join(str(exc).split())  # messages quoting parsers may hold newlines
+        print(f"{PROG}: error: {one_line}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -161,14 +161,19 @@ def _holds_state(node: Node) -> bool:
     return any(p.is_ref or (p.attr is None and p.fixed == types_pb2.DT_RESOURCE) for p in ports)
 
 
+def const_values(node: Node) -> np.ndarray:
+    """A Const's values; :class:`InputError` when its tensor is malformed."""
+    try:
+        return tensor_util.MakeNdarray(node.attr["value"].tensor)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"Const {node.name!r} holds a malformed tensor: {exc}") from None
+
+
 def _fits(node: Node, target: int) -> bool:
     """Whether a float32 Const's values are finite after conversion to ``target``."""
     if target != HALF:
         return True
-    try:
-        values = tensor_util.MakeNdarray(node.attr["value"].tensor)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"Const {node.name!r} holds a malformed tensor: {exc}") from None
+    values = const_values(node)
     finite = np.isfinite(values)
     return not np.any(np.abs(values[finite]) > np.finfo(np.float16).max)
 

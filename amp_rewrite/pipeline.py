@@ -104,6 +104,8 @@ def check_input(graph: Graph) -> None:
     """
     budget = _SPARE_PORTS + sum(1 for _ in graph.data_edges())
     for node in graph.nodes():
+        if node.op == "Const":
+            _check_const(node)
         od = op_def(node.op)
         for arg in list(od.input_arg) + list(od.output_arg) if od is not None else ():
             if not arg.number_attr:
@@ -117,6 +119,15 @@ def check_input(graph: Graph) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(f"the input graph is not valid: {problems[0]}{more}")
+
+
+def _check_const(node) -> None:
+    # TensorFlow refuses a Const whose tensor is not of its dtype; converting its values would
+    # silently reinterpret them
+    have = node.attr["value"].tensor.dtype if "value" in node.attr else None
+    want = node.attr["dtype"].type if "dtype" in node.attr else None
+    if have is None or have != want:
+        raise InputError(f"Const {node.name!r}: its value is missing or not a tensor of its dtype")
 
 
 def _import(graph_def: graph_pb2.GraphDef) -> tuple[Graph, dict[str, list[str]]]:

@@ -91,10 +91,14 @@ print(json.dumps(results))
 """
 
 
-def run_batch(commands: list[list[str]], prefix: list[str] = ()) -> list[tuple[int, str]]:
-    """Run each ``amp-rewrite`` argument list in one fresh process; ``(exit code, stderr)`` each."""
+def run_batch(commands: list[list[str]], prefix: list[str] = (), env: dict | None = None
+              ) -> list[tuple[int, str]]:
+    """Run each ``amp-rewrite`` argument list in one fresh process; ``(exit code, stderr)`` each.
+
+    ``env`` adds to (or overrides) this process's environment.
+    """
     argv = json.dumps([[str(a) for a in c] for c in commands])
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     proc = subprocess.run([*prefix, sys.executable, "-c", _BATCH, argv], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

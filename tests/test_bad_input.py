@@ -201,6 +201,8 @@ BROKEN_GRAPHS = {
     "dangling_input": lambda n: n["probs"].input.__setitem__(0, "missing"),
     "duplicate_name": lambda n: setattr(n["w1"], "name", "w2"),
     "malformed_const": lambda n: setattr(n["w1"].attr["value"].tensor, "dtype", 0),
+    "truncated_const": lambda n: setattr(n["w1"].attr["value"].tensor, "tensor_content",
+                                         n["w1"].attr["value"].tensor.tensor_content[:-4]),
 }
 
 
