@@ -98,33 +98,37 @@ def convert_saved_model(model: Model, options) -> Report:
     return report
 
 
-def training_functions(meta) -> list[str]:
-    """Functions of ``meta``'s library that compute gradients and update variables."""
+def training_parts(meta) -> list[str]:
+    """What in ``meta`` computes gradients and updates variables: ``"the graph"`` and/or the
+    names of library functions that do."""
     from .training.detect import backprop_scope, is_variable_write
 
-    out = []
-    for fdef in meta.graph_def.library.function:
-        grads = any(backprop_scope(nd.name) for nd in fdef.node_def)
-        if grads and any(is_variable_write(nd.op) for nd in fdef.node_def):
-            out.append(fdef.signature.name)
-    return sorted(out)
+    bodies = [("the graph", meta.graph_def.node)] + [
+        (f"function {f.signature.name!r}", f.node_def) for f in meta.graph_def.library.function]
+    return [name for name, nodes in bodies
+            if any(backprop_scope(nd.name) for nd in nodes)
+            and any(is_variable_write(nd.op) for nd in nodes)]
 
 
 def _refuse_untrainable(path: Path, meta, options) -> None:
-    """Refuse a float16 conversion of training functions, which would need loss scaling."""
+    """Refuse a float16 conversion of a training SavedModel, which would need loss scaling.
+
+    Loss scaling adds state variables; a SavedModel restores only the variables its checkpoint
+    holds, and its functions cannot grow new captured variables, so it is not done here.
+    """
     from .loss_scaling import scale_config
 
     if scale_config(options.loss_scale, options.target, dict(options.loss_scale_options)) is None:
         return
-    train = training_functions(meta)
+    train = training_parts(meta)
     if train:
         raise UnsupportedGraphError(
-            f"{path}: function {train[0]!r} trains (gradients and variable updates inside a "
-            "tf.function); float16 training needs loss scaling, which amp-rewrite adds to "
-            "GraphDef/MetaGraph training graphs but not inside SavedModel functions. Convert "
-            "with --target bfloat16 (no loss scaling needed), or with --loss-scale none "
-            "(small gradients may underflow to zero), or save the training step as a "
-            "MetaGraph and convert that")
+            f"{path}: {train[0]} trains (gradients and variable updates); float16 training "
+            "needs loss scaling, which amp-rewrite adds to GraphDef/MetaGraph training graphs "
+            "but not to SavedModels (the checkpoint holds no loss-scale state). Convert with "
+            "--target bfloat16 (no loss scaling needed), or with --loss-scale none (small "
+            "gradients may underflow to zero), or save the training step as a MetaGraph "
+            "(.meta) and convert that")
 
 
 # ----------------------------------------------------------------- saving

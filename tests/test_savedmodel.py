@@ -328,3 +328,62 @@ def test_tf1_saved_model_main_graph_is_painted_and_serves(tmp_path):
         sig = meta.signature_def["serving_default"]
         got = sess.run(sig.outputs["y"].name, {sig.inputs["x"].name: x_val})
     assert got.dtype == np.float32 and graphs.rel_l2(got, want) <= TOL["float16"]
+
+
+def _tf1_train_and_serve(path):
+    """A TF1 SavedModel with two MetaGraphs: "train" (a GradientDescent step) and "serve"."""
+    v1 = tf.compat.v1
+    digits = load_digits()
+    r = np.random.default_rng(5)
+    g = tf.Graph()
+    with g.as_default(), v1.Session(graph=g) as sess:
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        w1 = v1.get_variable("w1", initializer=r.normal(0, 0.25, (64, 32)).astype(np.float32))
+        w2 = v1.get_variable("w2", initializer=r.normal(0, 0.25, (32, 10)).astype(np.float32))
+        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2, name="logits")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits),
+                              name="loss")
+        train = v1.train.GradientDescentOptimizer(0.5).minimize(loss, name="train")
+        sess.run(v1.global_variables_initializer())
+        info = v1.saved_model.utils.build_tensor_info
+        builder = v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(sess, ["train"], signature_def_map={
+            "train": v1.saved_model.signature_def_utils.build_signature_def(
+                {"x": info(x), "y": info(y)}, {"loss": info(loss)})})
+        builder.add_meta_graph(["serve"], signature_def_map={
+            "serving_default": v1.saved_model.signature_def_utils.predict_signature_def(
+                {"x": x}, {"logits": logits})})
+        builder.save()
+    return (digits.data[:256] / 16.0).astype(np.float32), digits.target[:256].astype(np.int32)
+
+
+def test_tf1_saved_model_with_train_and_serve_meta_graphs(tmp_path):
+    v1 = tf.compat.v1
+    src, out = tmp_path / "tf1", tmp_path / "tf1_amp"
+    x, y = _tf1_train_and_serve(src)
+    with pytest.raises(UnsupportedGraphError):  # float16 training needs loss scaling
+        convert_file(src, out, target="float16")
+    assert not out.exists()
+    report = convert_file(src, out, target="bfloat16", device="cpu")
+    saved = loader_impl.parse_saved_model(str(out))
+    assert len(saved.meta_graphs) == 2
+    for meta in saved.meta_graphs:
+        # a signature's tensors keep float32 (logits is one in "serve" only); the rest is bfloat16
+        dtypes = {n.name: n.attr["T"].type for n in meta.graph_def.node if n.op == "MatMul"}
+        logits = dtypes.pop("logits")
+        assert logits == (types_pb2.DT_FLOAT if "serve" in meta.meta_info_def.tags
+                          else types_pb2.DT_BFLOAT16)
+        assert len(dtypes) >= 1 and set(dtypes.values()) == {types_pb2.DT_BFLOAT16}
+    assert any(n.name.startswith("gradients/") and n.precision == "bfloat16" for n in report.nodes)
+    losses = []
+    g = tf.Graph()
+    with g.as_default(), v1.Session(graph=g) as sess:
+        v1.saved_model.loader.load(sess, ["train"], str(out))
+        for _ in range(8):
+            losses.append(sess.run(["loss:0", "train"], {"x:0": x, "y:0": y})[0])
+    assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0]
+    g = tf.Graph()
+    with g.as_default(), v1.Session(graph=g) as sess:
+        v1.saved_model.loader.load(sess, ["serve"], str(out))
+        assert sess.run("logits:0", {"x:0": x}).dtype == np.float32
