@@ -106,32 +106,50 @@ def test_loss_hint_picks_the_seed_of_that_loss():
         convert(meta, loss="accuracy")
 
 
-def two_losses():
-    """Two losses, each with its own tf.gradients call and optimizer, grouped in one train op."""
+def two_losses(towers: bool):
+    """Two losses with a tf.gradients call each: as towers (half a batch each, gradients
+    averaged into one update of one weight) or as two models with their own optimizers."""
     g = tf.Graph()
     rng = np.random.default_rng(0)
     with g.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None, 64], name="x")
         y = tf.compat.v1.placeholder(tf.int32, [None], name="y")
-        steps = []
-        for name in ("a", "b"):
-            w = tf.compat.v1.get_variable(name, initializer=rng.normal(0, 0.1, (64, 10)).astype(np.float32))
-            xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=tf.matmul(x, w))
+        shared = tf.compat.v1.get_variable("w", initializer=rng.normal(0, 0.1, (64, 10)).astype(np.float32))
+        pairs = []
+        for i, name in enumerate(("a", "b")):
+            w = shared if towers else tf.compat.v1.get_variable(
+                name, initializer=rng.normal(0, 0.1, (64, 10)).astype(np.float32))
+            part = slice(i * 32, (i + 1) * 32) if towers else slice(None)
+            xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[part], logits=tf.matmul(x[part], w))
             loss = tf.reduce_mean(xent, name=f"loss_{name}")
-            steps.append(tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[w]))
-        tf.group(*steps, name="train")
+            pairs.append((tf.gradients(loss, [w])[0], w))
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+        if towers:
+            opt.apply_gradients([((pairs[0][0] + pairs[1][0]) / 2, shared)], name="train")
+        else:
+            tf.group(*[opt.apply_gradients([p]) for p in pairs], name="train")
         tf.compat.v1.global_variables_initializer()
         return tf.compat.v1.train.Saver().export_meta_graph()
 
 
-def test_two_seeds_need_a_hint():
-    meta = two_losses()
-    with pytest.raises(UnsupportedGraphError, match="2 backprop seeds"):
+def test_separate_train_steps_need_a_hint():
+    meta = two_losses(towers=False)
+    with pytest.raises(UnsupportedGraphError, match="2 backprop seeds reach separate"):
         convert(meta)
     with pytest.raises(UnsupportedGraphError, match="no backprop seed found"):
         convert(meta, loss="loss_a")      # loss_b's update would go unscaled
     _, report = convert(meta, grads=["gradients/grad_ys_0", "gradients_1/grad_ys_0"])
     assert len(report.extra["loss_scaling"]["updates"]) == 2
+
+
+def test_towers_sharing_updates_scale_together():
+    out, report = convert(two_losses(towers=True))
+    assert report.extra["loss_scaling"]["seeds"] == ["gradients/grad_ys_0", "gradients_1/grad_ys_0"]
+    trainer = Trainer(out)
+    losses = [trainer.sess.run(["loss_a:0", "train"], feed)[0] for feed in batches(40)]
+    assert losses[-1] < losses[0] * 0.6 and trainer.fetch(SKIPPED) == [0]
+    trainer.sess.run("train", overflow_feed())
+    assert trainer.fetch(SKIPPED, SCALE) == [1, 2.0 ** 14]
 
 
 def test_inference_graph_and_bfloat16_get_no_loss_scaling():

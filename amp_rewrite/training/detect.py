@@ -172,6 +172,22 @@ def _reader_scope(graph: Graph, seed: str) -> str | None:
     return scopes.pop() if len(scopes) == 1 else None
 
 
+def _separate_steps(update_sets: list[set[str]]) -> bool:
+    """Whether the seeds' update sets fall apart into groups sharing no update."""
+    if not update_sets:
+        return False
+    joined, rest = set(update_sets[0]), list(update_sets[1:])
+    grew = True
+    while grew and rest:
+        grew = False
+        for updates in list(rest):
+            if updates & joined:
+                joined |= updates
+                rest.remove(updates)
+                grew = True
+    return bool(rest)
+
+
 def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = ()) -> Backprop | None:
     """The backward pass of ``graph``, or None when the graph does not train.
 
@@ -201,13 +217,15 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
             "read only by gradient_tape/; name the seed (the gradient fed to tf.gradients or the "
             "tape) with --grad NAME")
     region = descendants(graph, seeds)
-    seeds = [s for s in seeds if any(is_variable_write(graph.node(n).op)
-                                     for n in descendants(graph, [s]))]
-    if len(seeds) > 1 and not (grads or loss):
-        # one scale and one check would tie separate train ops (a GAN's two) together
+    reached = {s: {n for n in descendants(graph, [s]) if is_variable_write(graph.node(n).op)}
+               for s in seeds}
+    seeds = [s for s in seeds if reached[s]]
+    if _separate_steps([reached[s] for s in seeds]) and not (grads or loss):
+        # one scale and one check would tie separate train steps (a GAN's two) together;
+        # towers whose gradients meet in the same updates are one step and scale together
         raise UnsupportedGraphError(
-            f"{len(seeds)} backprop seeds reach variable updates ({', '.join(seeds)}): name the "
-            "loss to scale with --loss NAME, or every seed to scale together with --grad NAME")
+            f"{len(seeds)} backprop seeds reach separate variable updates ({', '.join(seeds)}): "
+            "name the loss to scale with --loss NAME, or every seed to scale together with --grad NAME")
     unseeded = [n for n in trained if n not in region]
     if unseeded:
         raise UnsupportedGraphError(
