@@ -228,6 +228,20 @@ def test_skip_covers_grouped_global_step_and_follows_all_reduce(backprop):
     assert trainer.variables()["global_step"] == 6 and trainer.fetch(SKIPPED) == [1]
 
 
+def test_cnn_skip_keeps_everything_but_the_moving_average_the_gradients_wait_on():
+    # a start scale of 2^24 makes the float16 gradients of an ordinary batch overflow
+    out, _ = convert(build("cnn", "momentum"), start=2.0 ** 24)
+    trainer = Trainer(out)
+    before = state_without_amp(trainer)
+    _, finite = trainer.step(next(batches(1)), FINITE)
+    assert not finite and trainer.fetch(SCALE) == [2.0 ** 23]
+    after = state_without_amp(trainer)
+    changed = sorted(k for k in before if not np.array_equal(before[k], after[k]))
+    # the moving mean is updated under control_dependencies(UPDATE_OPS): before the backprop
+    # starts, so before the check (README: Skipped steps)
+    assert changed == ["bn/moving_mean"]
+
+
 def test_float32_graph_does_not_skip_the_same_batch():
     meta = build("mlp", "adam")
     trainer = Trainer(meta)
