@@ -324,7 +324,8 @@ def _convert_function(fdef, library, signatures, options, rules, report) -> Func
     try:
         fg = function_to_graph(fdef, signatures)
         keep = fg.boundary() | direct_call_feeders(fg.graph, library)
-        work, sub = convert_graph(fg.graph, body_options, rules, extra_keep=keep)
+        body_rules = rules_for(rules, fg.graph.names(), prefix=name)
+        work, sub = convert_graph(fg.graph, body_options, body_rules, extra_keep=keep)
     except InputError as exc:
         # TensorFlow ran this body; if our IR cannot take it, it stays as it was
         report.warnings.append(f"function {name!r} left as it is: {exc}")
@@ -332,6 +333,42 @@ def _convert_function(fdef, library, signatures, options, rules, report) -> Func
         return None
     merge_report(report, name, sub, exclude=fg.boundary())
     return dataclasses.replace(fg, graph=work)
+
+
+@dataclass(frozen=True)
+class _ScopedRule:
+    """A rule-file override as a function body sees it: it matches ``function/node`` names,
+    the names the report and ``explain`` use."""
+
+    rule: object
+    prefix: str
+
+    action = property(lambda self: self.rule.action)
+    pattern = property(lambda self: self.rule.pattern)
+    source = property(lambda self: self.rule.source)
+
+    def matches(self, name: str) -> bool:
+        return self.rule.matches(f"{self.prefix}/{name}")
+
+
+def rules_for(rules, names, prefix: str | None = None):
+    """``rules`` with only the overrides that match one of ``names`` (``prefix/name`` inside
+    function ``prefix``): painting one graph of many must not warn about overrides meant for
+    another."""
+    scoped = [r if prefix is None else _ScopedRule(r, prefix) for r in rules.node_rules]
+    return dataclasses.replace(rules, node_rules=[r for r in scoped
+                                                  if any(r.matches(n) for n in names)])
+
+
+def warn_unmatched(rules, report) -> None:
+    """Warn about each override that matches no node of the report (graph or function): each
+    graph was painted with only the overrides that match in it (:func:`rules_for`)."""
+    names = [n.name for n in report.nodes]
+    for rule in rules.node_rules:
+        if not any(rule.matches(n) for n in names):
+            msg = f"override {rule.pattern} ({rule.source}) matches no node"
+            report.warnings.append(msg)
+            log.warning(msg)
 
 
 def merge_report(report, prefix: str, sub, exclude=()) -> None:

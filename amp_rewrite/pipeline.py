@@ -155,11 +155,12 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io)
     graph, added = _import(graph_def)
     rules = options.rule_set()
-    work, report = convert_graph(graph, options, rules,
+    work, report = convert_graph(graph, options, functions.rules_for(rules, graph.names()),
                                  extra_keep=functions.direct_call_feeders(graph, graph_def.library))
     out = work.to_graph_def(graph_def)
     functions.strip_graph_defaults(out, added)
     functions.paint_library(out, options, rules, report)
+    functions.warn_unmatched(rules, report)
     return out, report
 
 
@@ -171,12 +172,14 @@ def convert_model(model: load_mod.Model, options: Options) -> Report:
     graph, added = _import(model.graph_def)
     rules = options.rule_set()
     keep = model.signature_tensors() | functions.direct_call_feeders(graph, model.graph_def.library)
-    work, report = convert_graph(graph, options, rules, extra_keep=keep)
+    main_rules = functions.rules_for(rules, graph.names())  # overrides of function nodes: later
+    work, report = convert_graph(graph, options, main_rules, extra_keep=keep)
     if loss_scaling.apply(work, model, options, report):
-        lint.lint(work, original=graph, rules=rules)
+        lint.lint(work, original=graph, rules=main_rules)
     model.graph_def = work.to_graph_def(model.graph_def)
     functions.strip_graph_defaults(model.graph_def, added)
     functions.paint_library(model.graph_def, options, rules, report)
+    functions.warn_unmatched(rules, report)
     return report
 
 

@@ -83,7 +83,8 @@ def convert_saved_model(model: Model, options) -> Report:
         filled, added = functions.graph_def_with_defaults(meta.graph_def)
         graph = Graph.from_graph_def(filled)
         keep = model.signature_tensors() | functions.direct_call_feeders(graph, filled.library)
-        work, sub = convert_graph(graph, options, rules, extra_keep=keep)
+        work, sub = convert_graph(graph, options, functions.rules_for(rules, graph.names()),
+                                  extra_keep=keep)
         graph_def = work.to_graph_def(filled)
         functions.strip_graph_defaults(graph_def, added)
         roots = list(meta.object_graph_def.concrete_functions)
@@ -95,6 +96,7 @@ def convert_saved_model(model: Model, options) -> Report:
             functions.merge_report(report, "[" + ",".join(meta.meta_info_def.tags) + "]", sub)
     model.meta_graph = saved.meta_graphs[0]
     model.graph_def = model.meta_graph.graph_def
+    functions.warn_unmatched(rules, report)
     return report
 
 

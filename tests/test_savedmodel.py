@@ -151,6 +151,28 @@ def test_module_while_and_cond_bodies_are_painted(loop_module, target, tmp_path)
     assert graphs.rel_l2(loaded(tf.constant(x))["y"].numpy(), want) <= TOL[target]
 
 
+def test_overrides_name_function_nodes_as_the_report_does(loop_module, tmp_path):
+    src, x, want = loop_module
+    rules = tmp_path / "keep.toml"
+    rules.write_text('[[override]]\nglob = "while_body*/while/MatMul"\naction = "keep_fp32"\n\n'
+                     '[[override]]\nglob = "no/such/node"\naction = "keep_fp32"\n')
+    out = tmp_path / "amp"
+    report = convert_file(src, out, target="float16", rules=[rules])
+    kept = [n for n in report.nodes if n.op == "MatMul" and n.code == "user_keep"]
+    assert len(kept) == 1 and kept[0].precision == "float32"
+    assert [nd.attr["T"].type for f in _bodies(out, "While", ["body"]) for nd in _nodes(f, "MatMul")
+            ] == [types_pb2.DT_FLOAT]
+    assert [nd.attr["T"].type for f in _bodies(out, "If", ["then_branch"])
+            for nd in _nodes(f, "MatMul")] == [types_pb2.DT_HALF]
+    assert len(report.warnings) == 1  # only the override that matches nothing anywhere
+    got = tf.saved_model.load(str(out)).signatures["serving_default"](x=tf.constant(x))["y"]
+    assert graphs.rel_l2(got.numpy(), want) <= TOL["float16"]
+
+
+def _nodes(fdef, op):
+    return [nd for nd in fdef.node_def if nd.op == op]
+
+
 # ----------------------------------------------------------------- writing
 def test_existing_output_needs_force_and_is_replaced_whole(loop_module, tmp_path):
     src, x, want = loop_module
