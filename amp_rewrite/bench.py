@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from .errors import InputError
-from .runner import check_same_interface, open_model, parse_shapes, share_weights
+from .runner import open_pair, parse_shapes
 from .verify import add_model_arguments, feed_sets
 
 
@@ -93,11 +93,8 @@ def bench(original_path, converted_path, *, runs: int = 20, warmup: int = 3,
     """Time both models on the same inputs (see the module docstring)."""
     if runs < 1 or warmup < 0:
         raise InputError("--runs must be at least 1 and --warmup at least 0")
-    with open_model(original_path, signature=signature, outputs=outputs,
-                    checkpoint=checkpoint) as ra, open_model(
-            converted_path, signature=signature, outputs=outputs, checkpoint=checkpoint) as rb:
-        check_same_interface(ra, rb)
-        share_weights(ra, rb)
+    with open_pair(original_path, converted_path, signature=signature, outputs=outputs,
+                   checkpoint=checkpoint) as (ra, rb):
         feed = feed_sets(ra, inputs, 1, shapes or {})[0]
         call_a, call_b = ra.callable(), rb.callable()
         times_a, times_b = time_interleaved(lambda: call_a(feed), lambda: call_b(feed), runs,

@@ -10,6 +10,7 @@ dimensions come from ``shapes`` (``--shape name=2,8,8,1``) or default to 1 with 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -156,11 +157,8 @@ class Runner:
     inputs: list[InputSpec]
     outputs: list[str]
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run once; returns the outputs (in ``self.outputs`` order) as numpy arrays."""
-        return self.callable()(feeds)
-
     def callable(self) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+        """A function from feeds (by input name) to the outputs, in ``self.outputs`` order."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -224,7 +222,7 @@ class GraphRunner(Runner):
             c.name for op in ops for c in op.control_inputs}
         outs = [t.name for op in ops if op.name not in read and op.type not in ("Placeholder", "Const")
                 for t in op.outputs if t.dtype.as_datatype_enum != types_pb2.DT_RESOURCE
-                and not t.dtype._is_ref_dtype and t.dtype != tf.string]
+                and t.dtype.base_dtype == t.dtype and t.dtype != tf.string]
         if not outs:
             raise InputError(f"{self.model.path}: no graph outputs found; name them with --output")
         return inputs, outs
@@ -250,7 +248,8 @@ class GraphRunner(Runner):
             if saver is None:
                 raise InputError(f"{self.model.path}: --checkpoint needs a MetaGraph with a saver")
             try:
-                saver.restore(self.session, checkpoint)
+                with self.graph.as_default():
+                    saver.restore(self.session, checkpoint)
             except (tf.errors.OpError, ValueError) as exc:
                 raise InputError(f"{checkpoint}: cannot restore: {str(exc).splitlines()[0]}") from None
         elif self._variables():
@@ -341,6 +340,19 @@ def open_model(path: str | os.PathLike, *, signature: str | None = None, outputs
         return SavedModelRunner(folder, signature)
     from .load import load
     return GraphRunner(load(path), signature, outputs, checkpoint)
+
+
+@contextlib.contextmanager
+def open_pair(original, converted, *, signature: str | None = None, outputs: Sequence[str] = (),
+              checkpoint: str | None = None):
+    """An original and its conversion, ready to compare: the same inputs and number of outputs,
+    and the same weights (a checkpoint is restored into the original, whose variable values
+    are then copied into the converted graph, which may hold extra state such as a loss scale)."""
+    with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a, \
+            open_model(converted, signature=signature, outputs=outputs) as b:
+        check_same_interface(a, b)
+        share_weights(a, b)
+        yield a, b
 
 
 def share_weights(original: Runner, converted: Runner) -> None:

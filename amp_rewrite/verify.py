@@ -22,7 +22,7 @@ from tensorflow.core.framework import types_pb2
 
 from .errors import InputError
 from .runner import (FLOAT_TYPES, GraphRunner, Runner, check_same_interface, load_inputs,
-                     open_model, parse_shapes, random_inputs, share_weights)
+                     open_pair, parse_shapes, random_inputs)
 
 log = logging.getLogger(__name__)
 
@@ -270,10 +270,8 @@ def verify(original_path, converted_path, *, inputs: str | None = None, samples:
     """Compare two models on the same inputs (see the module docstring)."""
     if samples < 1:
         raise InputError("--samples must be at least 1")
-    with open_model(original_path, signature=signature, outputs=outputs,
-                    checkpoint=checkpoint) as a, open_model(
-            converted_path, signature=signature, outputs=outputs, checkpoint=checkpoint) as b:
-        share_weights(a, b)
+    with open_pair(original_path, converted_path, signature=signature, outputs=outputs,
+                   checkpoint=checkpoint) as (a, b):
         d_rtol, d_atol = default_tolerance(b)
         rtol = d_rtol if rtol is None else rtol
         atol = d_atol if atol is None else atol
@@ -302,8 +300,8 @@ def add_model_arguments(parser) -> None:
                         help="graph output to compare (repeatable; default the signature's "
                         "outputs, else the nodes nothing reads)")
     parser.add_argument("--checkpoint", metavar="PREFIX",
-                        help="restore both MetaGraphs' variables from this checkpoint (default: "
-                        "initialize the original's and copy them into the converted graph)")
+                        help="restore the original MetaGraph's variables from this checkpoint "
+                        "(default: run its initializers); the converted graph gets the same values")
 
 
 def add_arguments(parser, command: str) -> None:

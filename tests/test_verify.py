@@ -102,8 +102,11 @@ def test_metagraph_with_variables_shares_the_weights(tmp_path):
         w = v1.get_variable("w", [16, 32], initializer=v1.random_normal_initializer(0, 0.3))
         y = tf.nn.relu(tf.matmul(x, w), name="y")
         sig = v1.saved_model.predict_signature_def({"x": x}, {"y": y})
-        v1.train.Saver()
+        saver = v1.train.Saver()
         meta = v1.train.export_meta_graph(graph=g)
+        with v1.Session(graph=g) as sess:
+            sess.run(w.initializer)
+            ckpt = saver.save(sess, str(tmp_path / "ckpt"))
     meta.signature_def["serving_default"].CopyFrom(sig)
     (tmp_path / "m.meta").write_bytes(meta.SerializeToString())
     convert_file(tmp_path / "m.meta", tmp_path / "m16.meta", target="float16")
@@ -111,6 +114,10 @@ def test_metagraph_with_variables_shares_the_weights(tmp_path):
     assert result.ok and result.outputs[0].name == "y:0"
     assert 0 < result.outputs[0].rel_l2 < 5e-3
     assert any(n.op == "MatMul" and n.dtype == "float16" for n in result.nodes)
+    restored = verify(tmp_path / "m.meta", tmp_path / "m16.meta", checkpoint=ckpt)
+    assert restored.ok and 0 < restored.outputs[0].rel_l2 < 5e-3
+    assert cli.main(["verify", str(tmp_path / "m.meta"), str(tmp_path / "m16.meta"),
+                     "--checkpoint", str(tmp_path / "nothing")]) == 2
 
 
 def test_savedmodel_signatures(tmp_path):
