@@ -296,8 +296,10 @@ def _lower(graph_def, graphs, roots, signatures, target, report) -> "BoundaryLow
 
 
 def _gradient_linked(library) -> set[str]:
-    """Functions named in the library's gradient table: renaming or retyping them would break it."""
-    return {n for g in library.gradient for n in (g.function_name, g.gradient_func)}
+    """Functions named in the library's gradient tables: renaming or retyping them would break
+    the link (custom gradients of a SavedModel live in ``registered_gradients``)."""
+    names = {n for g in library.gradient for n in (g.function_name, g.gradient_func)}
+    return names | {g.gradient_func for g in library.registered_gradients}
 
 
 def _drop_unreachable(graph_def, candidates: set[str], extra_roots) -> None:
