@@ -8,11 +8,11 @@ layout comes from the OpDef, or from the callee's signature for a direct call). 
 Placeholders and sentinels are the body's interface, a body is painted with float32 arguments
 and results, and casts sit just inside the boundary.
 
-Afterwards :func:`lower_boundaries` moves boundaries that only carry casts into low precision
+Afterwards :class:`BoundaryLowering` moves boundaries that only carry casts into low precision
 (``While`` loop-carried values, arguments and results of ``If``/``Case``/``PartitionedCall``
 callees), so the casts leave the loop or the call; a callee shared by call sites that want
-different boundary types is copied (specialized) first. Functions a SavedModel or graph calls
-from outside (the roots) keep their signatures.
+different boundary types is copied (specialized) first. Functions a SavedModel restores (the
+roots) keep their signatures. :func:`paint_library` runs all of it on a GraphDef's library.
 """
 
 from __future__ import annotations
@@ -29,10 +29,6 @@ from .ir import Graph, TensorRef
 from .types import FLOAT, TARGETS, op_def
 
 log = logging.getLogger(__name__)
-
-# Attributes that name the functions a node calls.
-_FUNC_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
-
 
 @dataclass
 class FunctionGraph:
@@ -643,7 +639,7 @@ class BoundaryLowering:
 
     def summary(self) -> dict:
         return {"boundaries_lowered": self.lowered, "specialized": list(self.specialized),
-                "casts_moved_in": len(self.casts_added), "casts_moved_out": len(self.casts_removed),
+                "casts_inserted": len(self.casts_added), "casts_removed": len(self.casts_removed),
                 "summary": f"{self.lowered} function boundaries moved to low precision, "
                            f"{len(self.specialized)} functions specialized, casts "
                            f"+{len(self.casts_added)}/-{len(self.casts_removed)}"}
@@ -678,7 +674,7 @@ def _types(nd, attr: str) -> list[int]:
 
 def _call_contract(nd):
     """``(callee, input types, output types)`` a functional op promises its callees."""
-    if nd.op in ("While", "StatelessWhile"):
+    if nd.op in _WHILE:
         t = _types(nd, "T")
         return [(nd.attr["cond"].func.name, t, None), (nd.attr["body"].func.name, t, t)]
     if nd.op in ("If", "StatelessIf"):
@@ -687,7 +683,7 @@ def _call_contract(nd):
     if nd.op in ("Case", "StatelessCase"):
         tin, tout = _types(nd, "Tin"), _types(nd, "Tout")
         return [(f.name, tin, tout) for f in nd.attr["branches"].list.func]
-    if nd.op in ("PartitionedCall", "StatefulPartitionedCall"):
+    if nd.op in _CALL:
         return [(nd.attr["f"].func.name, _types(nd, "Tin"), _types(nd, "Tout"))]
     return []
 
