@@ -114,7 +114,8 @@ def _convert_const(node, target: int) -> None:
         converted = values.astype(np.float16)
     else:
         import ml_dtypes  # shipped with TensorFlow; numpy has no bfloat16 of its own
-        converted = values.astype(ml_dtypes.bfloat16)
+        with np.errstate(invalid="ignore"):  # NaN stays NaN, as TensorFlow's Cast does
+            converted = values.astype(ml_dtypes.bfloat16)
     shape = list(values.shape)
     proto = tensor_util.make_tensor_proto(converted, dtype=target, shape=shape)
     node.attr["value"].tensor.CopyFrom(proto)

@@ -339,6 +339,7 @@ OUTPUT_REFUSALS = {
     "is_input": (["in.pb"], "in.pb"),
     "is_input_even_with_force": (["in.pb", "--force"], "in.pb"),
     "is_input_by_another_path": (["sub/../in.pb", "--force"], "in.pb"),
+    "is_input_by_symlink": (["link.pb", "--force"], "link.pb"),
     "folder_missing": (["sub/out.pb"], "out.pb"),
     "is_a_directory": (["outdir", "--force"], "outdir"),
     "report_is_input": (["new.pb", "--report", "in.pb"], "in.pb"),
@@ -352,6 +353,8 @@ def test_output_refusals(case, model_dir, capsys, monkeypatch):
     monkeypatch.chdir(model_dir)
     if case == "is_input_by_another_path":
         (model_dir / "sub").mkdir()
+    if case == "is_input_by_symlink":
+        (model_dir / "link.pb").symlink_to("in.pb")
     before = snapshot(model_dir)
     code, _, err = run_cli(capsys, ["in.pb", "-o", *args])
     assert_refused(code, err, named, model_dir, before)
