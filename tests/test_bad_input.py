@@ -156,30 +156,26 @@ def test_verbose_shows_the_traceback(tmp_path, mlp_bytes, capsys):
 
 
 # ----------------------------------------------------------------- SavedModels
-def test_saved_model_without_variables_is_refused(saved_model, tmp_path, capsys):
-    broken = tmp_path / "model"
-    shutil.copytree(saved_model, broken)
-    shutil.rmtree(broken / "variables")
-    before = snapshot(tmp_path)
-    code, _, err = run_cli(capsys, [broken, "-o", tmp_path / "out"])
-    assert_refused(code, err, broken, tmp_path, before)
+def _drop_variables(model):
+    shutil.rmtree(model / "variables")
 
 
-def test_saved_model_with_missing_data_shard_is_refused(saved_model, tmp_path, capsys):
-    broken = tmp_path / "model"
-    shutil.copytree(saved_model, broken)
-    for shard in (broken / "variables").glob("variables.data-*"):
+def _drop_data_shards(model):
+    for shard in (model / "variables").glob("variables.data-*"):
         shard.unlink()
-    before = snapshot(tmp_path)
-    code, _, err = run_cli(capsys, [broken, "-o", tmp_path / "out"])
-    assert_refused(code, err, broken, tmp_path, before)
 
 
-def test_truncated_saved_model_proto_is_refused(saved_model, tmp_path, capsys):
+def _truncate_proto(model):
+    data = (model / "saved_model.pb").read_bytes()
+    (model / "saved_model.pb").write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("damage", [_drop_variables, _drop_data_shards, _truncate_proto],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_damaged_saved_model_is_refused(damage, saved_model, tmp_path, capsys):
     broken = tmp_path / "model"
     shutil.copytree(saved_model, broken)
-    data = (broken / "saved_model.pb").read_bytes()
-    (broken / "saved_model.pb").write_bytes(data[: len(data) // 2])
+    damage(broken)
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, [broken, "-o", tmp_path / "out"])
     assert_refused(code, err, broken, tmp_path, before)
