@@ -14,6 +14,7 @@ from tensorflow.core.protobuf import fingerprint_pb2
 
 import graphs
 import random_graphs
+import training_graphs
 from amp_rewrite import convert
 from refusals import run_batch, snapshot
 
@@ -28,6 +29,8 @@ def inputs(tmp_path_factory):
     (d / "attention.pbtxt").write_text(str(graphs.attention()[0]))
     meta = tf.compat.v1.MetaGraphDef(graph_def=graphs.conv_bias_relu_pool()[0])
     (d / "conv_pool.meta").write_bytes(meta.SerializeToString())
+    # a training graph: float16 adds dynamic loss scaling (new variables, update ops)
+    (d / "train_cnn.meta").write_bytes(training_graphs.build("cnn", "adam").SerializeToString())
     layers = ["matmul", "while", "concat", "exp", "add", "conv", "softmax", "mean", "transpose"]
     (d / "random.pb").write_bytes(random_graphs.build(layers, 2, 12, 3)[0].SerializeToString())
 
@@ -76,7 +79,7 @@ def test_graph_files_and_reports_are_byte_identical(two_runs):
     (_, first), (_, second) = two_runs
     graphs_first, _ = _split(first)
     graphs_second, _ = _split(second)
-    assert len(graphs_first) == 2 * 2 * 8  # an output and a report per input and target
+    assert len(graphs_first) == 2 * 2 * 9  # an output and a report per input and target
     assert graphs_first == graphs_second
 
 
