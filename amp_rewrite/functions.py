@@ -232,7 +232,8 @@ def graph_to_function(fg: FunctionGraph, signatures: dict) -> function_pb2.Funct
 
 
 # ----------------------------------------------------------------- painting a library
-def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_roots=()) -> None:
+def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_roots=(),
+                  lower: bool = True) -> None:
     """Paint, in place, every library function reachable from ``graph_def``'s nodes or roots.
 
     Bodies are painted like graphs, with float32 boundaries; then boundaries that only carry
@@ -240,6 +241,7 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
     call sites. ``extra_roots`` (a SavedModel's concrete functions) keep their signatures.
     The nodes of each function appear in ``report`` as ``function/node``. Raises
     :class:`LintError` if a call site's types and its callee's signature disagree afterwards.
+    ``lower=False`` keeps every boundary float32 (for comparison: benchmarks/functions.py).
     """
     library = graph_def.library
     names = reachable(graph_def.node, library, extra_roots)
@@ -253,7 +255,8 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         if fg is not None:
             graphs[name] = fg
     roots = set(extra_roots) | _gradient_linked(library)
-    lowering = _lower(graph_def, graphs, roots, signatures, TARGETS[options.target], report)
+    lowering = _lower(graph_def, graphs, roots, signatures, TARGETS[options.target], report,
+                      rounds=8 if lower else 0)
     for name in names:
         if name in graphs:
             by_name[name].CopyFrom(graph_to_function(graphs[name], signatures))
@@ -265,14 +268,14 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         raise LintError(problems)
 
 
-def _lower(graph_def, graphs, roots, signatures, target, report) -> "BoundaryLowering":
+def _lower(graph_def, graphs, roots, signatures, target, report, rounds) -> "BoundaryLowering":
     """Run :class:`BoundaryLowering` over the functions and ``graph_def``'s own nodes, lint
     what changed, write the graph's nodes back and record the result in ``report``."""
     filled, added = graph_def_with_defaults(graph_def)
     main = Graph.from_graph_def(filled)
     lowering = BoundaryLowering(graphs, main, roots, signatures, target,
                                 inserted=set(report.casts_added))
-    lowering.run()
+    lowering.run(rounds)
     for owner in sorted(lowering.changed, key=str):
         lint.lint(main if owner is None else graphs[owner].graph)
     if None in lowering.changed:
