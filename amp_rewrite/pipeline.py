@@ -164,8 +164,19 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     return out, report
 
 
+def _check_calls(model: load_mod.Model) -> None:
+    """A call whose types already disagree with its callee's signature is the input's fault
+    (the same check on the output would call it ours)."""
+    saved = model.extra.get("saved_model")
+    for graph_def in [m.graph_def for m in saved.meta_graphs] if saved else [model.graph_def]:
+        problems = functions.check_call_types(graph_def)
+        if problems:
+            raise InputError(f"the input graph is not valid: {problems[0]}")
+
+
 def convert_model(model: load_mod.Model, options: Options) -> Report:
     """Convert a loaded model in place (its graph_def, and its functions where it has them)."""
+    _check_calls(model)
     if model.kind == "savedmodel":
         from .savedmodel import convert_saved_model
         return convert_saved_model(model, options)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from sklearn.datasets import load_digits
-from tensorflow.core.protobuf import config_pb2
+from tensorflow.core.protobuf import config_pb2, saved_model_pb2
 
 import graphs
 from amp_rewrite import convert, convert_file, load
@@ -170,7 +170,18 @@ def _truncate_proto(model):
     (model / "saved_model.pb").write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("damage", [_drop_variables, _drop_data_shards, _truncate_proto],
+def _mismatch_a_call(model):
+    """A call inside a function body whose result type no longer matches its callee."""
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((model / "saved_model.pb").read_bytes())
+    calls = [nd for f in saved.meta_graphs[0].graph_def.library.function for nd in f.node_def
+             if nd.op == "StatefulPartitionedCall"]
+    calls[0].attr["Tout"].list.type[0] = tf.float64.as_datatype_enum
+    (model / "saved_model.pb").write_bytes(saved.SerializeToString())
+
+
+@pytest.mark.parametrize("damage", [_drop_variables, _drop_data_shards, _truncate_proto,
+                                    _mismatch_a_call],
                          ids=lambda f: f.__name__.strip("_"))
 def test_damaged_saved_model_is_refused(damage, saved_model, tmp_path, capsys):
     broken = tmp_path / "model"
