@@ -324,7 +324,8 @@ def _convert_function(fdef, library, signatures, options, rules, report) -> Func
     body_options = dataclasses.replace(options, keep=(), lowp_io=False)
     try:
         fg = function_to_graph(fdef, signatures)
-        keep = fg.boundary() | direct_call_feeders(fg.graph, library)
+        keep = fg.boundary() | direct_call_feeders(fg.graph, library) | {
+            k[len(name) + 1:] for k in options.keep if k.startswith(name + "/")}
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
         work, sub = convert_graph(fg.graph, body_options, body_rules, extra_keep=keep)
     except InputError as exc:
@@ -359,6 +360,24 @@ def rules_for(rules, names, prefix: str | None = None):
     scoped = [r if prefix is None else _ScopedRule(r, prefix) for r in rules.node_rules]
     return dataclasses.replace(rules, node_rules=[r for r in scoped
                                                   if any(r.matches(n) for n in names)])
+
+
+def main_options(options, graph: Graph, library: function_pb2.FunctionDefLibrary):
+    """``options`` for painting the graph itself: ``--keep`` names of function nodes
+    (``function/node``, as the report names them) are checked here and left to the bodies."""
+    bodies = {f.signature.name: {nd.name for nd in f.node_def} for f in library.function}
+    mine = []
+    for name in options.keep:
+        if name in graph:
+            mine.append(name)
+            continue
+        function, _, node = name.partition("/")
+        while function not in bodies and node:
+            head, _, node = node.partition("/")
+            function = f"{function}/{head}"
+        if node not in bodies.get(function, ()):
+            raise InputError(f"--keep names no node {name!r}")
+    return dataclasses.replace(options, keep=tuple(mine))
 
 
 def warn_unmatched(rules, report) -> None:

@@ -155,7 +155,8 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io)
     graph, added = _import(graph_def)
     rules = options.rule_set()
-    work, report = convert_graph(graph, options, functions.rules_for(rules, graph.names()),
+    main_opts = functions.main_options(options, graph, graph_def.library)  # --keep fn/node: later
+    work, report = convert_graph(graph, main_opts, functions.rules_for(rules, graph.names()),
                                  extra_keep=functions.direct_call_feeders(graph, graph_def.library))
     out = work.to_graph_def(graph_def)
     functions.strip_graph_defaults(out, added)
@@ -184,7 +185,8 @@ def convert_model(model: load_mod.Model, options: Options) -> Report:
     rules = options.rule_set()
     keep = model.signature_tensors() | functions.direct_call_feeders(graph, model.graph_def.library)
     main_rules = functions.rules_for(rules, graph.names())  # overrides of function nodes: later
-    work, report = convert_graph(graph, options, main_rules, extra_keep=keep)
+    main_opts = functions.main_options(options, graph, model.graph_def.library)
+    work, report = convert_graph(graph, main_opts, main_rules, extra_keep=keep)
     if loss_scaling.apply(work, model, options, report):
         lint.lint(work, original=graph, rules=main_rules)
     model.graph_def = work.to_graph_def(model.graph_def)

@@ -83,8 +83,8 @@ def convert_saved_model(model: Model, options) -> Report:
         filled, added = functions.graph_def_with_defaults(meta.graph_def)
         graph = Graph.from_graph_def(filled)
         keep = model.signature_tensors() | functions.direct_call_feeders(graph, filled.library)
-        work, sub = convert_graph(graph, options, functions.rules_for(rules, graph.names()),
-                                  extra_keep=keep)
+        work, sub = convert_graph(graph, functions.main_options(options, graph, filled.library),
+                                  functions.rules_for(rules, graph.names()), extra_keep=keep)
         graph_def = work.to_graph_def(filled)
         functions.strip_graph_defaults(graph_def, added)
         roots = list(meta.object_graph_def.concrete_functions)

@@ -169,6 +169,19 @@ def test_overrides_name_function_nodes_as_the_report_does(loop_module, tmp_path)
     assert graphs.rel_l2(got.numpy(), want) <= TOL["float16"]
 
 
+def test_keep_names_a_function_node_as_the_report_does(loop_module, tmp_path):
+    src, x, want = loop_module
+    report = convert_file(src, tmp_path / "amp", target="float16")
+    matmul = next(n.name for n in report.nodes if n.op == "MatMul" and n.name.startswith("while_body"))
+    kept = convert_file(src, tmp_path / "kept", target="float16", keep=[matmul])
+    assert kept.node(matmul).code == "interface" and kept.node(matmul).precision == "float32"
+    assert [nd.attr["T"].type for f in _bodies(tmp_path / "kept", "While", ["body"])
+            for nd in _nodes(f, "MatMul")] == [types_pb2.DT_FLOAT]
+    with pytest.raises(InputError):
+        convert_file(src, tmp_path / "bad", target="float16", keep=[matmul + "_missing"])
+    assert not (tmp_path / "bad").exists()
+
+
 def _nodes(fdef, op):
     return [nd for nd in fdef.node_def if nd.op == op]
 
