@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -31,6 +32,12 @@ _FRAME_OPS = {"Enter", "RefEnter"}
 _FRAME_END = {"Exit", "RefExit"}
 _BRANCH_OPS = {"Switch", "RefSwitch"}
 _BRANCH_END = {"Merge", "RefMerge"}
+# variable writes: optimizer updates, assignments, scatters
+_WRITE = re.compile(r"^(Resource)?(Sparse)?Apply|^Assign|^(Resource)?Scatter|^AssignVariableOp|"
+                    r"^Assign(Add|Sub)VariableOp")
+# ops nothing reads that are not results: inputs, constants, variable plumbing
+_NOT_OUTPUTS = {"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
+                "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"}
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,9 @@ def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 
 def concrete_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
-    """The shape to feed for ``spec``: the user's ``--shape``, else the static shape with
-    unknown dimensions set to 1 (logged, so the user knows to pass ``--shape``)."""
+    """The shape to feed for ``spec``: the user's ``--shape``, else the static shape with an
+    unknown leading dimension set to the batch of the shapes given (else 1) and other unknown
+    dimensions set to 1 (logged, so the user knows to pass ``--shape``)."""
     for key in (spec.name, spec.tensor, spec.tensor.split(":")[0]):
         if key in shapes:
             given = shapes[key]
@@ -72,10 +80,12 @@ def concrete_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]]) -> tu
             return given
     if spec.shape is None:
         raise InputError(f"input {spec.name!r} has unknown rank: pass --shape {spec.name}=D1,D2,...")
-    if any(d is None for d in spec.shape):
-        log.warning("input %s has shape %s: unknown dimensions set to 1 (pass --shape %s=...)",
-                    spec.name, _shape_text(spec.shape), spec.name)
-    return tuple(1 if d is None else d for d in spec.shape)
+    batch = next((dims[0] for dims in shapes.values() if dims), 1)
+    shape = tuple((batch if i == 0 else 1) if d is None else d for i, d in enumerate(spec.shape))
+    if shape != spec.shape:
+        log.warning("input %s has shape %s: fed as %s (pass --shape %s=...)", spec.name,
+                    _shape_text(spec.shape), _shape_text(shape), spec.name)
+    return shape
 
 
 def _shape_text(shape) -> str:
@@ -195,6 +205,7 @@ class GraphRunner(Runner):
                 saver = v1.train.import_meta_graph(meta, clear_devices=True)
             else:
                 tf.graph_util.import_graph_def(_without_devices(model.graph_def), name="")
+        self.has_signature = bool(model.meta_graph is not None and model.meta_graph.signature_def)
         self.inputs, default_outputs = self._endpoints(signature)
         self.outputs = [_tensor_name(o) for o in outputs] or default_outputs
         for name in self.outputs:
@@ -220,9 +231,8 @@ class GraphRunner(Runner):
         inputs = [self._spec(op.name, op.outputs[0].name) for op in ops if op.type == "Placeholder"]
         read = {t.op.name for op in ops for t in op.inputs} | {
             c.name for op in ops for c in op.control_inputs}
-        outs = [t.name for op in ops if op.name not in read and op.type not in ("Placeholder", "Const")
-                for t in op.outputs if t.dtype.as_datatype_enum != types_pb2.DT_RESOURCE
-                and t.dtype.base_dtype == t.dtype and t.dtype != tf.string]
+        outs = [t.name for op in ops if op.name not in read and op.type not in _NOT_OUTPUTS
+                for t in op.outputs if t.dtype.as_datatype_enum in FLOAT_TYPES]
         if not outs:
             raise InputError(f"{self.model.path}: no graph outputs found; name them with --output")
         return inputs, outs
@@ -279,18 +289,23 @@ class GraphRunner(Runner):
         keys = [spec.name for spec in self.inputs]
 
         def call(feeds):
-            return [np.asarray(o) for o in fn(*[feeds[k] for k in keys])]
+            with run_errors(self.model.path):
+                return [np.asarray(o) for o in fn(*[feeds[k] for k in keys])]
         return call
 
     def fetch(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str]) -> list[np.ndarray]:
-        """Run once, fetching any tensors of the graph (not only the outputs)."""
+        """Run once, fetching any tensors of the graph (not only the outputs); TensorFlow's
+        own error (``tf.errors.OpError``) passes through, for callers that try again."""
         feed_dict = {spec.tensor: feeds[spec.name] for spec in self.inputs}
         return [np.asarray(o) for o in self.session.run(list(fetches), feed_dict)]
 
     def fetchable(self) -> list[str]:
-        """Tensors that can be fetched from outside: not inside a loop frame or a cond branch."""
+        """Tensors that can be fetched from outside without side effects: not inside a loop
+        frame or a cond branch, and not after a variable write (fetching it would train)."""
         ops = self.graph.get_operations()
-        hidden = _reach(ops, _FRAME_OPS, _FRAME_END) | _reach(ops, _BRANCH_OPS, _BRANCH_END)
+        writes = {op.type for op in ops if _WRITE.match(op.type)}
+        hidden = (_reach(ops, _FRAME_OPS, _FRAME_END) | _reach(ops, _BRANCH_OPS, _BRANCH_END)
+                  | _reach(ops, writes, set(), control=True))
         return [t.name for op in ops if op.name not in hidden for t in op.outputs]
 
     def close(self) -> None:
@@ -324,9 +339,36 @@ class SavedModelRunner(Runner):
         import tensorflow as tf
 
         def call(feeds):
-            result = self.fn(**{k: tf.constant(feeds[k]) for k in (s.name for s in self.inputs)})
-            return [result[k].numpy() for k in self.outputs]
+            with run_errors(self.path):
+                result = self.fn(**{k: tf.constant(feeds[k]) for k in (s.name for s in self.inputs)})
+                return [result[k].numpy() for k in self.outputs]
         return call
+
+
+@contextlib.contextmanager
+def run_errors(path):
+    """A run that TensorFlow refuses (shapes that do not fit, a failed assertion ...) is the
+    input's problem: one line naming the model and TensorFlow's reason."""
+    import tensorflow as tf
+    try:
+        yield
+    except (tf.errors.OpError, ValueError, TypeError) as exc:
+        raise InputError(f"{path}: TensorFlow could not run the model: {_reason(exc)} "
+                         "(check --shape / --inputs)") from None
+
+
+_NOISE = ("Graph execution error", "Detected at node", "Node:", "Original stack trace", "File ",
+          "[[", "(most recent call last)")
+
+
+def _reason(exc: Exception) -> str:
+    """The line of a TensorFlow error that says what went wrong, not where."""
+    text = getattr(exc, "message", None) or str(exc)
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(_NOISE) and "defined at" not in line:
+            return line
+    return type(exc).__name__
 
 
 def open_model(path: str | os.PathLike, *, signature: str | None = None, outputs: Sequence[str] = (),
@@ -348,11 +390,15 @@ def open_pair(original, converted, *, signature: str | None = None, outputs: Seq
     """An original and its conversion, ready to compare: the same inputs and number of outputs,
     and the same weights (a checkpoint is restored into the original, whose variable values
     are then copied into the converted graph, which may hold extra state such as a loss scale)."""
-    with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a, \
-            open_model(converted, signature=signature, outputs=outputs) as b:
-        check_same_interface(a, b)
-        share_weights(a, b)
-        yield a, b
+    with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a:
+        if not outputs and isinstance(a, GraphRunner) and not a.has_signature:
+            # the converted graph keeps node names; its own "nodes nothing reads" would also
+            # list what the conversion added (loss-scale state and such)
+            outputs = a.outputs
+        with open_model(converted, signature=signature, outputs=outputs) as b:
+            check_same_interface(a, b)
+            share_weights(a, b)
+            yield a, b
 
 
 def share_weights(original: Runner, converted: Runner) -> None:
@@ -387,12 +433,13 @@ def _without_devices(graph_def):
     return out
 
 
-def _reach(ops, starts: set[str], ends: set[str]) -> set[str]:
-    """Names of the ops reachable forward from an op in ``starts`` without passing an ``ends`` op."""
+def _reach(ops, starts: set[str], ends: set[str], control: bool = False) -> set[str]:
+    """Names of the ops reachable forward from an op whose type is in ``starts`` without
+    passing an op whose type is in ``ends`` (along control edges too if ``control``)."""
     consumers: dict[str, list] = {}
     for op in ops:
-        for t in op.inputs:
-            consumers.setdefault(t.op.name, []).append(op)
+        for producer in [t.op for t in op.inputs] + (list(op.control_inputs) if control else []):
+            consumers.setdefault(producer.name, []).append(op)
     seen: set[str] = set()
     stack = [op for op in ops if op.type in starts]
     while stack:

@@ -21,8 +21,8 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from .errors import InputError
-from .runner import (FLOAT_TYPES, GraphRunner, Runner, check_same_interface, load_inputs,
-                     open_pair, parse_shapes, random_inputs)
+from .runner import (FLOAT_TYPES, GraphRunner, Runner, check_same_interface, concrete_shape,
+                     load_inputs, open_pair, parse_shapes, random_inputs)
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,8 @@ def feed_sets(runner: Runner, inputs: str | None, samples: int, shapes: Mapping,
     """The feeds to run: the ``.npz`` file's arrays once, or ``samples`` random sets."""
     if inputs:
         return [load_inputs(inputs, runner.inputs)]
-    return [random_inputs(runner.inputs, shapes, seed + i) for i in range(samples)]
+    fixed = {spec.name: concrete_shape(spec, shapes) for spec in runner.inputs}  # warns once
+    return [random_inputs(runner.inputs, fixed, seed + i) for i in range(samples)]
 
 
 def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping],
@@ -167,7 +168,8 @@ def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping
             try:
                 s.update(a, b)
             except ValueError as exc:
-                raise InputError(f"output {name}: the converted model gives {exc}") from None
+                raise InputError(f"output {name}: the converted model gives {exc} (--output "
+                                 "picks the outputs to compare)") from None
     return [OutputError(name, s.max_abs_error, s.rel_l2, s.share, s.total, s.nonfinite, s.ok)
             for name, s in zip(original.outputs, stats)]
 

@@ -165,3 +165,21 @@ def test_readme_section_commands_run(tmp_path, monkeypatch):
         assert cli.main(command[1:] + ["-q"]) == 0, command
     assert (tmp_path / "report.html").stat().st_size > 0
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_training_metagraph_forward_pass_compared_without_training(tmp_path):
+    """A float16 training graph (loss scaling added): the loss matches, and --per-node never
+    fetches a tensor behind a variable write, so comparing does not train either graph."""
+    import training_graphs
+    (tmp_path / "t.meta").write_bytes(training_graphs.build("cnn", "momentum").SerializeToString())
+    convert_file(tmp_path / "t.meta", tmp_path / "t16.meta", target="float16", device="cpu")
+    result = verify(tmp_path / "t.meta", tmp_path / "t16.meta", shapes={"x": (32, 64)},
+                    outputs=["loss", "accuracy"], nodes=True, samples=2)
+    assert result.ok and [o.elements for o in result.outputs] == [2, 2]
+    ops = {n.op for n in result.nodes}
+    assert {"Conv2D", "MatMul"} <= ops
+    assert not {op for op in ops if "Grad" in op or "Backprop" in op or "Apply" in op
+                or op.startswith("Assign")}
+    # labels that do not fit the logits: TensorFlow's reason in one line, exit 2
+    assert cli.main(["verify", str(tmp_path / "t.meta"), str(tmp_path / "t16.meta"),
+                     "--shape", "x=32,64", "--shape", "y=3", "--output", "loss"]) == 2
