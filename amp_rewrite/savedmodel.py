@@ -71,25 +71,15 @@ def convert_saved_model(model: Model, options) -> Report:
 
     Nodes of the second and later MetaGraphs appear in the report as ``[tags]/name``.
     """
-    from .pipeline import convert_graph
-
     options.check()
     rules = options.rule_set()
     saved = model.extra["saved_model"]
-    report = None
     for meta in saved.meta_graphs:
         _refuse_untrainable(model.path, meta, options)
+    report = None
+    for meta in saved.meta_graphs:
         model.meta_graph = meta
-        filled, added = functions.graph_def_with_defaults(meta.graph_def)
-        graph = Graph.from_graph_def(filled)
-        keep = model.signature_tensors() | functions.direct_call_feeders(graph, filled.library)
-        work, sub = convert_graph(graph, functions.main_options(options, graph, filled.library),
-                                  functions.rules_for(rules, graph.names()), extra_keep=keep)
-        graph_def = work.to_graph_def(filled)
-        functions.strip_graph_defaults(graph_def, added)
-        roots = list(meta.object_graph_def.concrete_functions)
-        functions.paint_library(graph_def, options, rules, sub, extra_roots=roots)
-        meta.graph_def.CopyFrom(graph_def)
+        sub = _convert_meta_graph(model, options, rules)
         if report is None:
             report = sub
         else:
@@ -97,6 +87,25 @@ def convert_saved_model(model: Model, options) -> Report:
     model.meta_graph = saved.meta_graphs[0]
     model.graph_def = model.meta_graph.graph_def
     functions.warn_unmatched(rules, report)
+    return report
+
+
+def _convert_meta_graph(model: Model, options, rules) -> Report:
+    """Convert ``model.meta_graph`` in place: its nodes (signature tensors kept float32), then
+    its library (the object graph's concrete functions keep their signatures)."""
+    from .pipeline import convert_graph
+
+    meta = model.meta_graph
+    filled, added = functions.graph_def_with_defaults(meta.graph_def)
+    graph = Graph.from_graph_def(filled)
+    keep = model.signature_tensors() | functions.direct_call_feeders(graph, filled.library)
+    work, report = convert_graph(graph, functions.main_options(options, graph, filled.library),
+                                 functions.rules_for(rules, graph.names()), extra_keep=keep)
+    graph_def = work.to_graph_def(filled)
+    functions.strip_graph_defaults(graph_def, added)
+    roots = list(meta.object_graph_def.concrete_functions)
+    functions.paint_library(graph_def, options, rules, report, extra_roots=roots)
+    meta.graph_def.CopyFrom(graph_def)
     return report
 
 
