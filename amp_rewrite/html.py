@@ -100,8 +100,6 @@ def _read_report(path) -> dict:
 def graph_precision(path) -> list[dict]:
     """Each node of a converted graph file with the precision its dtypes show (no reasons)."""
     from .load import load
-    if Path(path).is_dir() and not (Path(path) / "saved_model.pb").exists():
-        return []
     out = []
     for node in load(path).graph_def.node:
         types = {_dtype(v.type) for v in node.attr.values() if v.WhichOneof("value") == "type"}

@@ -366,9 +366,12 @@ def add_arguments(parser, command: str) -> None:
 def kernel_report(path, *, device: str = "auto", shapes: Mapping | None = None,
                   inputs: str | None = None, signature: str | None = None) -> KernelReport:
     """Run ``path`` once and report its matrix kernels, plus the float16 alignment check."""
-    if device == "auto":
+    if device != "cpu":
         import tensorflow as tf
-        device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+        gpus = tf.config.list_physical_devices("GPU")
+        if device == "gpu" and not gpus:
+            raise InputError("--device gpu: TensorFlow sees no GPU on this machine")
+        device = "gpu" if gpus else "cpu"
     if device == "gpu":
         report = gpu_kernels(path, shapes=shapes, inputs=inputs, signature=signature)
     else:

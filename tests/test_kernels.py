@@ -3,11 +3,13 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
 
 from amp_rewrite import cli, convert_file
-from amp_rewrite.kernels import classify_gpu_kernels, misaligned_dims, onednn_kernels
+from amp_rewrite.kernels import classify_gpu_kernels, kernel_report, misaligned_dims, onednn_kernels
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
 BATCH = 4
@@ -83,3 +85,30 @@ def test_gpu_kernel_names_classified():
     stats.dev_stats.add(device="/device:GPU:0").node_stats.add(node_name="fc/MatMul")
     kernels = classify_gpu_kernels(stats)
     assert {k.implementation: k.sixteen_bit for k in kernels} == names
+
+
+@needs_bf16_units
+def test_savedmodel_signature_runs_on_16bit_units(tmp_path):
+    r = np.random.default_rng(0)
+
+    class Net(tf.Module):
+        def __init__(self):
+            self.k = tf.Variable(r.normal(0, 0.3, (3, 3, 3, 16)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16, 16, 3], tf.float32, name="images")])
+        def __call__(self, images):
+            return {"y": tf.nn.relu(tf.nn.conv2d(images, self.k, 1, "SAME"))}
+
+    net = Net()
+    tf.saved_model.save(net, str(tmp_path / "fp32"), signatures=net.__call__)
+    convert_file(tmp_path / "fp32", tmp_path / "bf16", target="bfloat16", device="cpu")
+    report = kernel_report(tmp_path / "bf16", device="cpu", shapes={"images": (2, 16, 16, 3)})
+    (conv,) = [k for k in report.kernels if k.kind == "convolution"]
+    assert conv.sixteen_bit and conv.macs == 2 * 16 * 16 * 16 * 3 * 9
+    assert report.share == 1.0
+
+
+def test_gpu_device_without_a_gpu_is_exit_2():
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU; the refusal is for machines without one")
+    assert cli.main(["kernels", str(EXAMPLE), "--device", "gpu"]) == 2
