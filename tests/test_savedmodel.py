@@ -17,6 +17,7 @@ from tensorflow.python.saved_model import loader_impl
 from amp_rewrite import UnsupportedGraphError, convert_file
 from amp_rewrite.cli import main
 from amp_rewrite.errors import InputError
+from amp_rewrite.functions import function_to_graph, graph_to_function
 
 import graphs
 
@@ -90,6 +91,16 @@ def test_keras_export_converts_serves_and_keeps_weights(keras_export, target, tm
         types_pb2.DT_FLOAT}
     s = report.summary()
     assert s["matrix_converted"] == s["matrix_total"] >= 4
+
+
+def test_keras_functions_round_trip_through_the_ir_losslessly(keras_export):
+    src, _, _ = keras_export
+    lib = functions_of(src)
+    sigs = {name: f.signature for name, f in lib.items()}
+    assert len(lib) >= 5
+    for fdef in lib.values():  # LSTM loops, TensorLists, Split/Unpack list outputs ...
+        fg = function_to_graph(fdef, sigs)
+        assert graph_to_function(fg, sigs) == fdef
 
 
 def test_saved_model_cli_reads_the_output(keras_export, tmp_path):
