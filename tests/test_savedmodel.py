@@ -433,3 +433,34 @@ def test_tf1_saved_model_with_train_and_serve_meta_graphs(tmp_path):
     with g.as_default(), v1.Session(graph=g) as sess:
         v1.saved_model.loader.load(sess, ["serve"], str(out))
         assert sess.run("logits:0", {"x:0": x}).dtype == np.float32
+
+
+# ----------------------------------------------------------------- restored functions stay callable
+class SharedInner(tf.Module):
+    """``inner`` is both a restored method (float32 signature) and called twice by ``__call__``."""
+
+    def __init__(self):
+        self.w = tf.Variable(np.random.default_rng(6).normal(0, 0.25, (16, 16)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 16], tf.float32)])
+    def inner(self, h):
+        return tf.nn.relu(tf.matmul(h, self.w))
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 16], tf.float32)])
+    def __call__(self, x):
+        a = tf.matmul(self.inner(tf.matmul(x, self.w)), self.w)
+        return {"y": a + tf.exp(self.inner(tf.exp(x * 0.1)) * 0.1)}
+
+
+def test_restored_function_keeps_its_signature_when_a_copy_is_specialized(tmp_path):
+    module = SharedInner()
+    src, out = tmp_path / "shared", tmp_path / "shared_amp"
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    x = tf.constant(np.random.default_rng(7).normal(0, 1, (4, 16)).astype(np.float32))
+    report = convert_file(src, out, target="float16")
+    assert report.extra["functions"]["specialized"]
+    loaded = tf.saved_model.load(str(out))
+    assert graphs.rel_l2(loaded(x)["y"].numpy(), module(x)["y"].numpy()) <= TOL["float16"]
+    inner = loaded.inner(x)  # the restored method still takes and returns float32
+    assert inner.dtype == tf.float32
+    assert graphs.rel_l2(inner.numpy(), module.inner(x).numpy()) <= TOL["float16"]
