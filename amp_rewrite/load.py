@@ -80,6 +80,8 @@ def load(path: str | os.PathLike) -> Model:
         raise InputError(f"{path}: no such file")
     if path.name in ("saved_model.pb", "saved_model.pbtxt"):
         return _load_saved_model(path.parent)
+    if not path.is_file():  # a device or pipe has no size to check and may never end
+        raise InputError(f"{path}: not a regular file")
     try:
         size = path.stat().st_size
         if size > PROTOBUF_LIMIT:

@@ -31,6 +31,8 @@ def snapshot(folder: Path) -> dict[str, object]:
         st = p.stat()
         if p.is_dir():
             out[str(p.relative_to(folder))] = "<dir>"
+        elif not p.is_file():  # a named pipe: reading it would block
+            out[str(p.relative_to(folder))] = ("<special>", st.st_mode)
         elif st.st_size > 64 << 20:
             out[str(p.relative_to(folder))] = (st.st_size, st.st_mtime_ns)
         else:

@@ -113,6 +113,23 @@ def _over_2gb(d, mlp):
     return path
 
 
+def _saved_model_over_2gb(d, mlp):
+    (d / "model").mkdir()
+    (d / "model" / "saved_model.pb").write_bytes(b"")
+    os.truncate(d / "model" / "saved_model.pb", PROTOBUF_LIMIT + 1)
+    return d / "model"
+
+
+def _endless_device(d, mlp):
+    """/dev/zero has no size to check and never ends: reading it would exhaust memory."""
+    return Path("/dev/zero")
+
+
+def _named_pipe(d, mlp):
+    os.mkfifo(d / "in.pb")  # opening it for reading would block forever
+    return d / "in.pb"
+
+
 def _pickle_payload(d, mlp):
     """A pickle that creates a file when unpickled: loading it must not run it."""
 
@@ -125,7 +142,8 @@ def _pickle_payload(d, mlp):
 
 
 BAD_INPUTS = [_empty, _truncated, _random_bytes, _digit_example, _config_proto,
-              _pbtxt_syntax_error, _not_a_saved_model, _missing_input, _over_2gb, _pickle_payload]
+              _pbtxt_syntax_error, _not_a_saved_model, _missing_input, _over_2gb,
+              _saved_model_over_2gb, _endless_device, _named_pipe, _pickle_payload]
 
 
 @pytest.mark.parametrize("make", BAD_INPUTS, ids=lambda f: f.__name__.strip("_"))
