@@ -170,6 +170,8 @@ def _parse_text(data: bytes, path: Path) -> Model:
     except text_format.ParseError as exc:
         what = "MetaGraphDef" if is_meta else "GraphDef"
         raise InputError(f"{path}: not a valid text {what}: {exc}") from None
+    except RecursionError:  # the text parser recurses per nesting level; binary stops at 100
+        raise InputError(f"{path}: messages nested too deeply to be a real graph") from None
     if is_meta:
         if not _valid_graph(proto.graph_def):
             raise InputError(f"{path}: the MetaGraphDef holds no graph nodes")

@@ -95,6 +95,15 @@ def _pbtxt_syntax_error(d, mlp):
     return d / "in.pbtxt"
 
 
+def _deeply_nested_pbtxt(d, mlp):
+    """Attr values nest through function attrs: 3000 levels overflow a recursive parser."""
+    inner = "i: 1"
+    for _ in range(3000):
+        inner = f'func {{ name: "f" attr {{ key: "a" value {{ {inner} }} }} }}'
+    (d / "in.pbtxt").write_text(f'node {{ name: "x" op: "NoOp" attr {{ key: "a" value {{ {inner} }} }} }}')
+    return d / "in.pbtxt"
+
+
 def _not_a_saved_model(d, mlp):
     (d / "model").mkdir()
     (d / "model" / "variables").mkdir()
@@ -142,7 +151,7 @@ def _pickle_payload(d, mlp):
 
 
 BAD_INPUTS = [_empty, _truncated, _random_bytes, _digit_example, _config_proto,
-              _pbtxt_syntax_error, _not_a_saved_model, _missing_input, _over_2gb,
+              _pbtxt_syntax_error, _deeply_nested_pbtxt, _not_a_saved_model, _missing_input, _over_2gb,
               _saved_model_over_2gb, _endless_device, _named_pipe, _pickle_payload]
 
 
