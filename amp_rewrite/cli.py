@@ -108,6 +108,8 @@ def _check_paths(args) -> None:
         folder = os.path.dirname(os.path.abspath(args.report))
         if not os.path.isdir(folder):
             raise InputError(f"{args.report}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):  # found only after the output is written otherwise
+            raise InputError(f"{args.report}: cannot write in {folder}: permission denied")
 
 
 def run_convert(args) -> int:

@@ -497,10 +497,12 @@ def test_unreadable_input_and_unwritable_output(tmp_path, mlp_bytes):
     os.chmod(unreadable, 0o000)
     try:
         before = snapshot(tmp_path)
-        (code1, err1), (code2, err2) = run_batch([[unreadable, "-o", tmp_path / "out.pb"],
-                                                  [readable, "-o", locked / "out.pb"]], prefix)
-        assert_refused(code1, err1, unreadable, tmp_path, before)
-        assert_refused(code2, err2, "out.pb", tmp_path, before)
+        results = run_batch([[unreadable, "-o", tmp_path / "out.pb"],
+                             [readable, "-o", locked / "out.pb"],
+                             [readable, "-o", tmp_path / "out.pb", "--report", locked / "r.json"]],
+                            prefix)
+        for (code, err), named in zip(results, [unreadable, "out.pb", "r.json"]):
+            assert_refused(code, err, named, tmp_path, before)
     finally:
         os.chmod(unreadable, 0o644)
         os.chmod(locked, 0o755)
