@@ -233,7 +233,7 @@ def graph_to_function(fg: FunctionGraph, signatures: dict) -> function_pb2.Funct
 
 # ----------------------------------------------------------------- painting a library
 def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_roots=(),
-                  lower: bool = True) -> None:
+                  interface=(), lower: bool = True) -> None:
     """Paint, in place, every library function reachable from ``graph_def``'s nodes or roots.
 
     Bodies are painted like graphs, with float32 boundaries; then boundaries that only carry
@@ -241,7 +241,9 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
     call sites. ``extra_roots`` (a SavedModel's concrete functions) keep their signatures.
     The nodes of each function appear in ``report`` as ``function/node``. Raises
     :class:`LintError` if a call site's types and its callee's signature disagree afterwards.
-    ``lower=False`` keeps every boundary float32 (for comparison: benchmarks/functions.py).
+    ``interface`` names the graph's nodes whose outputs are fetched (signature tensors): their
+    dtypes never change, nor those of outputs nothing reads. ``lower=False`` keeps every
+    boundary float32 (for comparison: benchmarks/functions.py).
     """
     library = graph_def.library
     names = reachable(graph_def.node, library, extra_roots)
@@ -255,8 +257,9 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         if fg is not None:
             graphs[name] = fg
     roots = set(extra_roots) | _gradient_linked(library)
+    protected = set(interface) | set(options.keep)
     lowering = _lower(graph_def, graphs, roots, signatures, TARGETS[options.target], report,
-                      rounds=8 if lower else 0)
+                      protected, rounds=8 if lower else 0)
     for name in names:
         if name in graphs:
             by_name[name].CopyFrom(graph_to_function(graphs[name], signatures))
@@ -268,13 +271,14 @@ def paint_library(graph_def: graph_pb2.GraphDef, options, rules, report, extra_r
         raise LintError(problems)
 
 
-def _lower(graph_def, graphs, roots, signatures, target, report, rounds) -> "BoundaryLowering":
+def _lower(graph_def, graphs, roots, signatures, target, report, protected,
+           rounds) -> "BoundaryLowering":
     """Run :class:`BoundaryLowering` over the functions and ``graph_def``'s own nodes, lint
     what changed, write the graph's nodes back and record the result in ``report``."""
     filled, added = graph_def_with_defaults(graph_def)
     main = Graph.from_graph_def(filled)
     lowering = BoundaryLowering(graphs, main, roots, signatures, target,
-                                inserted=set(report.casts_added))
+                                inserted=set(report.casts_added), protected=protected)
     lowering.run(rounds)
     for owner in sorted(lowering.changed, key=str):
         lint.lint(main if owner is None else graphs[owner].graph)
@@ -426,9 +430,11 @@ class BoundaryLowering:
     """
 
     def __init__(self, graphs: dict[str, FunctionGraph], main: Graph, roots: set[str],
-                 signatures: dict, target: int, inserted: set[str] = frozenset()):
+                 signatures: dict, target: int, inserted: set[str] = frozenset(),
+                 protected: set[str] = frozenset()):
         self.graphs = graphs
         self.main = main
+        self.protected = set(protected)      # the graph's own interface nodes: never retyped
         self.roots = roots
         self.signatures = signatures
         self.target = target
@@ -601,11 +607,13 @@ class BoundaryLowering:
                 return
 
     def _site(self, owner, graph: Graph, node) -> None:
-        if self._callees(node) is None:
+        if self._callees(node) is None or (owner is None and node.name in self.protected):
             return
         if node.op in _WHILE:
             for i, dtype in enumerate(node.attr["T"].list.type):
-                if dtype == FLOAT and self._while_var_ok(node, i):
+                # an output of the graph nothing reads may be fetched: it keeps its dtype
+                fetched = owner is None and not graph.consumers(node.name, i)
+                if dtype == FLOAT and not fetched and self._while_var_ok(node, i):
                     self._lower_while_var(owner, graph, node, i)
             return
         offset = 1 if node.op in _BRANCH else 0

@@ -191,7 +191,8 @@ def convert_model(model: load_mod.Model, options: Options) -> Report:
         lint.lint(work, original=graph, rules=main_rules)
     model.graph_def = work.to_graph_def(model.graph_def)
     functions.strip_graph_defaults(model.graph_def, added)
-    functions.paint_library(model.graph_def, options, rules, report)
+    functions.paint_library(model.graph_def, options, rules, report,
+                            interface=model.signature_tensors())
     functions.warn_unmatched(rules, report)
     return report
 

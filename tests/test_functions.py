@@ -209,3 +209,28 @@ def test_graph_def_file_with_a_library_converts_through_convert_file(tmp_path):
     assert matmuls and all(nd.attr["T"].type == types_pb2.DT_BFLOAT16 for nd in matmuls)
     ref = graphs.run(gd, feeds, fetches)
     assert graphs.rel_l2(graphs.run(new, feeds, fetches)[0], ref[0]) <= TOL["bfloat16"]
+
+
+def test_a_while_output_nothing_reads_keeps_float32():
+    """In a TF1 graph with control flow v2 the While sits in the graph; an output nothing
+    reads may be fetched by name, so its dtype must not change."""
+    w1, _, _ = _weights(seed=4)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 16], name="x")
+        _, h = tf.while_loop(lambda i, h: i < 3,
+                             lambda i, h: (i + 1, tf.nn.relu(tf.matmul(h, tf.constant(w1)))),
+                             [tf.constant(0), x], name="loop")
+    gd = g.as_graph_def()
+    # fetch the loop's output itself: drop the Identity TensorFlow put after it
+    reader = next(n for n in gd.node if n.name == h.op.name)
+    fetch = reader.input[0]
+    gd.node.remove(reader)
+    ref = graphs.run(gd, _feeds(), [fetch])
+    new, _ = convert(gd, target="bfloat16", device="cpu")
+    loop = next(n for n in new.node if n.op in ("While", "StatelessWhile"))
+    assert loop.attr["T"].list.type[int(fetch.split(":")[1])] == types_pb2.DT_FLOAT
+    body = _library(new)[loop.attr["body"].func.name]
+    assert [nd.attr["T"].type for nd in _nodes(body, "MatMul")] == [types_pb2.DT_BFLOAT16]
+    out = graphs.run(new, _feeds(), [fetch])[0]
+    assert graphs.rel_l2(out, ref[0]) <= TOL["bfloat16"]
