@@ -69,9 +69,10 @@ def reachable(nodes, library: function_pb2.FunctionDefLibrary, extra_roots=()) -
     by_name = {f.signature.name: f for f in library.function}
     names = set(by_name)
     order: list[str] = []
-    stack = [r for r in extra_roots if r in names]
+    stack = []
     for nd in nodes:
         stack.extend(called_functions(nd, names))
+    stack.extend(sorted(set(extra_roots) & names))  # a protobuf map's order is not stable
     stack.reverse()
     seen: set[str] = set()
     while stack:

@@ -103,7 +103,7 @@ def _convert_meta_graph(model: Model, options, rules) -> Report:
                                  functions.rules_for(rules, graph.names()), extra_keep=keep)
     graph_def = work.to_graph_def(filled)
     functions.strip_graph_defaults(graph_def, added)
-    roots = list(meta.object_graph_def.concrete_functions)
+    roots = sorted(meta.object_graph_def.concrete_functions)
     functions.paint_library(graph_def, options, rules, report, extra_roots=roots,
                             interface=model.signature_tensors())
     meta.graph_def.CopyFrom(graph_def)
