@@ -30,7 +30,7 @@ FIXED = dict(derandomize=True, database=None, deadline=None,
              suppress_health_check=[HealthCheck.too_slow])
 
 
-@settings(max_examples=60, **FIXED)
+@settings(max_examples=200, **FIXED)
 @given(layers=st.lists(st.sampled_from(sorted(random_graphs.LAYERS)), min_size=1, max_size=10),
        batch=st.sampled_from([1, 2, 4]), width=st.sampled_from([8, 12, 16]),
        seed=st.integers(0, 2**16), target=st.sampled_from(["float16", "bfloat16"]))
@@ -86,7 +86,7 @@ EDITS = st.lists(st.tuples(st.sampled_from(["set", "delete", "insert"]),
                  min_size=1, max_size=6)
 
 
-@settings(max_examples=250, **FIXED)
+@settings(max_examples=600, **FIXED)
 @given(source=st.integers(0, 6), edits=EDITS, target=st.sampled_from(["float16", "bfloat16"]))
 def test_mutated_files_fail_only_with_input_errors(source, edits, target):
     name, data = _sources()[source]
@@ -144,7 +144,7 @@ NODE_EDITS = st.lists(st.tuples(st.integers(0, 10**6),
                       min_size=1, max_size=3)
 
 
-@settings(max_examples=150, **FIXED)
+@settings(max_examples=500, **FIXED)
 @given(source=st.integers(0, 4), edits=NODE_EDITS, target=st.sampled_from(["float16", "bfloat16"]))
 def test_structurally_broken_graphs_fail_only_with_input_errors(source, edits, target):
     gd = tf.compat.v1.GraphDef()
