@@ -2,6 +2,7 @@
 
 import filecmp
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -332,8 +333,16 @@ class Big(tf.Module):
         return {"y": tf.matmul(x, self.w) + tf.add_n([t[:16] for t in self.tables])}
 
 
-def test_weights_over_2_gib_convert_load_and_run(tmp_path):
-    src, out = tmp_path / "big", tmp_path / "big_amp"
+@pytest.fixture
+def big_dirs(tmp_path):
+    """Two folders for 2.3 GB models, removed afterwards (pytest keeps its last temp folders)."""
+    yield tmp_path / "big", tmp_path / "big_amp"
+    for folder in (tmp_path / "big", tmp_path / "big_amp"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_weights_over_2_gib_convert_load_and_run(big_dirs):
+    src, out = big_dirs
     module = Big()
     tf.saved_model.save(module, str(src), signatures=module.__call__)
     w = module.w.numpy().astype(np.float64)
