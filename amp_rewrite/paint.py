@@ -77,6 +77,8 @@ class Painting:
     decisions: dict[TNode, Decision] = field(default_factory=dict)
     node_codes: dict[str, Decision] = field(default_factory=dict)  # nodes with no type attrs
     warnings: list[str] = field(default_factory=list)
+    _index: dict[str, list[TNode]] = field(default_factory=dict, repr=False, compare=False)
+    _indexed: int = field(default=-1, repr=False, compare=False)
 
     @property
     def lowp(self) -> set[TNode]:
@@ -84,13 +86,23 @@ class Painting:
 
     def node_decision(self, name: str) -> Decision | None:
         """One decision for the whole node: its first low-precision attr, else its float32 one."""
-        mine = sorted((t, d) for t, d in self.decisions.items() if t[0] == name)
+        mine = [(t, self.decisions[t]) for t in self._attrs_of(name)]
         for _, d in mine:
             if d.lowp:
                 return d
         if name in self.node_codes:
             return self.node_codes[name]
         return mine[0][1] if mine else None
+
+    def _attrs_of(self, name: str) -> list[TNode]:
+        # The report asks once per node: index the keys by node instead of scanning them all
+        # each time (quadratic on large graphs). Rebuilt when passes add decisions.
+        if self._indexed != len(self.decisions):
+            self._index = {}
+            for key in sorted(self.decisions):
+                self._index.setdefault(key[0], []).append(key)
+            self._indexed = len(self.decisions)
+        return self._index.get(name, [])
 
 
 class _TypeGraph:
