@@ -47,6 +47,11 @@ def lint_problems(graph: Graph, *, original: Graph | None = None, rules: RuleSet
             problems.append(f"node {node.name!r} ({node.op}) has {len(inputs)} data inputs, its "
                             f"OpDef expects {len(types.inputs)}")
         for port, ref in enumerate(inputs):
+            src_types = node_types(graph.node(ref.node))
+            if src_types is not None and ref.port >= len(src_types.outputs):
+                problems.append(f"node {node.name!r} reads output {ref.port} of {ref.node!r}, which "
+                                f"has {len(src_types.outputs)} outputs")
+                continue
             have = output_dtype(graph.node(ref.node), ref.port)
             want = input_dtype(node, port)
             if have is not None and want is not None and have != want:
