@@ -58,6 +58,9 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="node whose dtypes must not change (repeatable)")
     p.add_argument("--lowp-io", action="store_true",
                    help="let graph inputs and outputs take the low-precision dtype too")
+    p.add_argument("--fold-constants", action="store_true",
+                   help="fold Const-only float32 subgraphs before painting (graphs without "
+                        "variables): fewer casts, one rounding per folded value")
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")
@@ -118,7 +121,7 @@ def run_convert(args) -> int:
 
     _check_paths(args)
     options = dict(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
-                   lowp_io=args.lowp_io)
+                   lowp_io=args.lowp_io, fold_constants=args.fold_constants)
     for hook in _convert_hooks():
         if hasattr(hook, "convert_options"):
             options.update(hook.convert_options(args))

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from tensorflow.core.framework import graph_pb2
 
-from . import casts, functions, lint, load as load_mod, loss_scaling, save as save_mod
+from . import casts, fold, functions, lint, load as load_mod, loss_scaling, save as save_mod
 from .errors import InputError, RuleError
 from .ir import Graph
 from .paint import paint
@@ -39,6 +39,7 @@ class Options:
     lowp_io: bool = False
     loss_scale: str | None = None          # "dynamic", "none" or a number; None: by target
     loss_scale_options: dict = field(default_factory=dict)
+    fold_constants: bool = False           # fold Const-only float32 subgraphs first
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -144,25 +145,22 @@ def _import(graph_def: graph_pb2.GraphDef) -> tuple[Graph, dict[str, list[str]]]
 
 def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str = "gpu",
             rules: RuleSet | Sequence[str | os.PathLike] | None = None,
-            keep: Sequence[str] = (), lowp_io: bool = False) -> tuple[graph_pb2.GraphDef, Report]:
+            keep: Sequence[str] = (), lowp_io: bool = False,
+            fold_constants: bool = False) -> tuple[graph_pb2.GraphDef, Report]:
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
     The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
     device unplaced nodes will run on (``"gpu"`` or ``"cpu"``), which decides which kernels
     exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
-    ``keep`` names nodes whose dtypes must not change.
+    ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
+    float32 subgraphs first (graphs without variables). Painting and casts only: loss scaling
+    needs the MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
     """
-    options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io)
-    graph, added = _import(graph_def)
-    rules = options.rule_set()
-    main_opts = functions.main_options(options, graph, graph_def.library)  # --keep fn/node: later
-    work, report = convert_graph(graph, main_opts, functions.rules_for(rules, graph.names()),
-                                 extra_keep=functions.direct_call_feeders(graph, graph_def.library))
-    out = work.to_graph_def(graph_def)
-    functions.strip_graph_defaults(out, added)
-    functions.paint_library(out, options, rules, report)
-    functions.warn_unmatched(rules, report)
-    return out, report
+    options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io,
+                      fold_constants=fold_constants)
+    model = load_mod.Model(Path("<graph_def>"), "graphdef", False, graph_def)
+    report = _convert_graph_model(model, options, train=False)
+    return model.graph_def, report
 
 
 def _check_calls(model: load_mod.Model) -> None:
@@ -180,19 +178,29 @@ def convert_model(model: load_mod.Model, options: Options) -> Report:
     _check_calls(model)
     if model.kind == "savedmodel":
         from .savedmodel import convert_saved_model
+        if options.fold_constants:
+            log.warning("--fold-constants: a SavedModel's weights are variables; nothing to fold")
         return convert_saved_model(model, options)
-    graph, added = _import(model.graph_def)
+    return _convert_graph_model(model, options, train=True)
+
+
+def _convert_graph_model(model: load_mod.Model, options: Options, *, train: bool) -> Report:
+    """Convert a GraphDef or MetaGraph model in place; ``train`` adds loss scaling where it trains."""
+    interface = model.signature_tensors()
+    graph_def = model.graph_def
+    if options.fold_constants:
+        graph_def = fold.fold_constants(graph_def, set(options.keep) | interface)
+    graph, added = _import(graph_def)
     rules = options.rule_set()
-    keep = model.signature_tensors() | functions.direct_call_feeders(graph, model.graph_def.library)
+    keep = interface | functions.direct_call_feeders(graph, graph_def.library)
     main_rules = functions.rules_for(rules, graph.names())  # overrides of function nodes: later
-    main_opts = functions.main_options(options, graph, model.graph_def.library)
+    main_opts = functions.main_options(options, graph, graph_def.library)
     work, report = convert_graph(graph, main_opts, main_rules, extra_keep=keep)
-    if loss_scaling.apply(work, model, options, report):
+    if train and loss_scaling.apply(work, model, options, report):
         lint.lint(work, original=graph, rules=main_rules)
-    model.graph_def = work.to_graph_def(model.graph_def)
+    model.graph_def = work.to_graph_def(graph_def)
     functions.strip_graph_defaults(model.graph_def, added)
-    functions.paint_library(model.graph_def, options, rules, report,
-                            interface=model.signature_tensors())
+    functions.paint_library(model.graph_def, options, rules, report, interface=interface)
     functions.warn_unmatched(rules, report)
     return report
 
