@@ -16,8 +16,10 @@ import tensorflow as tf
 
 from amp_rewrite import cli
 from amp_rewrite.errors import InputError, UnsupportedGraphError
+from amp_rewrite.ir import Graph
 from amp_rewrite.load import Model
 from amp_rewrite.pipeline import Options, convert_model
+from amp_rewrite.training.detect import find_backprop
 from training_graphs import Trainer, batches, build
 
 SCALE = "amp_loss_scale/scale/Read/ReadVariableOp:0"
@@ -371,3 +373,22 @@ def test_graphdef_input_keeps_init_op_and_saver_nodes(tmp_path):
     again = tmp_path / "twice.pb"
     assert cli.main([str(dst), "-o", str(again), "--device", "cpu", "-q"]) == 2
     assert not again.exists()
+
+
+# ----------------------------------------------------------------- malformed input
+def test_malformed_seed_const_is_an_input_error_naming_it(tmp_path, capsys):
+    """A seed Const whose tensor_content does not fit its dtype is the user's input error
+    (exit 2, naming the node), not an internal ValueError from reading it."""
+    meta = build("mlp", "sgd")
+    seed = next(n for n in meta.graph_def.node if n.name == "gradients/grad_ys_0/Const")
+    seed.attr["value"].tensor.ClearField("float_val")
+    seed.attr["value"].tensor.tensor_content = b"\x00\x00\x80"   # 3 bytes: not one float32
+    with pytest.raises(InputError, match="gradients/grad_ys_0/Const"):
+        find_backprop(Graph.from_graph_def(meta.graph_def))
+    with pytest.raises(InputError, match="gradients/grad_ys_0/Const"):
+        convert(meta)
+    src, dst = tmp_path / "bad_seed.meta", tmp_path / "out.meta"
+    src.write_bytes(meta.SerializeToString())
+    capsys.readouterr()
+    assert cli.main([str(src), "-o", str(dst), "--device", "cpu"]) == 2
+    assert "gradients/grad_ys_0/Const" in capsys.readouterr().err and not dst.exists()

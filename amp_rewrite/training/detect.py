@@ -17,10 +17,10 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
-from tensorflow.python.framework import tensor_util
 
 from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
+from ..paint import const_values
 from ..types import BFLOAT16, FLOAT, HALF, output_dtype
 
 _BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
@@ -68,7 +68,7 @@ def _is_ones(graph: Graph, ref: TensorRef) -> bool:
     node = graph.node(ref.node)
     if node.op != "Const" or "value" not in node.attr:
         return False
-    values = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    values = const_values(node)   # InputError naming the node when the tensor is malformed
     return values.size > 0 and values.dtype.kind == "f" and bool(np.all(values == 1))
 
 
