@@ -19,11 +19,11 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import tensor_util
 
 from .ir import Graph, TensorRef
-from .paint import Painting, const_values
-from .types import BFLOAT16, FLOAT, HALF, dtype_name, get_dtype, input_dtype, output_dtype, set_dtype
+from .paint import Painting, const_values, splat_value
+from .types import (BFLOAT16, FLOAT, HALF, LOW_PRECISION, TypeAttr, dtype_name, input_dtype,
+                    output_dtype, set_dtype)
 
 _FLOATS = (FLOAT, HALF, BFLOAT16)
-_NUMPY = {HALF: np.float16, FLOAT: np.float32}
 
 
 @dataclass
@@ -37,6 +37,11 @@ class CastStats:
 def apply_painting(graph: Graph, painting: Painting) -> CastStats:
     """Rewrite ``graph`` in place to the dtypes ``painting`` decided; returns what was added."""
     stats = CastStats()
+    # What each edge carried before painting: an op TensorFlow does not register (a custom op)
+    # has no OpDef to say what it reads or makes, so its edges keep these dtypes.
+    before = {(ref, name, port): (output_dtype(graph.node(ref.node), ref.port),
+                                  input_dtype(graph.node(name), port))
+              for ref, name, port in graph.data_edges()}
     for (name, attr), decision in sorted(painting.decisions.items()):
         if not decision.lowp:
             continue
@@ -45,16 +50,23 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
         if node.op == "Const" and attr.attr == "dtype":
             _convert_const(node, painting.target)
             stats.consts.append(name)
-        elif node.op in ("Placeholder", "PlaceholderWithDefault") and attr.attr == "dtype":
-            pass  # only the dtype attr changes; a shape attr stays as it is
 
+    retargeted = {name for (name, attr), d in painting.decisions.items()
+                  if d.code == "cast_retargeted" and attr == TypeAttr("DstT")}
     originally_read = {n for n in graph.names() if graph.consumers(n) or graph.control_consumers(n)}
     made: dict[tuple[TensorRef, int], TensorRef] = {}
     for name in list(graph.names()):
         for port, ref in enumerate(graph.inputs(name)):
             have = output_dtype(graph.node(ref.node), ref.port)
             want = input_dtype(graph.node(name), port)
+            old_have, old_want = before[(ref, name, port)]
+            have = old_want if have is None else have
+            want = old_have if want is None else want
             if have == want or have not in _FLOATS or want not in _FLOATS:
+                continue
+            if name in retargeted and have in LOW_PRECISION:
+                # a retargeted Cast reads the low-precision tensor itself: no cast in front
+                set_dtype(graph.node(name), TypeAttr("SrcT"), have)
                 continue
             source = _unwidened(graph, ref, want)
             if source is not None:
@@ -71,7 +83,8 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
         node = graph.node(name)
         if node.op != "Cast" or name not in originally_read:
             continue
-        if get_dtype_attr(node, "SrcT") == get_dtype_attr(node, "DstT") and not graph.control_consumers(name):
+        if (name in retargeted and get_dtype_attr(node, "SrcT") == get_dtype_attr(node, "DstT")
+                and not graph.control_consumers(name)):
             # a retargeted Cast that now casts half to half: its readers take its input
             graph.replace_uses(TensorRef(name, 0), graph.input(name, 0))
         if not graph.consumers(name) and not graph.control_consumers(name):
@@ -109,6 +122,15 @@ def _insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
 
 
 def _convert_const(node, target: int) -> None:
+    splat = splat_value(node)
+    if splat is not None:  # keep a splat a splat: one value and the shape
+        tensor = node.attr["value"].tensor
+        one = tensor_util.make_tensor_proto(np.float32(splat), dtype=target)
+        del tensor.float_val[:]
+        tensor.dtype = target
+        tensor.half_val[:] = one.half_val
+        node.attr["dtype"].type = target
+        return
     values = const_values(node)
     if target == HALF:
         converted = values.astype(np.float16)

@@ -36,8 +36,11 @@ def run(args, command: str) -> int:
     from .pipeline import Options, convert_model
     from .load import load
     model = load(args.input)
+    # Decisions do not depend on loss scaling, so a training graph is explained without it
+    # (and without its hints, which explain has no flags for).
     report = convert_model(model, Options(target=args.target, device=args.device, rules=args.rules,
-                                          keep=args.keep, lowp_io=args.lowp_io))
+                                          keep=args.keep, lowp_io=args.lowp_io, loss_scale="none"),
+                           train=False)
     status = 0
     for name in args.node:
         try:

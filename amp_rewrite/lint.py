@@ -38,6 +38,8 @@ def lint_problems(graph: Graph, *, original: Graph | None = None, rules: RuleSet
             if src not in known:
                 problems.append(f"node {nd.name!r} reads missing node {src!r}")
 
+    if original is not None:
+        problems += _unknown_op_edges(graph, original)
     for node in graph.nodes():
         types = node_types(node)
         if types is None:
@@ -62,7 +64,7 @@ def lint_problems(graph: Graph, *, original: Graph | None = None, rules: RuleSet
             if dtype and not allowed_by_opdef(node, attr, dtype):
                 problems.append(f"node {node.name!r} ({node.op}) has {attr}={dtype_name(dtype)}, "
                                 f"which its OpDef does not allow")
-        if rules is not None and rules.category(node.op) == "deny":
+        if rules is not None and rules.category(node.op) == "deny" and rules.level != "unsafe_force_all":
             forced = rules.node_rule(node.name)
             if forced is None or forced.action != "force_lowp":
                 for attr in types.attrs:
@@ -76,6 +78,26 @@ def lint_problems(graph: Graph, *, original: Graph | None = None, rules: RuleSet
                     problems.append(f"variable op {node.name!r} ({node.op}) changed {attr} from "
                                     f"{dtype_name(get_dtype(before, attr))} to "
                                     f"{dtype_name(get_dtype(node, attr))}")
+    return problems
+
+
+def _unknown_op_edges(graph: Graph, original: Graph) -> list[str]:
+    """An op with no OpDef (a custom op) must see the dtypes it saw before on every edge."""
+    problems = []
+    for ref, name, port in graph.data_edges():
+        src, dst = graph.node(ref.node), graph.node(name)
+        if name not in original or (node_types(src) is not None and node_types(dst) is not None):
+            continue
+        old_ref = original.input(name, port)
+        was = output_dtype(original.node(old_ref.node), old_ref.port)
+        if was is None:
+            was = input_dtype(original.node(name), port)
+        now = output_dtype(src, ref.port)
+        if now is None:
+            now = input_dtype(dst, port)
+        if was is not None and now is not None and was != now:
+            problems.append(f"edge {ref} -> {name!r}:{port} of an unregistered op carried "
+                            f"{dtype_name(was)} and now carries {dtype_name(now)}")
     return problems
 
 

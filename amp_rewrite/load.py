@@ -161,7 +161,9 @@ def _parse_text(data: bytes, path: Path) -> Model:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8 text and not a binary GraphDef") from None
-    stripped = text.lstrip()
+    # the first field name decides; comment lines (a "# proto-file:" header) come before it
+    stripped = "\n".join(line for line in text.splitlines()
+                         if line.strip() and not line.lstrip().startswith("#")).lstrip()
     is_meta = stripped.startswith(("meta_info_def", "graph_def", "saver_def", "collection_def",
                                    "signature_def", "object_graph_def", "asset_file_def"))
     proto = meta_graph_pb2.MetaGraphDef() if is_meta else graph_pb2.GraphDef()

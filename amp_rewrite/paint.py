@@ -86,13 +86,15 @@ class Painting:
 
     def node_decision(self, name: str) -> Decision | None:
         """One decision for the whole node: its first low-precision attr, else its float32 one."""
-        mine = [(t, self.decisions[t]) for t in self._attrs_of(name)]
-        for _, d in mine:
+        mine = [self.decisions[t] for t in self._attrs_of(name)]
+        for d in mine:
             if d.lowp:
                 return d
         if name in self.node_codes:
             return self.node_codes[name]
-        return mine[0][1] if mine else None
+        # an index type (StridedSlice's Index, GatherV2's Taxis) says nothing about the node
+        floats = [d for d in mine if d.code != "not_float32"]
+        return (floats or mine or [None])[0]
 
     def _attrs_of(self, name: str) -> list[TNode]:
         # The report asks once per node: index the keys by node instead of scanning them all
@@ -181,10 +183,22 @@ def const_values(node: Node) -> np.ndarray:
         raise InputError(f"Const {node.name!r} holds a malformed tensor: {exc}") from None
 
 
+def splat_value(node: Node) -> float | None:
+    """The one value of a splat Const (a value and a shape, as ``tf.fill`` constants are stored),
+    or None. Splats are read without expanding them: a few bytes can stand for terabytes."""
+    tensor = node.attr["value"].tensor
+    if tensor.tensor_content or len(tensor.float_val) > 1:
+        return None
+    return float(tensor.float_val[0]) if tensor.float_val else 0.0
+
+
 def _fits(node: Node, target: int) -> bool:
     """Whether a float32 Const's values are finite after conversion to ``target``."""
     if target != HALF:
         return True
+    splat = splat_value(node)
+    if splat is not None:
+        return not (np.isfinite(splat) and abs(splat) > np.finfo(np.float16).max)
     values = const_values(node)
     finite = np.isfinite(values)
     return not np.any(np.abs(values[finite]) > np.finfo(np.float16).max)

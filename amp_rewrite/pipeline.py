@@ -173,19 +173,23 @@ def _check_calls(model: load_mod.Model) -> None:
             raise InputError(f"the input graph is not valid: {problems[0]}")
 
 
-def convert_model(model: load_mod.Model, options: Options) -> Report:
-    """Convert a loaded model in place (its graph_def, and its functions where it has them)."""
-    _check_calls(model)
+def convert_model(model: load_mod.Model, options: Options, *, train: bool = True) -> Report:
+    """Convert a loaded model in place (its graph_def, and its functions where it has them).
+
+    ``train=False`` paints and casts only, even where the graph trains (``explain`` uses it).
+    """
     if model.kind == "savedmodel":
+        _check_calls(model)
         from .savedmodel import convert_saved_model
         if options.fold_constants:
             log.warning("--fold-constants: a SavedModel's weights are variables; nothing to fold")
         return convert_saved_model(model, options)
-    return _convert_graph_model(model, options, train=True)
+    return _convert_graph_model(model, options, train=train)
 
 
 def _convert_graph_model(model: load_mod.Model, options: Options, *, train: bool) -> Report:
     """Convert a GraphDef or MetaGraph model in place; ``train`` adds loss scaling where it trains."""
+    _check_calls(model)
     interface = model.signature_tensors()
     graph_def = model.graph_def
     if options.fold_constants:

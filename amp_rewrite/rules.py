@@ -47,6 +47,8 @@ _ENV_PREFIX = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"
 # grappler reads both the current and the pre-2.4 names of its lists
 _ENV_LISTS = {"ALLOWLIST": "allow", "WHITELIST": "allow", "INFERLIST": "infer",
               "GRAYLIST": "infer", "CLEARLIST": "clear", "DENYLIST": "deny", "BLACKLIST": "deny"}
+# grappler variables that do not change decisions (LOG_PATH: where grappler dumps debug logs)
+_ENV_IGNORED = {"LOG_PATH"}
 _TOP_KEYS = {"target", "extends", "level", "painting", "override", *LISTS}
 _PAINTING_KEYS = {"infer_follows_allow"}
 
@@ -280,6 +282,8 @@ def _apply_env(rules: RuleSet, env: Mapping[str, str], known: set[str]) -> None:
             continue
         rest = var[len(_ENV_PREFIX):]
         value = env[var].strip()
+        if rest in _ENV_IGNORED:
+            continue
         if rest == "LEVEL":
             level = value.lower()
             if level and level not in LEVELS:
