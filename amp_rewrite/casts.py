@@ -68,14 +68,14 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
                 # a retargeted Cast reads the low-precision tensor itself: no cast in front
                 set_dtype(graph.node(name), TypeAttr("SrcT"), have)
                 continue
-            source = _unwidened(graph, ref, want)
+            source = widened_source(graph, ref, want)
             if source is not None:
                 graph.set_input(name, port, source)
                 stats.folded += 1
                 continue
             key = (ref, want)
             if key not in made:
-                made[key] = _insert_cast(graph, ref, have, want)
+                made[key] = insert_cast(graph, ref, have, want)
                 stats.added.append(made[key].node)
             graph.set_input(name, port, made[key])
 
@@ -93,13 +93,17 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
     return stats
 
 
-def _unwidened(graph: Graph, ref: TensorRef, want: int) -> TensorRef | None:
-    """If ``ref`` is an exact widening Cast of a ``want``-typed tensor, that tensor."""
-    node = graph.node(ref.node)
-    if node.op != "Cast" or ref.port != 0:
+def cast_types(node) -> tuple[int, int] | None:
+    """``(SrcT, DstT)`` of a Cast node, else None."""
+    if node.op != "Cast":
         return None
-    if get_dtype_attr(node, "SrcT") == want and get_dtype_attr(node, "DstT") == FLOAT \
-            and want in (HALF, BFLOAT16):
+    return node.attr["SrcT"].type, node.attr["DstT"].type
+
+
+def widened_source(graph: Graph, ref: TensorRef, want: int) -> TensorRef | None:
+    """If ``ref`` is an exact widening Cast (``want`` -> float) of a ``want``-typed tensor, that
+    tensor: a ``want`` reader can take it and skip the round trip."""
+    if ref.port == 0 and want in LOW_PRECISION and cast_types(graph.node(ref.node)) == (want, FLOAT):
         return graph.input(ref.node, 0)
     return None
 
@@ -108,7 +112,8 @@ def get_dtype_attr(node, name: str) -> int | None:
     return node.attr[name].type if name in node.attr else None
 
 
-def _insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
+def insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
+    """A new Cast of ``ref`` from ``src`` to ``dst``, on the source's device, listed after it."""
     base = f"{ref.node}/amp_{dtype_name(dst)}" + (f"_{ref.port}" if ref.port else "")
     attrs = {
         "SrcT": attr_value_pb2.AttrValue(type=src),

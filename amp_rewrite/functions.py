@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, types_pb2
 
 from . import lint
+from .casts import cast_types, insert_cast, widened_source
 from .errors import InputError, LintError, UnsupportedGraphError
 from .ir import Graph, TensorRef
 from .types import FLOAT, TARGETS, op_def
@@ -413,12 +414,6 @@ _BRANCH = ("If", "StatelessIf", "Case", "StatelessCase")
 _CALL = ("PartitionedCall", "StatefulPartitionedCall")
 
 
-def _cast_types(node) -> tuple[int, int] | None:
-    if node.op != "Cast":
-        return None
-    return node.attr["SrcT"].type, node.attr["DstT"].type
-
-
 class BoundaryLowering:
     """Moves float32 function boundaries that only carry casts into the target dtype.
 
@@ -518,16 +513,13 @@ class BoundaryLowering:
         names = [r for r, _ in readers]
         for name in names:
             node = graph.node(name)
-            if _cast_types(node) != (FLOAT, self.target) or graph.control_consumers(name):
+            if cast_types(node) != (FLOAT, self.target) or graph.control_consumers(name):
                 return None
         return names
 
     def _widened(self, graph: Graph, ref: TensorRef) -> TensorRef | None:
         """The target-dtype tensor ``ref`` exactly widens (a Cast target -> float), else None."""
-        node = graph.node(ref.node)
-        if ref.port == 0 and _cast_types(node) == (self.target, FLOAT):
-            return graph.input(ref.node, 0)
-        return None
+        return widened_source(graph, ref, self.target)
 
     def _arg_ok(self, fg: FunctionGraph, k: int, need_reader: bool) -> bool:
         readers = self._narrowing_readers(fg.graph, TensorRef(fg.args[k]))
@@ -569,10 +561,9 @@ class BoundaryLowering:
     def _cast(self, graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
         """A Cast of ``ref`` from ``src`` to ``dst``: an existing one, else a new one."""
         for reader, _ in graph.consumers(ref.node, ref.port):
-            if _cast_types(graph.node(reader)) == (src, dst):
+            if cast_types(graph.node(reader)) == (src, dst):
                 return TensorRef(reader)
-        from .casts import _insert_cast
-        new = _insert_cast(graph, ref, src, dst)
+        new = insert_cast(graph, ref, src, dst)
         self.casts_added.append(self._qualified(graph, new.node))
         return new
 
@@ -588,7 +579,7 @@ class BoundaryLowering:
         """Output ``port`` of ``node`` is now in the target dtype: fix its readers."""
         out = TensorRef(node, port)
         for reader, reader_port in graph.consumers(node, port):
-            if _cast_types(graph.node(reader)) == (FLOAT, self.target) and \
+            if cast_types(graph.node(reader)) == (FLOAT, self.target) and \
                     not graph.control_consumers(reader):
                 graph.replace_uses(TensorRef(reader), out)
                 self._remove(graph, reader)
