@@ -45,6 +45,7 @@ VARIABLE_OPS = frozenset({
     "VarIsInitializedOp", "IsVariableInitialized", "ResourceGather", "ResourceGatherNd",
     "DestroyResourceOp", "_VarHandlesOp", "_ReadVariablesOp",
 })
+PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "PlaceholderV2"})
 # Ops a TensorList handle (a DT_VARIANT) passes through unchanged.
 _VARIANT_PASSTHROUGH = frozenset({
     "Identity", "IdentityN", "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge",
@@ -213,7 +214,7 @@ def interface_names(graph: Graph, keep: set[str], lowp_io: bool) -> dict[str, st
     for node in graph.nodes():
         if node.name in out:
             continue
-        if node.op in ("Placeholder", "PlaceholderWithDefault", "PlaceholderV2"):
+        if node.op in PLACEHOLDER_OPS:
             out[node.name] = "graph input (Placeholder)"
         elif not graph.consumers(node.name):
             types = node_types(node)
@@ -396,7 +397,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
                        f"its run-time cast to {tname} overflows to inf")
                 blocked[idx] = Decision(False, "const_overflow", msg)
                 result.warnings.append(msg)
-        elif lowp_io and node.op in ("Placeholder", "PlaceholderWithDefault") and kernel_ok(idx):
+        elif lowp_io and node.op in PLACEHOLDER_OPS and kernel_ok(idx):
             allow[idx] = Decision(True, "lowp_io", f"graph input read only in {tname} (--lowp-io)")
 
     # Record a decision for every type attribute.
