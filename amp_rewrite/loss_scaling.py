@@ -89,8 +89,8 @@ def apply(graph, model, options, report) -> bool:
         _warn(report, "the graph's Saver is sharded or not V2: the loss-scale variables are not "
                       "in it, so checkpoints will not keep them")
     if not init_ops:
-        _warn(report, f"no init op groups the variable initializers: run {SCOPE}/init once "
-                      "before training")
+        _warn(report, f"no init op groups the initializers of all global variables: run "
+                      f"{SCOPE}/init once before training")
     report.extra["loss_scaling"] = {
         "mode": config.mode, "start": config.start,
         **({"interval": config.interval, "factor": config.factor} if config.mode == "dynamic" else {}),

@@ -392,3 +392,37 @@ def test_malformed_seed_const_is_an_input_error_naming_it(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main([str(src), "-o", str(dst), "--device", "cpu"]) == 2
     assert "gradients/grad_ys_0/Const" in capsys.readouterr().err and not dst.exists()
+
+
+def test_only_the_global_init_op_resets_the_scale():
+    """Re-running a local or partial variable initializer (an eval loop resetting its metrics)
+    keeps the scale and counters; the global init op still initializes them."""
+    v1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        start = np.random.default_rng(0).normal(0, 0.05, [64, 10]).astype(np.float32)
+        w = v1.get_variable("w", initializer=start)
+        b = v1.get_variable("b", initializer=np.zeros([10], np.float32))
+        logits = tf.matmul(x, w) + b
+        xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        loss = tf.reduce_mean(xent, name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        v1.metrics.mean(loss, name="loss_metric")                    # local variables
+        v1.global_variables_initializer().name  # noqa: B018 ("init")
+        v1.local_variables_initializer().name   # noqa: B018 ("init_1")
+        v1.variables_initializer([w], name="init_w")                 # a partial group
+        meta = v1.train.Saver().export_meta_graph()
+    out, report = convert(meta, interval=1)
+    assert report.extra["loss_scaling"]["init_ops"] == ["init"]
+    assert not any("no init op" in w for w in report.warnings)
+    trainer = Trainer(out)
+    trainer.sess.run("init_1")
+    trainer.train(3)
+    grown = [2.0 ** 18, 0, 0]
+    assert trainer.fetch(SCALE, SKIPPED, GOOD) == grown
+    trainer.sess.run(["init_1", "init_w"])
+    assert trainer.fetch(SCALE, SKIPPED, GOOD) == grown
+    trainer.sess.run("init")
+    assert trainer.fetch(SCALE, SKIPPED, GOOD) == [2.0 ** 15, 0, 0]

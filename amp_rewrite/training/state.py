@@ -52,25 +52,35 @@ def variable_def(var: StateVar) -> bytes:
     return proto.SerializeToString()
 
 
-def _initializers(graph: Graph, meta_graph) -> set[str]:
+def _global_initializers(graph: Graph, meta_graph, exclude: set[str]) -> set[str]:
+    """The initializers of the graph's global variables: those of the MetaGraph's ``variables``
+    collection where it has one (``local_variables`` are not global), else of every variable
+    in the graph (a GraphDef does not say which are local)."""
     names = set()
-    if meta_graph is not None:
-        for key in ("variables", "local_variables"):
-            if key in meta_graph.collection_def:
-                for raw in meta_graph.collection_def[key].bytes_list.value:
-                    names.add(variable_pb2.VariableDef.FromString(raw).initializer_name)
-    for node in graph.nodes():
-        if node.op in ("VariableV2", "VarHandleOp", "Variable") and f"{node.name}/Assign" in graph:
-            names.add(f"{node.name}/Assign")
-    return names
+    if meta_graph is not None and "variables" in meta_graph.collection_def:
+        for raw in meta_graph.collection_def["variables"].bytes_list.value:
+            names.add(variable_pb2.VariableDef.FromString(raw).initializer_name.split(":")[0])
+    else:
+        for node in graph.nodes():
+            if node.op in ("VariableV2", "VarHandleOp", "Variable") and f"{node.name}/Assign" in graph:
+                names.add(f"{node.name}/Assign")
+    return {n for n in names if n in graph} - exclude
 
 
 def hook_init_ops(graph: Graph, meta_graph, ours: str) -> list[str]:
-    """Make every init op of the graph (a NoOp grouping variable initializers) run ``ours``."""
-    inits = _initializers(graph, meta_graph)
+    """Make every init op of the graph's global variables run ``ours``.
+
+    An init op is a NoOp whose control inputs include the initializer of every global variable
+    (``global_variables_initializer``). Groups of only some initializers
+    (``local_variables_initializer``, ``variables_initializer(subset)``) are left alone: an
+    eval loop re-runs them to reset metrics, and that must not reset the loss scale.
+    """
+    inits = _global_initializers(graph, meta_graph, set(graph.control_inputs(ours)))
     hooked = []
+    if not inits:
+        return hooked
     for node in graph.nodes():
-        if node.op == "NoOp" and node.name != ours and inits & set(graph.control_inputs(node.name)):
+        if node.op == "NoOp" and node.name != ours and inits <= set(graph.control_inputs(node.name)):
             graph.add_control_edge(ours, node.name)
             hooked.append(node.name)
     return hooked
