@@ -159,6 +159,17 @@ def _import_tensorflow_quietly(verbose: bool) -> None:
         os.close(devnull)
 
 
+def _refuse_misspelled_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """``amp-rewrite verfy a.pb b.pb`` would otherwise complain about a missing -o."""
+    import difflib
+    if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
+        return
+    close = difflib.get_close_matches(argv[0], sorted(SUBCOMMANDS), n=1, cutoff=0.6)
+    if close:
+        parser.error(f"no file {argv[0]!r} and no command of that name; did you mean "
+                     f"'{PROG} {close[0]}'? (commands: {', '.join(sorted(SUBCOMMANDS))})")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _import_tensorflow_quietly("-v" in argv or "--verbose" in argv)
@@ -171,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = lambda: module.run(args, argv[0])  # noqa: E731
     else:
         parser = _convert_parser()
+        _refuse_misspelled_command(argv, parser)
         args = parser.parse_args(argv)
         runner = lambda: run_convert(args)  # noqa: E731
     _setup_logging(args)

@@ -171,7 +171,10 @@ def _parse_text(data: bytes, path: Path) -> Model:
         text_format.Parse(text, proto)
     except text_format.ParseError as exc:
         what = "MetaGraphDef" if is_meta else "GraphDef"
-        raise InputError(f"{path}: not a valid text {what}: {exc}") from None
+        # the parser quotes the offending token, which can be a whole tensor_content string
+        detail = str(exc).splitlines()[0] if str(exc) else "syntax error"
+        detail = detail if len(detail) <= 200 else detail[:200] + " ..."
+        raise InputError(f"{path}: not a valid text {what}: {detail}") from None
     except RecursionError:  # the text parser recurses per nesting level; binary stops at 100
         raise InputError(f"{path}: messages nested too deeply to be a real graph") from None
     if is_meta:

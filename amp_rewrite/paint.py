@@ -357,9 +357,17 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
                lambda i, parent, r: _spread(i, parent))
 
     # 6. user overrides that force low precision
+    refused: set[str] = set()
     for idx, (name, attr) in enumerate(items):
         rule = rules.node_rule(name)
-        if rule is None or rule.action != "force_lowp" or idx in allow or idx in blocked:
+        if rule is None or rule.action != "force_lowp" or idx in allow:
+            continue
+        if idx in blocked:
+            if blocked[idx].code == "interface" and name not in refused:
+                refused.add(name)
+                result.warnings.append(f"force_lowp refused for `{name}` by override {rule.pattern} "
+                                       f"({rule.source}): {blocked[idx].text}; its dtypes are the "
+                                       "graph's interface (--lowp-io lets inputs and outputs go)")
             continue
         if kernel_ok(idx):
             allow[idx] = Decision(True, "user_force",

@@ -110,18 +110,6 @@ def _convert_meta_graph(model: Model, options, rules) -> Report:
     return report
 
 
-def training_parts(meta) -> list[str]:
-    """What in ``meta`` computes gradients and updates variables: ``"the graph"`` and/or the
-    names of library functions that do."""
-    from .training.detect import backprop_scope, is_variable_write
-
-    bodies = [("the graph", meta.graph_def.node)] + [
-        (f"function {f.signature.name!r}", f.node_def) for f in meta.graph_def.library.function]
-    return [name for name, nodes in bodies
-            if any(backprop_scope(nd.name) for nd in nodes)
-            and any(is_variable_write(nd.op) for nd in nodes)]
-
-
 def _refuse_untrainable(path: Path, meta, options) -> None:
     """Refuse a float16 conversion of a training SavedModel, which would need loss scaling.
 
@@ -129,10 +117,11 @@ def _refuse_untrainable(path: Path, meta, options) -> None:
     holds, and its functions cannot grow new captured variables, so it is not done here.
     """
     from .loss_scaling import scale_config
+    from .training.detect import training_parts
 
     if scale_config(options.loss_scale, options.target, dict(options.loss_scale_options)) is None:
         return
-    train = training_parts(meta)
+    train = training_parts(meta.graph_def)
     if train:
         raise UnsupportedGraphError(
             f"{path}: {train[0]} trains (gradients and variable updates); float16 training "
@@ -151,6 +140,11 @@ def save_saved_model(model: Model, out_path: Path, *, force: bool = False) -> No
         raise InputError(f"{out_path}: already exists; pass --force to replace it")
     if out_path.exists() and not out_path.is_dir():
         raise InputError(f"{out_path}: is a file; a SavedModel is written as a directory")
+    if out_path.is_dir() and any(out_path.iterdir()) and not any(
+            (out_path / name).is_file() for name in _PROTO_FILES):
+        # --force replaces a SavedModel, never a folder of something else
+        raise InputError(f"{out_path}: a directory that is not a SavedModel and not empty; "
+                         "--force only replaces a SavedModel, so choose another output")
     parent = out_path.parent if str(out_path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{out_path}: folder {parent} does not exist")

@@ -142,3 +142,53 @@ def test_explain_works_on_a_training_graph_that_loss_scaling_would_refuse(tmp_pa
     capsys.readouterr()
     assert main(["explain", str(path), "MatMul"]) == 0
     assert "runs in float16" in capsys.readouterr().out
+
+
+def test_force_lowp_on_an_interface_node_is_refused_with_a_warning(tmp_path):
+    gd, _, _ = graphs.mlp()
+    path = tmp_path / "r.toml"
+    path.write_text('[[override]]\nglob = "probs"\naction = "force_lowp"\n')
+    new, report = convert(gd, rules=load_rules("float16", [path], env={}))
+    assert _types(new)["probs"]["T"] == FLOAT
+    assert sum("force_lowp refused for `probs`" in w for w in report.warnings) == 1
+
+
+def test_misspelled_command_is_named(capsys):
+    import pytest
+    with pytest.raises(SystemExit) as exit_:
+        main(["verfy", "a.pb", "b.pb"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'amp-rewrite verify'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_truncated_pbtxt_error_is_short(tmp_path, capsys):
+    gd, _, _ = graphs.mlp()
+    text = text_format.MessageToString(gd)
+    path = tmp_path / "trunc.pbtxt"
+    path.write_text(text[: text.index("tensor_content") + 400])
+    assert main([str(path), "-o", str(tmp_path / "o.pb")]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 600 and len(err.strip().splitlines()) == 1 and "not a valid text GraphDef" in err
+
+
+def test_force_never_replaces_a_folder_that_is_not_a_saved_model(tmp_path):
+    import tensorflow as tf
+
+    class M(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(tf.ones([4, 4]))
+
+        @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32)])
+        def __call__(self, x):
+            return tf.matmul(x, self.w)
+
+    tf.saved_model.save(M(), str(tmp_path / "sm"))
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "train.py").write_text("code")
+    assert main([str(tmp_path / "sm"), "-o", str(project), "--force"]) == 2
+    assert (project / "src" / "train.py").read_text() == "code"
+    # a SavedModel output is still replaced with --force
+    assert main([str(tmp_path / "sm"), "-o", str(tmp_path / "out")]) == 0
+    assert main([str(tmp_path / "sm"), "-o", str(tmp_path / "out"), "--force"]) == 0

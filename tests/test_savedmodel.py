@@ -202,11 +202,12 @@ def _nodes(fdef, op):
 def test_existing_output_needs_force_and_is_replaced_whole(loop_module, tmp_path):
     src, x, want = loop_module
     out = tmp_path / "amp"
-    out.mkdir()
+    out.mkdir()  # an older SavedModel, with a file the new one does not have
+    (out / "saved_model.pb").write_bytes(b"old")
     (out / "stale.txt").write_text("left from before")
     with pytest.raises(InputError):
         convert_file(src, out, target="bfloat16", device="cpu")
-    assert sorted(p.name for p in out.iterdir()) == ["stale.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["saved_model.pb", "stale.txt"]
     convert_file(src, out, target="bfloat16", device="cpu", force=True)
     assert not (out / "stale.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["amp"]  # no temporary folders left
