@@ -186,7 +186,11 @@ class _Loader:
                                "extends")
                 rules = self.builtin(ext, stack)
             else:
-                rules = self.file(path.parent / ext, None, stack)
+                target_file = path.parent / ext
+                if not target_file.exists():
+                    raise fail(f"extends {ext!r}: neither a built-in rule set "
+                               f"({', '.join(TARGETS)}) nor a file ({target_file})", "extends")
+                rules = self.file(target_file, None, stack)
         elif base is not None:
             rules = dataclasses.replace(base, lists=dict(base.lists),
                                         node_rules=list(base.node_rules),

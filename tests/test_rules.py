@@ -154,6 +154,7 @@ def test_grappler_environment_variables_are_honoured():
     ('\n\ncolour = "red"\n', "unknown key 'colour'", 3),
     ('[[override]]\nglob = "a"\naction = "explode"\n', "action must be", 1),
     ('[allow\n', "not valid TOML", 1),
+    ('# typo\nextends = "float61"\n', "neither a built-in rule set (float16, bfloat16)", 2),
 ])
 def test_bad_rule_files_name_file_and_line(tmp_path, text, needle, line):
     path = _write(tmp_path, text)
