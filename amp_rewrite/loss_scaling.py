@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import math
 
-from .errors import InputError
-from .training.detect import find_backprop
+from . import functions
+from .errors import InputError, UnsupportedGraphError
+from .training.detect import find_backprop, training_functions
 from .training.scaling import SCOPE, ScaleConfig, insert_loss_scaling
 from .training.state import add_to_collections, add_to_saver, has_saver, hook_init_ops
 
@@ -71,12 +72,13 @@ def apply(graph, model, options, report) -> bool:
     ``model`` is the loaded :class:`~amp_rewrite.load.Model`; its MetaGraph (if any) gets the
     new variables in its ``variables`` collection. Raises
     :class:`~amp_rewrite.errors.UnsupportedGraphError` when the graph trains but its seed or
-    updates cannot be identified without doubt.
+    updates cannot be identified without doubt, or when a library function it calls trains.
     """
     extra = dict(options.loss_scale_options or {})
     config = scale_config(options.loss_scale, options.target, extra)
     if config is None:
         return False
+    _refuse_training_functions(model)
     backprop = find_backprop(graph, loss=extra.get("loss"), grads=list(extra.get("grads") or ()))
     if backprop is None:
         return False
@@ -105,6 +107,25 @@ def apply(graph, model, options, report) -> bool:
     }
     log.info("loss scaling: %s", report.extra["loss_scaling"]["summary"])
     return True
+
+
+def _refuse_training_functions(model) -> None:
+    """Refuse a train step inside a library function the graph calls (an outer tf.function
+    calling an inner GradientTape step, exported as a graph): loss scaling is added to the
+    graph's own nodes only, so the function's float16 backprop would run unscaled."""
+    graph_def = getattr(model, "graph_def", None)
+    if graph_def is None or not graph_def.library.function:
+        return
+    train = training_functions(graph_def.library, functions.reachable(graph_def.node, graph_def.library))
+    if train:
+        names = ", ".join(repr(name) for name in train)
+        which = f"function {names} trains" if len(train) == 1 else f"functions {names} train"
+        raise UnsupportedGraphError(
+            f"{model.path}: {which} (gradients and variable updates inside a "
+            "library function); amp-rewrite adds loss scaling only to a train step in the graph "
+            "itself, so float16 gradients in the function would go unscaled and may underflow "
+            "to zero. Convert with --target bfloat16 (no loss scaling needed), or with "
+            "--loss-scale none (accepting unscaled float16 gradients)")
 
 
 def _warn(report, text: str) -> None:

@@ -426,3 +426,79 @@ def test_only_the_global_init_op_resets_the_scale():
     assert trainer.fetch(SCALE, SKIPPED, GOOD) == grown
     trainer.sess.run("init")
     assert trainer.fetch(SCALE, SKIPPED, GOOD) == [2.0 ** 15, 0, 0]
+
+
+# ----------------------------------------------------------------- train steps in functions
+def function_train_step():
+    """The graph of an outer tf.function calling an inner GradientTape step (``w.assign_sub``):
+    the train step lives in a library function, the graph only calls it."""
+    w = tf.Variable(tf.random.stateless_normal([16, 4], seed=[1, 2]), name="w")
+
+    @tf.function
+    def inner(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    @tf.function
+    def outer(x):
+        return inner(x)
+
+    return outer.get_concrete_function(tf.TensorSpec([8, 16], tf.float32)).graph.as_graph_def()
+
+
+def test_train_step_in_a_library_function_is_refused_where_it_needs_loss_scaling(tmp_path, capsys):
+    graph_def = function_train_step()
+    [step] = [f.signature.name for f in graph_def.library.function]
+    assert not any(n.op.startswith(("Assign", "ResourceApply")) for n in graph_def.node)
+
+    def run(**options):
+        model = Model(tmp_path / "step.pb", "graphdef", False, copy.deepcopy(graph_def))
+        return model, convert_model(model, Options(device="cpu", **options))
+
+    for options in ({"target": "float16"}, {"target": "float16", "loss_scale": "1024"}):
+        with pytest.raises(UnsupportedGraphError, match="--target bfloat16") as refused:
+            run(**options)
+        assert repr(step) in str(refused.value) and "--loss-scale none" in str(refused.value)
+    src, dst = tmp_path / "step.pb", tmp_path / "step_amp.pb"
+    src.write_bytes(graph_def.SerializeToString())
+    capsys.readouterr()
+    assert cli.main([str(src), "-o", str(dst), "--device", "cpu"]) == 2
+    assert step in capsys.readouterr().err and not dst.exists()
+
+    # the options the message names convert it: the function's gradient MatMul goes low precision
+    for target, loss_scale, dtype in (("bfloat16", None, tf.bfloat16), ("float16", "none", tf.float16)):
+        model, report = run(target=target, loss_scale=loss_scale)
+        assert "loss_scaling" not in report.extra
+        [body] = [f for f in model.graph_def.library.function if f.signature.name == step]
+        grads = [n for n in body.node_def if n.op == "MatMul" and n.name.startswith("gradient_tape/")]
+        assert grads and all(n.attr["T"].type == dtype.as_datatype_enum for n in grads)
+
+
+def test_forward_pass_in_a_function_still_gets_loss_scaling():
+    """tf.gradients through a tf.function puts the backward pass in a library function that
+    writes nothing: the graph's own updates train, and are loss-scaled as usual."""
+    v1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        w = v1.get_variable("w", initializer=np.zeros([64, 10], np.float32))
+
+        @tf.function
+        def forward(a, b):
+            return tf.matmul(a, b)
+
+        logits = forward(x, w)
+        xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        loss = tf.reduce_mean(xent, name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        v1.global_variables_initializer().name  # noqa: B018 ("init")
+        meta = v1.train.Saver().export_meta_graph()
+    assert any(n.name.startswith("gradients/") for f in meta.graph_def.library.function for n in f.node_def)
+    out, report = convert(meta)
+    assert [u["op"] for u in report.extra["loss_scaling"]["updates"]] == ["ResourceApplyGradientDescent"]
+    trainer = Trainer(out)
+    losses = trainer.train(20)
+    assert losses[-1] < 0.9 * losses[0] and trainer.fetch(SCALE, SKIPPED) == [2.0 ** 15, 0]

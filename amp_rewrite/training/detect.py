@@ -53,6 +53,28 @@ def backprop_scope(name: str) -> str | None:
     return name[:match.end()] if match else None
 
 
+def trains(nodes) -> bool:
+    """Whether ``nodes`` (the NodeDefs of a graph or of a function body) compute gradients (a
+    node under a backprop scope) and write variables."""
+    nodes = list(nodes)
+    return any(backprop_scope(n.name) for n in nodes) and any(is_variable_write(n.op) for n in nodes)
+
+
+def training_functions(library, names=None) -> list[str]:
+    """The functions of ``library`` (a FunctionDefLibrary; only those in ``names``, where given)
+    whose bodies train, in library order."""
+    wanted = None if names is None else set(names)
+    return [f.signature.name for f in library.function
+            if (wanted is None or f.signature.name in wanted) and trains(f.node_def)]
+
+
+def training_parts(graph_def) -> list[str]:
+    """What in ``graph_def`` trains: ``"the graph"`` and/or ``"function 'name'"`` for each
+    library function that does."""
+    return ((["the graph"] if trains(graph_def.node) else [])
+            + [f"function {name!r}" for name in training_functions(graph_def.library)])
+
+
 @dataclass
 class Backprop:
     """What :func:`find_backprop` found; names only, in graph order."""
