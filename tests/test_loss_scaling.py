@@ -502,3 +502,36 @@ def test_forward_pass_in_a_function_still_gets_loss_scaling():
     trainer = Trainer(out)
     losses = trainer.train(20)
     assert losses[-1] < 0.9 * losses[0] and trainer.fetch(SCALE, SKIPPED) == [2.0 ** 15, 0]
+
+
+def test_seed_search_never_expands_a_splat_const():
+    """A splat Const (one listed value and a shape, as tf.fill constants are stored) of 2**40
+    ones is read by its listed value, not expanded to terabytes, even where it could be a
+    tape's seed (read only by gradient_tape/ nodes)."""
+    meta = build("mlp", "sgd")
+    plain = find_backprop(Graph.from_graph_def(meta.graph_def))
+    big = meta.graph_def.node.add(name="ones", op="Const")
+    big.attr["dtype"].type = tf.float32.as_datatype_enum
+    tensor = big.attr["value"].tensor
+    tensor.dtype = tf.float32.as_datatype_enum
+    tensor.tensor_shape.dim.add(size=1 << 20)
+    tensor.tensor_shape.dim.add(size=1 << 20)
+    tensor.float_val.append(1.0)
+    out = meta.graph_def.node.add(name="probe/gradient_tape/Identity", op="Identity", input=["ones"])
+    out.attr["T"].type = tf.float32.as_datatype_enum
+    found = find_backprop(Graph.from_graph_def(meta.graph_def))
+    assert found.seeds == plain.seeds and found.updates == plain.updates
+    assert found.gradients == plain.gradients
+    # a tape's seed for a vector loss is such a splat (ones of shape [8]): still found
+    v1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [8, 16], name="x")
+        w = v1.get_variable("w", [16, 4], use_resource=True)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.matmul(x, w)), axis=1)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+    graph_def = g.as_graph_def()
+    [seed] = find_backprop(Graph.from_graph_def(graph_def)).seeds
+    value = next(n for n in graph_def.node if n.name == seed).attr["value"].tensor
+    assert list(value.float_val) == [1.0] and [d.size for d in value.tensor_shape.dim] == [8]

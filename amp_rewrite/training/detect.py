@@ -13,10 +13,13 @@ Everything here only reads the graph.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
+from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow.python.framework import tensor_util
 
 from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
@@ -86,12 +89,32 @@ class Backprop:
     notes: list[str] = field(default_factory=list)
 
 
+# where a Const lists its values when they are not in tensor_content (half: as bits)
+_LISTED = {FLOAT: "float_val", HALF: "half_val", types_pb2.DT_DOUBLE: "double_val"}
+
+
 def _is_ones(graph: Graph, ref: TensorRef) -> bool:
     node = graph.node(ref.node)
     if node.op != "Const" or "value" not in node.attr:
         return False
-    values = const_values(node)   # InputError naming the node when the tensor is malformed
-    return values.size > 0 and values.dtype.kind == "f" and bool(np.all(values == 1))
+    tensor = node.attr["value"].tensor
+    listed_in = _LISTED.get(tensor.dtype)
+    if listed_in is None:
+        return False
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    listed = len(getattr(tensor, listed_in))
+    if not tensor.tensor_content and all(d >= 0 for d in dims) and 0 < listed < math.prod(dims):
+        # a splat (as tf.fill constants are stored): the listed values, the last one repeated to
+        # fill the shape. Read the listed ones alone, never the expanded tensor: a few bytes
+        # can stand for terabytes.
+        short = tensor_pb2.TensorProto()
+        short.CopyFrom(tensor)
+        del short.tensor_shape.dim[:]
+        short.tensor_shape.dim.add(size=listed)
+        values = tensor_util.MakeNdarray(short)
+    else:
+        values = const_values(node)   # InputError naming the node when the tensor is malformed
+    return values.size > 0 and bool(np.all(values == 1))
 
 
 def _auto_seeds(graph: Graph) -> list[str]:
@@ -102,10 +125,10 @@ def _auto_seeds(graph: Graph) -> list[str]:
             leaf = node.name[len(scope):]
             if _SEED_LEAF.match(leaf) and _is_ones(graph, graph.input(node.name, 1)):
                 seeds.append(node.name)
-        elif node.op == "Const" and scope is None and _is_ones(graph, TensorRef(node.name)):
+        elif node.op == "Const" and scope is None:
             readers = graph.consumers(node.name)
             if readers and all(backprop_scope(r) and "gradient_tape/" in backprop_scope(r)
-                               for r, _ in readers):
+                               for r, _ in readers) and _is_ones(graph, TensorRef(node.name)):
                 seeds.append(node.name)
     return seeds
 
