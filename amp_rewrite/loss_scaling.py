@@ -62,7 +62,12 @@ def _number(value, flag: str, minimum: float) -> float:
                          if flag == "--loss-scale" else f"{flag} must be a number, not {value!r}") from None
     if not math.isfinite(number) or number <= minimum:
         raise InputError(f"{flag} must be a finite number above {minimum:g}, not {value!r}")
+    if number > _FLOAT32_MAX:  # the scale is a float32 variable: it would be inf, every step skipped
+        raise InputError(f"{flag} must fit in float32 (at most {_FLOAT32_MAX:.4g}), not {value!r}")
     return number
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def apply(graph, model, options, report) -> bool:

@@ -192,3 +192,13 @@ def test_force_never_replaces_a_folder_that_is_not_a_saved_model(tmp_path):
     # a SavedModel output is still replaced with --force
     assert main([str(tmp_path / "sm"), "-o", str(tmp_path / "out")]) == 0
     assert main([str(tmp_path / "sm"), "-o", str(tmp_path / "out"), "--force"]) == 0
+
+
+def test_loss_scale_beyond_float32_is_refused(tmp_path, capsys):
+    gd, _, _ = graphs.training_mlp()
+    src = tmp_path / "t.pb"
+    src.write_bytes(gd.SerializeToString())
+    for flags in (["--loss-scale", "1e39"], ["--loss-scale-start", "1e39"]):
+        assert main([str(src), "-o", str(tmp_path / "o.pb")] + flags) == 2
+        assert "fit in float32" in capsys.readouterr().err
+        assert not (tmp_path / "o.pb").exists()
