@@ -19,7 +19,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import tensor_util
 
 from .ir import Graph, TensorRef
-from .paint import Painting, const_values, splat_value
+from .paint import Painting, const_values, listed_values
 from .types import (BFLOAT16, FLOAT, HALF, LOW_PRECISION, TypeAttr, dtype_name, input_dtype,
                     output_dtype, set_dtype)
 
@@ -127,23 +127,30 @@ def insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
 
 
 def _convert_const(node, target: int) -> None:
-    splat = splat_value(node)
-    if splat is not None:  # keep a splat a splat: one value and the shape
+    listed = listed_values(node)
+    if listed is not None:  # keep a splat a splat: its listed values and the shape
         tensor = node.attr["value"].tensor
-        one = tensor_util.make_tensor_proto(np.float32(splat), dtype=target)
         del tensor.float_val[:]
         tensor.dtype = target
-        tensor.half_val[:] = one.half_val
+        tensor.half_val[:] = _bits(listed, target).tolist()
         node.attr["dtype"].type = target
         return
     values = const_values(node)
-    if target == HALF:
-        converted = values.astype(np.float16)
-    else:
-        import ml_dtypes  # shipped with TensorFlow; numpy has no bfloat16 of its own
-        with np.errstate(invalid="ignore"):  # NaN stays NaN, as TensorFlow's Cast does
-            converted = values.astype(ml_dtypes.bfloat16)
+    converted = _lowp(values, target)
     shape = list(values.shape)
     proto = tensor_util.make_tensor_proto(converted, dtype=target, shape=shape)
     node.attr["value"].tensor.CopyFrom(proto)
     node.attr["dtype"].type = target
+
+
+def _lowp(values: np.ndarray, target: int) -> np.ndarray:
+    if target == HALF:
+        return values.astype(np.float16)
+    import ml_dtypes  # shipped with TensorFlow; numpy has no bfloat16 of its own
+    with np.errstate(invalid="ignore"):  # NaN stays NaN, as TensorFlow's Cast does
+        return values.astype(ml_dtypes.bfloat16)
+
+
+def _bits(values: np.ndarray, target: int) -> np.ndarray:
+    """The 16-bit patterns TensorProto's half_val holds for float16 and bfloat16 alike."""
+    return _lowp(values, target).view(np.uint16).astype(np.int32)

@@ -21,16 +21,17 @@ the report and ``explain`` read these, they never recompute.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from tensorflow.core.framework import types_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow.python.framework import tensor_util
 
 from .errors import InputError
 from .ir import Graph, Node
 from .rules import RuleSet
-from .types import (BFLOAT16, FLOAT, HALF, TypeAttr, device_type, dtype_name, get_dtype, kernel_supports,
+from .types import (FLOAT, HALF, TARGET_NAMES, TypeAttr, device_type, dtype_name, get_dtype, kernel_supports,
                     node_types, output_dtype)
 
 log = logging.getLogger(__name__)
@@ -184,23 +185,41 @@ def const_values(node: Node) -> np.ndarray:
         raise InputError(f"Const {node.name!r} holds a malformed tensor: {exc}") from None
 
 
-def splat_value(node: Node) -> float | None:
-    """The one value of a splat Const (a value and a shape, as ``tf.fill`` constants are stored),
-    or None. Splats are read without expanding them: a few bytes can stand for terabytes."""
+# where a Const lists its values when they are not in tensor_content (half: as bits)
+_LISTED = {FLOAT: "float_val", HALF: "half_val", types_pb2.DT_DOUBLE: "double_val"}
+
+
+def listed_values(node: Node) -> np.ndarray | None:
+    """The values a splat Const lists, not expanded; None for any other Const.
+
+    A splat (as ``tf.fill`` constants are stored) lists fewer values than its shape holds and
+    means the last one repeated. Read the listed ones alone, never the expanded tensor: a few
+    bytes can stand for terabytes.
+    """
     tensor = node.attr["value"].tensor
-    if tensor.tensor_content or len(tensor.float_val) > 1:
+    listed_in = _LISTED.get(tensor.dtype)
+    if listed_in is None or tensor.tensor_content:
         return None
-    return float(tensor.float_val[0]) if tensor.float_val else 0.0
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    listed = len(getattr(tensor, listed_in))
+    if any(d < 0 for d in dims) or listed >= math.prod(dims):
+        return None
+    if listed == 0:  # no value listed: all zeros
+        return np.zeros(1, np.float64)
+    short = tensor_pb2.TensorProto()
+    short.CopyFrom(tensor)
+    del short.tensor_shape.dim[:]
+    short.tensor_shape.dim.add(size=listed)
+    return tensor_util.MakeNdarray(short)
 
 
 def _fits(node: Node, target: int) -> bool:
     """Whether a float32 Const's values are finite after conversion to ``target``."""
     if target != HALF:
         return True
-    splat = splat_value(node)
-    if splat is not None:
-        return not (np.isfinite(splat) and abs(splat) > np.finfo(np.float16).max)
-    values = const_values(node)
+    values = listed_values(node)
+    if values is None:
+        values = const_values(node)
     finite = np.isfinite(values)
     return not np.any(np.abs(values[finite]) > np.finfo(np.float16).max)
 
@@ -229,7 +248,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     order = graph.topological_order()
     tg = _TypeGraph(graph, order)
     result = Painting(target=target, device=device)
-    tname = {HALF: "float16", BFLOAT16: "bfloat16"}.get(target, dtype_name(target))
+    tname = TARGET_NAMES.get(target, dtype_name(target))
     items = tg.items
     nodes = {name: graph.node(name) for name in order}
     cat = [rules.category(nodes[name].op) for name, _ in items]

@@ -27,6 +27,7 @@ LOW_PRECISION = (HALF, BFLOAT16)
 _REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100 in types.proto
 
 TARGETS = {"float16": HALF, "bfloat16": BFLOAT16}
+TARGET_NAMES = {dtype: name for name, dtype in TARGETS.items()}
 
 
 def dtype_name(dtype: int) -> str:

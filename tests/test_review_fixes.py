@@ -202,3 +202,24 @@ def test_loss_scale_beyond_float32_is_refused(tmp_path, capsys):
         assert main([str(src), "-o", str(tmp_path / "o.pb")] + flags) == 2
         assert "fit in float32" in capsys.readouterr().err
         assert not (tmp_path / "o.pb").exists()
+
+
+def test_splat_listing_several_values_is_not_expanded():
+    """A splat lists fewer values than its shape holds (the last repeats); converting it keeps
+    the listed values only, in the target's bits."""
+    from tensorflow.core.framework import attr_value_pb2
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [2, 4], name="x")
+        w = tf.constant(0.25, shape=[4, 4], name="w")
+        tf.identity(tf.matmul(x, w), name="out")
+    gd = g.as_graph_def()
+    w = next(n for n in gd.node if n.name == "w")
+    w.attr["value"].tensor.float_val[:] = [1.0, 0.25]    # first element 1, the rest 0.25
+    feeds = {"x:0": np.ones((2, 4), np.float32)}
+    ref = graphs.run(gd, feeds, ["out:0"])[0]
+    for target, device in (("float16", "gpu"), ("bfloat16", "cpu")):
+        new, report = convert(gd, target=target, device=device)
+        w_new = next(n for n in new.node if n.name == "w").attr["value"].tensor
+        assert not w_new.tensor_content and len(w_new.half_val) == 2
+        np.testing.assert_allclose(graphs.run(new, feeds, ["out:0"])[0], ref)

@@ -13,17 +13,15 @@ Everything here only reads the graph.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, types_pb2
-from tensorflow.python.framework import tensor_util
+from tensorflow.core.framework import types_pb2
 
 from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
-from ..paint import const_values
+from ..paint import const_values, listed_values
 from ..types import BFLOAT16, FLOAT, HALF, output_dtype
 
 _BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
@@ -89,30 +87,14 @@ class Backprop:
     notes: list[str] = field(default_factory=list)
 
 
-# where a Const lists its values when they are not in tensor_content (half: as bits)
-_LISTED = {FLOAT: "float_val", HALF: "half_val", types_pb2.DT_DOUBLE: "double_val"}
-
-
 def _is_ones(graph: Graph, ref: TensorRef) -> bool:
     node = graph.node(ref.node)
     if node.op != "Const" or "value" not in node.attr:
         return False
-    tensor = node.attr["value"].tensor
-    listed_in = _LISTED.get(tensor.dtype)
-    if listed_in is None:
+    if node.attr["value"].tensor.dtype not in (FLOAT, HALF, types_pb2.DT_DOUBLE):
         return False
-    dims = [d.size for d in tensor.tensor_shape.dim]
-    listed = len(getattr(tensor, listed_in))
-    if not tensor.tensor_content and all(d >= 0 for d in dims) and 0 < listed < math.prod(dims):
-        # a splat (as tf.fill constants are stored): the listed values, the last one repeated to
-        # fill the shape. Read the listed ones alone, never the expanded tensor: a few bytes
-        # can stand for terabytes.
-        short = tensor_pb2.TensorProto()
-        short.CopyFrom(tensor)
-        del short.tensor_shape.dim[:]
-        short.tensor_shape.dim.add(size=listed)
-        values = tensor_util.MakeNdarray(short)
-    else:
+    values = listed_values(node)
+    if values is None:
         values = const_values(node)   # InputError naming the node when the tensor is malformed
     return values.size > 0 and bool(np.all(values == 1))
 
