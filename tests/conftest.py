@@ -3,6 +3,12 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Grappler's bfloat16 AMP pass, which the parity tests compare against, and oneDNN's kernel log,
+# which the kernels tests read, run only where TensorFlow's oneDNN ops are on. TensorFlow turns
+# them on by default only on CPUs with AVX512-VNNI/AVX512-BF16/AMX, and decides once per
+# process, so AVX2-only machines need the switch before TensorFlow is imported. A value the
+# user set wins; tests that need oneDNN then skip, saying why (tests/machine.py).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # grappler's variables would change the default rules under the tests' feet
 for var in list(os.environ):
     if var.startswith("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"):

@@ -1,13 +1,16 @@
 """Our painting against grappler's own pass, on the graphs of TensorFlow's AMP tests.
 
-Grappler runs in its oneDNN bfloat16 mode (it runs on this CPU). The sets of low-precision
-nodes must agree; every difference must be one README.md lists ("Where we differ from
-grappler"), identified here by the decision code our report gives the node.
+Grappler runs in its oneDNN bfloat16 mode, which needs TensorFlow's oneDNN ops on (conftest.py
+turns them on where the CPU's default leaves them off; the tests skip where they stay off).
+The sets of low-precision nodes must agree; every difference must be one README.md lists
+("Where we differ from grappler"), identified here by the decision code our report gives the
+node.
 """
 
 import pytest
 
 import grappler_graphs as gg
+from machine import needs_onednn
 from amp_rewrite import convert
 
 # decision code of ours -> why grappler differs (README "Where we differ from grappler")
@@ -29,6 +32,7 @@ for spec in [("w", "c", "w"), ("c", "c", "w"), ("w", "g", "w"), ("w", "gbg", "cb
     CASES["loop_" + "_".join(spec)] = lambda s=spec: gg.simple_loop(*s)
 
 
+@needs_onednn
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_same_low_precision_nodes_as_grappler(case):
     graph_def, _ = CASES[case]()

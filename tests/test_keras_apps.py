@@ -18,6 +18,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 import graphs
+from machine import needs_onednn
 from amp_rewrite import convert
 
 MODELS = {"ResNet50": keras.applications.ResNet50, "MobileNetV2": keras.applications.MobileNetV2}
@@ -82,6 +83,7 @@ def _grappler_bfloat16_run(graph_def, feeds, fetch):
         return np.asarray(sess.run(fetch, feeds), np.float64)
 
 
+@needs_onednn
 def test_calibrated_logits_no_worse_than_grappler(model_name, images):
     keras.utils.set_random_seed(0)
     model = MODELS[model_name](weights=None, input_shape=(64, 64, 3), classifier_activation=None)
