@@ -32,6 +32,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from . import hardware
 from .errors import InputError
 from .runner import GraphRunner, concrete_shape, load_inputs, open_model, parse_shapes, random_inputs
 
@@ -42,6 +43,7 @@ SIXTEEN_BIT_DATA = ("bf16", "f16")
 SIXTEEN_BIT_ISA = ("amx", "avx512_core_bf16", "avx512_core_fp16", "avx2_vnni_2")
 TENSOR_CORE_KERNEL = re.compile(r"884|1688|16816|hmma|xmma|tensorop|wmma", re.IGNORECASE)
 _BEGIN, _END = "amp-rewrite-kernels-begin", "amp-rewrite-kernels-end"
+_ONEDNN = "amp-rewrite-kernels-onednn="
 _CHILD_TIMEOUT = 600
 
 
@@ -63,6 +65,7 @@ class KernelReport:
 
     device: str
     runtime: str = ""                 # e.g. "oneDNN v3.7.3, isa: Intel AVX-512 with ... bfloat16"
+    onednn: bool | None = None        # CPU: whether TensorFlow's oneDNN ops were on in the run
     kernels: list[Kernel] = field(default_factory=list)
     misaligned: list[dict] = field(default_factory=list)   # float16 dims not multiples of 8
 
@@ -89,7 +92,8 @@ class KernelReport:
         return sorted(out.values(), key=lambda g: (-g["macs"], -g["count"], g["implementation"]))
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "runtime": self.runtime, "share": self.share,
+        return {"device": self.device, "runtime": self.runtime, "onednn": self.onednn,
+                "share": self.share,
                 "kernels": [asdict(k) for k in self.kernels], "groups": self.groups(),
                 "misaligned": self.misaligned}
 
@@ -199,10 +203,23 @@ def onednn_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = 
         header = measured = out
     kernels, _ = parse_onednn_log(measured)
     _, runtime = parse_onednn_log(header)
+    flag = re.search(f"^{_ONEDNN}([01])$", header, re.MULTILINE)
+    onednn = None if flag is None else flag.group(1) == "1"
     if not kernels:
-        log.warning("no oneDNN matrix primitive ran (TF_ENABLE_ONEDNN_OPTS=0, or the matrix ops "
-                    "ran on Eigen kernels, as float16 does on CPUs without AVX512-FP16)")
-    return KernelReport("CPU", runtime, kernels)
+        log.warning(_no_kernel_reason(onednn))
+    return KernelReport("CPU", runtime, onednn=onednn, kernels=kernels)
+
+
+def _no_kernel_reason(onednn: bool | None) -> str:
+    if onednn is False:
+        unit = ("" if hardware.bf16_matrix_unit() else
+                " (this CPU has no bfloat16 matrix unit, so bfloat16 cannot run faster here)")
+        return ("TensorFlow's oneDNN ops were off in the run (TF_ENABLE_ONEDNN_OPTS=0, or its "
+                "default on a CPU without AVX512-VNNI/AVX512-BF16/AMX), so the matrix ops ran on "
+                "Eigen kernels, which log nothing; set TF_ENABLE_ONEDNN_OPTS=1 to run them "
+                "through oneDNN" + unit)
+    return ("no oneDNN matrix primitive ran: the matrix ops ran on Eigen kernels, as float16 "
+            "does on CPUs without AVX512-FP16")
 
 
 def _child(argv: Sequence[str]) -> int:
@@ -216,6 +233,7 @@ def _child(argv: Sequence[str]) -> int:
     p.add_argument("--signature")
     args = p.parse_args(argv)
     libc = ctypes.CDLL(None)
+    os.write(1, f"{_ONEDNN}{int(hardware.onednn_enabled())}\n".encode())
     with open_model(args.model, signature=args.signature) as runner:
         feeds = (load_inputs(args.inputs, runner.inputs) if args.inputs else
                  random_inputs(runner.inputs, parse_shapes(args.shape)))
@@ -249,7 +267,8 @@ def gpu_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = Non
         feed_dict = {s.tensor: feeds[s.name] for s in runner.inputs}
         runner.session.run(runner.outputs, feed_dict)
         runner.session.run(runner.outputs, feed_dict, options=options, run_metadata=metadata)
-    return KernelReport("GPU", "TensorFlow step trace", classify_gpu_kernels(metadata.step_stats))
+    return KernelReport("GPU", "TensorFlow step trace",
+                        kernels=classify_gpu_kernels(metadata.step_stats))
 
 
 def classify_gpu_kernels(step_stats) -> list[Kernel]:

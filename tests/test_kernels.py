@@ -10,21 +10,10 @@ from tensorflow.core.framework import step_stats_pb2
 
 from amp_rewrite import cli, convert_file
 from amp_rewrite.kernels import classify_gpu_kernels, kernel_report, misaligned_dims, onednn_kernels
+from machine import needs_bf16_units, needs_onednn
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
 BATCH = 4
-
-
-def _cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-needs_bf16_units = pytest.mark.skipif(
-    not ({"amx_bf16", "avx512_bf16"} & _cpu_flags()),
-    reason="this CPU has neither AMX nor AVX512-BF16, so oneDNN has no bfloat16 matrix unit to use")
 
 
 def _conv_macs(batch):
@@ -32,6 +21,7 @@ def _conv_macs(batch):
     return batch * 8 * 8 * 9 * (1 * 32 + 32 * 64)
 
 
+@needs_onednn
 @needs_bf16_units
 def test_bfloat16_cnn_convolutions_run_on_16bit_units(tmp_path):
     conv = tmp_path / "cnn_bf16.pb"
@@ -50,12 +40,22 @@ def test_bfloat16_cnn_convolutions_run_on_16bit_units(tmp_path):
     assert report["share"] == 1.0
 
 
+@needs_onednn
 def test_fp32_original_has_no_16bit_work():
     report = onednn_kernels(EXAMPLE, shapes={"images": (BATCH, 8, 8, 1)})
     convs = [k for k in report.kernels if k.kind == "convolution"]
     assert len(convs) == 2 and all(k.dtype == "f32" and not k.sixteen_bit for k in convs)
     assert sum(k.macs for k in convs) == _conv_macs(BATCH)
-    assert report.share == 0.0
+    assert report.share == 0.0 and report.onednn is True
+
+
+def test_onednn_off_is_reported_not_mistaken_for_no_work(monkeypatch, caplog):
+    """As on an AVX2-only CPU by default: oneDNN is off, matrix ops run on Eigen, nothing logs."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")   # the child process reads it
+    with caplog.at_level("WARNING", logger="amp_rewrite"):
+        report = onednn_kernels(EXAMPLE, shapes={"images": (BATCH, 8, 8, 1)})
+    assert report.onednn is False and report.kernels == [] and report.share is None
+    assert "TF_ENABLE_ONEDNN_OPTS=1" in caplog.text
 
 
 def test_float16_alignment_lists_dims_not_multiple_of_8(tmp_path):
@@ -87,6 +87,7 @@ def test_gpu_kernel_names_classified():
     assert {k.implementation: k.sixteen_bit for k in kernels} == names
 
 
+@needs_onednn
 @needs_bf16_units
 def test_savedmodel_signature_runs_on_16bit_units(tmp_path):
     r = np.random.default_rng(0)
