@@ -32,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from amp_rewrite import hardware  # noqa: E402
 from amp_rewrite import functions  # noqa: E402
 from amp_rewrite.ir import Graph  # noqa: E402
 from amp_rewrite.pipeline import Options, convert, convert_graph  # noqa: E402
@@ -122,7 +123,7 @@ def section(results, runs: int) -> str:
             "`h = tanh(h @ W + b)`; FP32, bfloat16 with the loop boundary kept float32 (two "
             "casts per iteration), and amp-rewrite's output (the loop carries bfloat16), median "
             f"of {runs} runs each, interleaved round-robin in one process on {platform.machine()} "
-            f"with {os.cpu_count()} cores (AVX512-BF16, no AMX), TensorFlow {tf.__version__}. "
+            f"with {os.cpu_count()} cores ({hardware.describe()}), TensorFlow {tf.__version__}. "
             "Ratios are FP32 time / variant time; \"lowered vs f32 boundary\" is the time with "
             "float32 boundaries over amp-rewrite's.\n\n" + table(results) + "\n\n"
             "The machine is shared with other jobs, so absolute times are noisy; the ratios come "

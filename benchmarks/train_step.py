@@ -33,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
 
+from amp_rewrite import hardware  # noqa: E402
 from amp_rewrite.load import Model  # noqa: E402
 from amp_rewrite.pipeline import Options, convert_model  # noqa: E402
 
@@ -156,8 +157,11 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
         "One training step (forward, backward, Momentum update), median of "
         f"{rounds} steps after {warmup} warm-up steps, the three variants timed round-robin in one "
         f"process by `benchmarks/train_step.py` on {platform.machine()} with "
-        f"{os.cpu_count()} cores (AVX512-BF16, no AMX), TensorFlow {tf.__version__}. "
-        "Ratios are FP32 time / variant time (above 1: faster than FP32).\n",
+        f"{os.cpu_count()} cores ({hardware.describe()}), TensorFlow {tf.__version__}. "
+        "Ratios are FP32 time / variant time (above 1: faster than FP32)."
+        + ("" if hardware.onednn_enabled() else " TensorFlow's oneDNN ops were off "
+           "(TF_ENABLE_ONEDNN_OPTS), so grappler's bfloat16 pass did not run: its column is FP32.")
+        + "\n",
         "| model | MatMul/Conv ops in bf16 | FP32 ms | amp-rewrite bf16 ms (ratio) | "
         "grappler AMP bf16 ms (ratio) | loss after the run: FP32 / amp-rewrite / grappler |",
         "| --- | --- | --- | --- | --- | --- |",
