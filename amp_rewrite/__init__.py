@@ -15,12 +15,11 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Options": "pipeline", "convert": "pipeline", "convert_file": "pipeline",
+    "Options": "passes", "convert": "pipeline", "convert_file": "pipeline",
     "convert_model": "pipeline",
-    "AmpRewriteError": "errors", "InputError": "errors", "LintError": "errors",
+    "AmpRewriteError": "errors", "InputError": "errors", "IRError": "errors", "LintError": "errors",
     "RuleError": "errors", "UnsupportedGraphError": "errors",
-    "Report": "report", "RuleSet": "rules",
-    "load_rules": "rules",
+    "Report": "report", "RuleSet": "rules", "load_rules": "rules",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -8,17 +8,14 @@ leading dimension) over the median latency.
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from .errors import InputError
-from .runner import open_pair, parse_shapes
-from .verify import add_model_arguments, feed_sets
+from .runner import open_pair
+from .verify import feed_sets
 
 
 @dataclass
@@ -103,42 +100,6 @@ def bench(original_path, converted_path, *, runs: int = 20, warmup: int = 3,
     batch = int(first.shape[0]) if first is not None and first.ndim else 1
     return BenchResult(runs, warmup, batch, _timing(times_a, batch), _timing(times_b, batch),
                        [a / b for a, b in zip(times_a, times_b)])
-
-
-# -- command line ------------------------------------------------------------------------------
-
-def add_arguments(parser, command: str) -> None:
-    add_model_arguments(parser)
-    parser.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
-    parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
-    parser.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
-
-
-def _progress_bar(done: int, total: int) -> None:
-    width = 30
-    filled = width * done // total
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rounds")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
-def run(args, command: str) -> int:
-    result = bench(args.original, args.converted, runs=args.runs, warmup=args.warmup,
-                   shapes=parse_shapes(args.shape), inputs=args.inputs, signature=args.signature,
-                   outputs=args.output, checkpoint=args.checkpoint,
-                   progress=None if args.quiet else _progress_bar)
-    if args.json:
-        from .save import atomic_write
-        atomic_write(Path(args.json), (json.dumps(result.to_dict(), indent=1) + "\n").encode(),
-                     force=True)
-    if args.html:
-        from .html import write_bench_report
-        write_bench_report(args.html, result, args.converted)
-    if not args.quiet:
-        print(format_result(result))
-    return 0
 
 
 def format_result(result: BenchResult) -> str:

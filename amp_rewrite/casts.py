@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import tensor_util
 
+from . import consts
+from .dtypes import CONVERTIBLE, FLOAT, LOW_PRECISION, dtype_name
 from .ir import Graph, TensorRef
-from .paint import Painting, const_values, listed_values
-from .types import (BFLOAT16, FLOAT, HALF, LOW_PRECISION, TypeAttr, dtype_name, input_dtype,
-                    output_dtype, set_dtype)
-
-_FLOATS = (FLOAT, HALF, BFLOAT16)
+from .paint import Painting
+from .signatures import TypeAttr, input_dtype, output_dtype, set_dtype
 
 
 @dataclass
@@ -48,7 +45,7 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
         node = graph.node(name)
         set_dtype(node, attr, painting.target)
         if node.op == "Const" and attr.attr == "dtype":
-            _convert_const(node, painting.target)
+            consts.convert(node, painting.target)
             stats.consts.append(name)
 
     retargeted = {name for (name, attr), d in painting.decisions.items()
@@ -62,7 +59,7 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
             old_have, old_want = before[(ref, name, port)]
             have = old_want if have is None else have
             want = old_have if want is None else want
-            if have == want or have not in _FLOATS or want not in _FLOATS:
+            if have == want or have not in CONVERTIBLE or want not in CONVERTIBLE:
                 continue
             if name in retargeted and have in LOW_PRECISION:
                 # a retargeted Cast reads the low-precision tensor itself: no cast in front
@@ -124,33 +121,3 @@ def insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:
                           after=ref.node)
     node.meta["amp_inserted"] = True
     return TensorRef(node.name, 0)
-
-
-def _convert_const(node, target: int) -> None:
-    listed = listed_values(node)
-    if listed is not None:  # keep a splat a splat: its listed values and the shape
-        tensor = node.attr["value"].tensor
-        del tensor.float_val[:]
-        tensor.dtype = target
-        tensor.half_val[:] = _bits(listed, target).tolist()
-        node.attr["dtype"].type = target
-        return
-    values = const_values(node)
-    converted = _lowp(values, target)
-    shape = list(values.shape)
-    proto = tensor_util.make_tensor_proto(converted, dtype=target, shape=shape)
-    node.attr["value"].tensor.CopyFrom(proto)
-    node.attr["dtype"].type = target
-
-
-def _lowp(values: np.ndarray, target: int) -> np.ndarray:
-    if target == HALF:
-        return values.astype(np.float16)
-    import ml_dtypes  # shipped with TensorFlow; numpy has no bfloat16 of its own
-    with np.errstate(invalid="ignore"):  # NaN stays NaN, as TensorFlow's Cast does
-        return values.astype(ml_dtypes.bfloat16)
-
-
-def _bits(values: np.ndarray, target: int) -> np.ndarray:
-    """The 16-bit patterns TensorProto's half_val holds for float16 and bfloat16 alike."""
-    return _lowp(values, target).view(np.uint16).astype(np.int32)

@@ -1,59 +1,62 @@
-"""The ``amp-rewrite`` command line.
+"""The ``amp-rewrite`` command line: parse, check paths, report errors. No TensorFlow here.
 
-``amp-rewrite IN -o OUT [options]`` converts; ``amp-rewrite COMMAND ...`` runs one of the
-subcommands in :data:`SUBCOMMANDS` (each a module with ``add_arguments(parser)`` and
-``run(args) -> int``). Exit codes: 0 ok, 2 bad input or usage, 1 internal error. Only this
-module prints; the library logs.
+``amp-rewrite IN -o OUT [options]`` converts; ``amp-rewrite COMMAND ...`` runs ``explain``,
+``rules``, ``verify``, ``kernels`` or ``bench``. Every flag is defined in this module and every
+path is checked before TensorFlow is imported (that takes seconds), so a usage or path error
+answers at once. Then :mod:`amp_rewrite.commands`, which imports TensorFlow, runs the command.
+
+Exit codes: 0 ok, 1 ``verify`` found an output out of tolerance, 2 bad input or usage
+(:data:`~amp_rewrite.errors.INPUT_EXIT`), 70 a bug in amp-rewrite
+(:data:`~amp_rewrite.errors.INTERNAL_EXIT`). Errors are one line; ``-v`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
 import sys
 import traceback
 
-# TensorFlow's C++ start-up chatter would bury our one-line messages; users can still set it.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from .errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
+from .files import same_file
 
 PROG = "amp-rewrite"
-SUBCOMMANDS = {
-    "explain": "amp_rewrite.explain",
-    "rules": "amp_rewrite.explain",
-    "verify": "amp_rewrite.verify",
-    "kernels": "amp_rewrite.kernels",
-    "bench": "amp_rewrite.bench",
-}
+COMMANDS = ("explain", "rules", "verify", "kernels", "bench")
+#: the module that runs the commands; loaded only once the arguments are checked (it imports
+#: TensorFlow), which is why it is named here instead of imported
+RUNNER_MODULE = "amp_rewrite.commands"
+_LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors: one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(INPUT_EXIT, f"{self.prog}: error: {message}\n")
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="log each step and show tracebacks")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+# ----------------------------------------------------------------- flags
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", help="log each step and show tracebacks")
+    p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
 
 
-def add_rule_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
-                        help="low-precision dtype (default float16, for Tensor Cores)")
-    parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
-                        help="device unplaced nodes run on; decides which kernels exist (default gpu)")
-    parser.add_argument("--rules", action="append", default=[], metavar="FILE",
-                        help="rule file stacked on the defaults (repeatable, applied in order)")
+def _rule_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
+                   help="low-precision dtype (default float16, for Tensor Cores)")
+    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
+                   help="device unplaced nodes run on; decides which kernels exist (default gpu)")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="rule file stacked on the defaults (repeatable, applied in order)")
 
 
 def _convert_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision. "
-                "Other commands: " + ", ".join(sorted(set(SUBCOMMANDS))) + " (amp-rewrite CMD -h).")
+                "Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
     p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta) or SavedModel directory")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
-    add_rule_args(p)
+    _rule_flags(p)
     p.add_argument("--keep", action="append", default=[], metavar="NAME",
                    help="node whose dtypes must not change (repeatable)")
     p.add_argument("--lowp-io", action="store_true",
@@ -64,27 +67,133 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")
-    for hook in _convert_hooks():
-        hook.add_convert_arguments(p)
-    add_common(p)
+    g = p.add_argument_group("training graphs")
+    g.add_argument("--loss-scale", metavar="dynamic|none|N",
+                   help="loss scaling for training graphs (default: dynamic for float16, "
+                        "none for bfloat16; a number is a static scale)")
+    g.add_argument("--loss-scale-start", type=float, metavar="S", help="first dynamic scale")
+    g.add_argument("--loss-scale-interval", type=int, metavar="STEPS",
+                   help="finite steps before the scale grows")
+    g.add_argument("--loss-scale-factor", type=float, metavar="F",
+                   help=f"growth and shrink factor (defaults: {_LOSS_SCALE_DEFAULTS})")
+    g.add_argument("--loss", metavar="NAME", help="the loss tensor whose backprop seed to scale")
+    g.add_argument("--grad", action="append", default=[], metavar="NAME",
+                   help="a backprop seed (the gradient fed to tf.gradients / the tape), repeatable")
+    p.add_argument("--html", metavar="REPORT.html",
+                   help="also write a self-contained HTML report of the conversion")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="write the converted graph as a TensorBoard event file into DIR")
+    _common(p)
     return p
 
 
-def _convert_hooks():
-    """Modules that add their own flags to the convert command (loss scaling, HTML report ...)."""
-    mods = []
-    for name in ("amp_rewrite.loss_scaling", "amp_rewrite.html"):
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        if hasattr(mod, "add_convert_arguments"):
-            mods.append(mod)
-    return mods
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by verify and bench: which inputs, shapes, signature, outputs, weights."""
+    p.add_argument("original", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
+    p.add_argument("converted", help="the converted model")
+    _run_flags(p)
+    p.add_argument("--output", action="append", default=[], metavar="TENSOR",
+                   help="graph output to compare (repeatable; default the signature's "
+                   "outputs, else the nodes nothing reads)")
+    p.add_argument("--checkpoint", metavar="PREFIX",
+                   help="restore the original MetaGraph's variables from this checkpoint "
+                   "(default: run its initializers); the converted graph gets the same values")
 
 
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inputs", metavar="DATA.npz", help="input arrays keyed by input name")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="shape of an input with unknown dimensions (repeatable)")
+    p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
+                   "(default serving_default, else the first)")
+
+
+def _command_parser(command: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} {command}")
+    if command == "explain":
+        p.add_argument("input", help="the FP32 model to explain")
+        p.add_argument("node", nargs="+", help="node name(s) to explain")
+        _rule_flags(p)
+        p.add_argument("--keep", action="append", default=[], metavar="NAME")
+        p.add_argument("--lowp-io", action="store_true")
+    elif command == "rules":
+        p.add_argument("action", choices=["show"], help="show the effective op lists")
+        _rule_flags(p)
+    elif command == "verify":
+        _model_flags(p)
+        p.add_argument("--samples", type=int, default=1, metavar="N",
+                       help="random input sets to run (default 1; ignored with --inputs)")
+        p.add_argument("--rtol", type=float, help="relative tolerance (default by the converted "
+                       "graph's dtype: bfloat16 0.05, float16 0.01)")
+        p.add_argument("--atol", type=float, help="absolute tolerance (default bfloat16 0.01, "
+                       "float16 0.001)")
+        p.add_argument("--per-node", action="store_true",
+                       help="rank the tensors of both graphs by the error each adds")
+        p.add_argument("--top", type=int, default=10, metavar="N",
+                       help="tensors to list with --per-node (default 10)")
+        p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
+        p.add_argument("--report", metavar="FILE.json",
+                       help="the convert command's JSON report, to include its decisions in --html")
+    elif command == "kernels":
+        p.add_argument("model", help="the converted model (GraphDef, MetaGraph or SavedModel dir)")
+        p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                       help="where to run it (default: gpu if TensorFlow sees one, else cpu)")
+        _run_flags(p)
+        p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
+    elif command == "bench":
+        _model_flags(p)
+        p.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
+        p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
+        p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
+        p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
+    _common(p)
+    return p
+
+
+# ----------------------------------------------------------------- checks before any work
+def _check_writable(path: str, what: str, *others: str) -> None:
+    for other in others:
+        if same_file(path, other):
+            raise InputError(f"{path}: the {what} would overwrite {other}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"{path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):  # found only after the output is written otherwise
+        raise InputError(f"{path}: cannot write in {folder}: permission denied")
+
+
+def _check_convert_paths(args) -> None:
+    """Refuse, before any work, writes that would clobber the input or an existing file."""
+    if not os.path.exists(args.input):
+        raise InputError(f"{args.input}: no such file")
+    # output = input is reported by convert_file, which names --in-place rather than --force
+    if (os.path.exists(args.output) and not (args.force or args.in_place)
+            and not same_file(args.input, args.output)):
+        raise InputError(f"{args.output}: already exists; pass --force to replace it")
+    if args.report:
+        _check_writable(args.report, "report", args.input, args.output)
+
+
+def _refuse_misspelled_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """``amp-rewrite verfy a.pb b.pb`` would otherwise complain about a missing -o."""
+    if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
+        return
+    close = difflib.get_close_matches(argv[0], sorted(COMMANDS), n=1, cutoff=0.6)
+    if close:
+        parser.error(f"no file {argv[0]!r} and no command of that name; did you mean "
+                     f"'{PROG} {close[0]}'? (commands: {', '.join(sorted(COMMANDS))})")
+
+
+def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
+    """The command (``"convert"`` for a conversion) and its arguments; usage errors exit 2."""
+    if argv and argv[0] in COMMANDS:
+        return argv[0], _command_parser(argv[0]).parse_args(argv[1:])
+    parser = _convert_parser()
+    _refuse_misspelled_command(argv, parser)
+    return "convert", parser.parse_args(argv)
+
+
+# ----------------------------------------------------------------- running
 def _setup_logging(args) -> None:
     level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
     handler = logging.StreamHandler(sys.stderr)
@@ -95,63 +204,21 @@ def _setup_logging(args) -> None:
     logger.propagate = False
 
 
-def _check_paths(args) -> None:
-    """Refuse, before any work, writes that would clobber the input or an existing file."""
-    from .errors import InputError
-    from .save import same_file
-
-    # output = input is reported by convert_file, which names --in-place rather than --force
-    if (os.path.exists(args.output) and not (args.force or args.in_place)
-            and not same_file(args.input, args.output)):
-        raise InputError(f"{args.output}: already exists; pass --force to replace it")
-    if args.report:
-        for other in (args.input, args.output):
-            if same_file(args.report, other):
-                raise InputError(f"{args.report}: the report would overwrite {other}")
-        folder = os.path.dirname(os.path.abspath(args.report))
-        if not os.path.isdir(folder):
-            raise InputError(f"{args.report}: folder {folder} does not exist")
-        if not os.access(folder, os.W_OK):  # found only after the output is written otherwise
-            raise InputError(f"{args.report}: cannot write in {folder}: permission denied")
-
-
-def run_convert(args) -> int:
-    from .pipeline import convert_file
-    from .save import atomic_write
-
-    _check_paths(args)
-    options = dict(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
-                   lowp_io=args.lowp_io, fold_constants=args.fold_constants)
-    for hook in _convert_hooks():
-        if hasattr(hook, "convert_options"):
-            options.update(hook.convert_options(args))
-    report = convert_file(args.input, args.output, force=args.force, in_place=args.in_place,
-                               **options)
-    if args.report:
-        atomic_write(args.report, report.to_json().encode("utf-8"), force=True)
-    for hook in _convert_hooks():
-        if hasattr(hook, "after_convert"):
-            hook.after_convert(args, report)
-    if not args.quiet:
-        print(f"wrote {args.output}")
-        print(report.format_summary())
-    return 0
-
-
-def _import_tensorflow_quietly(verbose: bool) -> None:
-    """Import TensorFlow with its C++ start-up lines (printed before absl logging is set up, so
-    no environment variable silences them) kept off stderr, unless -v asks to see everything."""
+def _load_runner(verbose: bool):
+    """Import :data:`RUNNER_MODULE` (and with it TensorFlow), its C++ start-up lines kept off
+    stderr unless ``-v``: they are printed before absl logging is set up, so no environment
+    variable silences them."""
     if verbose or "tensorflow" in sys.modules:
-        return
+        return importlib.import_module(RUNNER_MODULE)
     try:
         saved = os.dup(2)
     except OSError:
-        return
+        return importlib.import_module(RUNNER_MODULE)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         sys.stderr.flush()
         os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
+        return importlib.import_module(RUNNER_MODULE)
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)
@@ -159,41 +226,22 @@ def _import_tensorflow_quietly(verbose: bool) -> None:
         os.close(devnull)
 
 
-def _refuse_misspelled_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
-    """``amp-rewrite verfy a.pb b.pb`` would otherwise complain about a missing -o."""
-    import difflib
-    if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
-        return
-    close = difflib.get_close_matches(argv[0], sorted(SUBCOMMANDS), n=1, cutoff=0.6)
-    if close:
-        parser.error(f"no file {argv[0]!r} and no command of that name; did you mean "
-                     f"'{PROG} {close[0]}'? (commands: {', '.join(sorted(SUBCOMMANDS))})")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _import_tensorflow_quietly("-v" in argv or "--verbose" in argv)
-    if argv and argv[0] in SUBCOMMANDS:
-        module = importlib.import_module(SUBCOMMANDS[argv[0]])
-        parser = _Parser(prog=f"{PROG} {argv[0]}")
-        module.add_arguments(parser, argv[0])
-        add_common(parser)
-        args = parser.parse_args(argv[1:])
-        runner = lambda: module.run(args, argv[0])  # noqa: E731
-    else:
-        parser = _convert_parser()
-        _refuse_misspelled_command(argv, parser)
-        args = parser.parse_args(argv)
-        runner = lambda: run_convert(args)  # noqa: E731
+    # TensorFlow's C++ chatter would bury our one-line messages; users can still set it
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    command, args = parse(argv)
     _setup_logging(args)
-    from .errors import AmpRewriteError
     try:
-        return runner()
+        if command == "convert":
+            _check_convert_paths(args)
+        return _load_runner(args.verbose).run(command, args)
     except AmpRewriteError as exc:
         if args.verbose:
             traceback.print_exc()
         one_line = " ".join(str(exc).split())  # messages quoting parsers may hold newlines
-        print(f"{PROG}: error: {one_line}", file=sys.stderr)
+        internal = "" if isinstance(exc, InputError) else "internal error (a bug in amp-rewrite): "
+        print(f"{PROG}: error: {internal}{one_line}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -201,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # our bug: one line unless -v
         if args.verbose:
             traceback.print_exc()
-        print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)",
-              file=sys.stderr)
-        return 1
+        print(f"{PROG}: internal error (a bug in amp-rewrite): {type(exc).__name__}: {exc} "
+              "(run with -v for the traceback)", file=sys.stderr)
+        return INTERNAL_EXIT
 
 
 if __name__ == "__main__":

@@ -1,25 +1,37 @@
 """The one exception hierarchy of amp-rewrite.
 
-Every error the library raises on purpose is an :class:`AmpRewriteError`. The CLI maps
-:class:`InputError` (and its subclasses) to exit code 2 and everything else to exit code 1,
-printing only the message unless ``-v`` is given. Messages name the file, node, op and dtypes
-involved and, where there is one, what the user can do about it.
+Every error the library raises on purpose is an :class:`AmpRewriteError`, and falls on one of
+two sides:
+
+* the user's: :class:`InputError` and its subclasses. The input (a file, a flag, a graph, a
+  rule file) cannot be used as given; the message names the file, node, op and dtypes involved
+  and what the user can do. The CLI prints it in one line and exits with 2.
+* ours: :class:`IRError` (an IR primitive misused) and :class:`LintError` (a converted graph
+  that fails the lint). Both mean a bug in amp-rewrite. They are never caught as a user error
+  nor turned into a warning; the CLI reports them, like any unexpected exception, as an
+  internal error with exit code :data:`INTERNAL_EXIT`.
 """
 
 from __future__ import annotations
+
+#: exit code of the CLI for bad input or usage
+INPUT_EXIT = 2
+#: exit code of the CLI for a bug in amp-rewrite (sysexits.h's EX_SOFTWARE); ``verify`` keeps
+#: exit code 1 for "out of tolerance"
+INTERNAL_EXIT = 70
 
 
 class AmpRewriteError(Exception):
     """Base class of every error amp-rewrite raises on purpose."""
 
     #: exit code the CLI uses for this error
-    exit_code = 1
+    exit_code = INTERNAL_EXIT
 
 
 class InputError(AmpRewriteError):
     """The user's input (a file, a flag, a graph) cannot be used as given."""
 
-    exit_code = 2
+    exit_code = INPUT_EXIT
 
 
 class RuleError(InputError):
@@ -30,6 +42,11 @@ class UnsupportedGraphError(InputError):
     """A valid graph that amp-rewrite cannot convert as asked (e.g. loss scaling without a seed)."""
 
 
+class IRError(AmpRewriteError):
+    """An IR primitive was misused (a missing node or port, removing a node still read): a bug
+    in amp-rewrite, never the user's input."""
+
+
 class LintError(AmpRewriteError):
     """The converted graph failed the post-conversion lint: an amp-rewrite bug, nothing is written."""
 
@@ -37,4 +54,4 @@ class LintError(AmpRewriteError):
         self.problems = list(problems)
         head = problems[0] if problems else "unknown problem"
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(f"internal error: converted graph failed lint: {head}{more}")
+        super().__init__(f"converted graph failed lint: {head}{more}")

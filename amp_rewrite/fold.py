@@ -22,7 +22,8 @@ from tensorflow.python.grappler import tf_optimizer
 
 from .errors import InputError
 from .ir import Graph
-from .paint import VARIABLE_OPS, interface_names
+from .ops import VARIABLE_OPS
+from .paint import interface_names
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ inference with the inputs' shapes filled in, or from a sample run where inferenc
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -34,6 +33,7 @@ import numpy as np
 
 from . import hardware
 from .errors import InputError
+from .load import load
 from .runner import GraphRunner, concrete_shape, load_inputs, open_model, parse_shapes, random_inputs
 
 log = logging.getLogger(__name__)
@@ -295,7 +295,6 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
     Checked: a MatMul's K and N (its M is the batch, decided at run time), a batched matmul's
     K and N, and a convolution's input and output channels.
     """
-    from .load import load
     model = load(path)
     with GraphRunner(model, signature) as runner:
         fixed = {s.tensor.split(":")[0]: concrete_shape(s, shapes or {}) for s in runner.inputs}
@@ -371,17 +370,6 @@ def _matrix_dims(op, shape=_static) -> dict | None:
 
 # -- command line ------------------------------------------------------------------------------
 
-def add_arguments(parser, command: str) -> None:
-    parser.add_argument("model", help="the converted model (GraphDef, MetaGraph or SavedModel dir)")
-    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
-                        help="where to run it (default: gpu if TensorFlow sees one, else cpu)")
-    parser.add_argument("--inputs", metavar="DATA.npz", help="input arrays keyed by input name")
-    parser.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
-                        help="shape of an input with unknown dimensions (repeatable)")
-    parser.add_argument("--signature", help="signature key of a MetaGraph or SavedModel")
-    parser.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
-
-
 def kernel_report(path, *, device: str = "auto", shapes: Mapping | None = None,
                   inputs: str | None = None, signature: str | None = None) -> KernelReport:
     """Run ``path`` once and report its matrix kernels, plus the float16 alignment check."""
@@ -398,18 +386,6 @@ def kernel_report(path, *, device: str = "auto", shapes: Mapping | None = None,
     if not Path(path).is_dir():
         report.misaligned = misaligned_dims(path, shapes=shapes, signature=signature)
     return report
-
-
-def run(args, command: str) -> int:
-    report = kernel_report(args.model, device=args.device, shapes=parse_shapes(args.shape),
-                           inputs=args.inputs, signature=args.signature)
-    if args.json:
-        from .save import atomic_write
-        atomic_write(Path(args.json), (json.dumps(report.to_dict(), indent=1) + "\n").encode(),
-                     force=True)
-    if not args.quiet:
-        print(format_report(report))
-    return 0
 
 
 def format_report(report: KernelReport) -> str:

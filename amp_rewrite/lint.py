@@ -6,16 +6,16 @@ error (exit 1) and writes nothing.
 
 from __future__ import annotations
 
+from .dtypes import LOW_PRECISION, dtype_name
 from .errors import LintError
 from .ir import Graph
-from .paint import VARIABLE_OPS, Painting
+from .ops import VARIABLE_OPS
 from .rules import RuleSet
-from .types import allowed_by_opdef, get_dtype, input_dtype, node_types, output_dtype, LOW_PRECISION, \
-    dtype_name, TypeAttr
+from .signatures import TypeAttr, allowed_by_opdef, get_dtype, input_dtype, node_types, output_dtype
 
 
-def lint_problems(graph: Graph, *, original: Graph | None = None, rules: RuleSet | None = None,
-                  painting: Painting | None = None) -> list[str]:
+def lint_problems(graph: Graph, *, original: Graph | None = None,
+                  rules: RuleSet | None = None) -> list[str]:
     """Every problem found, as one sentence each naming the node; empty when the graph is sound.
 
     Checks: each data edge's producer dtype equals what the consumer's OpDef expects; every

@@ -1,8 +1,9 @@
-"""Loading: GraphDef (.pb / .pbtxt) and MetaGraphDef (.meta), detected from the content.
+"""Loading every format: GraphDef (.pb / .pbtxt) and MetaGraphDef (.meta), detected from the
+content, and SavedModel directories.
 
 Loading only parses protocol buffers: it never runs code from the model (no pickle, no Keras
-deserialization) and never changes the input. Every failure is an :class:`InputError` that
-names the file and what is wrong with it.
+deserialization), never reads a SavedModel's variables and never changes the input. Every
+failure is an :class:`InputError` that names the file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -13,40 +14,48 @@ from pathlib import Path
 
 from google.protobuf import message, text_format
 from tensorflow.core.framework import graph_pb2
-from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from .errors import InputError
+from .ops import VARIABLE_CREATORS
 
 # protobuf cannot parse a message of 2 GiB or more
 PROTOBUF_LIMIT = 2**31 - 1
 TEXT_SUFFIXES = (".pbtxt", ".pbtext", ".txt", ".prototxt")
 
 
-@dataclass
-class Model:
-    """A loaded model: the GraphDef to convert, and the container it came in.
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
-    ``kind`` is ``"graphdef"`` or ``"metagraph"`` (or ``"savedmodel"``); ``text`` tells whether
-    the file was protobuf text format.
+
+@dataclass(frozen=True)
+class Model:
+    """A loaded model: its graphs as MetaGraphDefs, and the container they came in.
+
+    ``kind`` is ``"graphdef"`` (one GraphDef, wrapped in a MetaGraphDef that holds nothing
+    else), ``"metagraph"`` or ``"savedmodel"`` (a MetaGraphDef per tag set; ``saved_model`` is
+    the parsed ``saved_model.pb``); ``text`` tells whether the file was protobuf text format.
     """
 
     path: Path
     kind: str
     text: bool
-    graph_def: graph_pb2.GraphDef
-    meta_graph: meta_graph_pb2.MetaGraphDef | None = None
-    extra: dict = field(default_factory=dict)
+    meta_graphs: tuple[meta_graph_pb2.MetaGraphDef, ...]
+    saved_model: saved_model_pb2.SavedModel | None = field(default=None, compare=False)
 
-    def signature_tensors(self) -> set[str]:
-        """Node names behind the MetaGraph's signature inputs and outputs (the interface)."""
-        names: set[str] = set()
-        if self.meta_graph is None:
-            return names
-        for sig in self.meta_graph.signature_def.values():
-            for info in list(sig.inputs.values()) + list(sig.outputs.values()):
-                if info.name:
-                    names.add(info.name.split(":")[0].lstrip("^"))
-        return names
+    @classmethod
+    def of_graph_def(cls, graph_def: graph_pb2.GraphDef, path: str | os.PathLike = "<graph_def>",
+                     text: bool = False) -> "Model":
+        return cls(Path(path), "graphdef", text, (meta_graph_pb2.MetaGraphDef(graph_def=graph_def),))
+
+    @property
+    def graph_def(self) -> graph_pb2.GraphDef:
+        """The (first) graph."""
+        return self.meta_graphs[0].graph_def
+
+    @property
+    def meta_graph(self) -> meta_graph_pb2.MetaGraphDef | None:
+        """The (first) MetaGraph; None for a GraphDef."""
+        return None if self.kind == "graphdef" else self.meta_graphs[0]
 
 
 # Control bytes that never occur in protobuf text but fill binary protobufs (field tags, lengths).
@@ -78,7 +87,7 @@ def load(path: str | os.PathLike) -> Model:
         return _load_saved_model(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
-    if path.name in ("saved_model.pb", "saved_model.pbtxt"):
+    if path.name in SAVED_MODEL_FILES:
         return _load_saved_model(path.parent)
     if not path.is_file():  # a device or pipe has no size to check and may never end
         raise InputError(f"{path}: not a regular file")
@@ -98,8 +107,28 @@ def load(path: str | os.PathLike) -> Model:
 
 
 def _load_saved_model(path: Path) -> Model:
-    from .savedmodel import load_saved_model
-    model = load_saved_model(path)
+    """Parse the SavedModel in directory ``path`` (its variables are not read)."""
+    found = [path / name for name in SAVED_MODEL_FILES if (path / name).is_file()]
+    if not found:
+        raise InputError(f"{path}: a directory, but not a SavedModel (no saved_model.pb in it)")
+    proto_path = found[0]
+    if proto_path.stat().st_size > PROTOBUF_LIMIT:
+        raise InputError(f"{proto_path}: over protobuf's 2 GiB limit; keep the weights in "
+                         "variables/ rather than as constants in the graph")
+    saved = saved_model_pb2.SavedModel()
+    try:
+        data = proto_path.read_bytes()
+        if proto_path.suffix == ".pbtxt":
+            text_format.Parse(data.decode("utf-8"), saved)
+        else:
+            saved.ParseFromString(data)
+    except OSError as exc:
+        raise InputError(f"{proto_path}: cannot read: {exc.strerror or exc}") from None
+    except (message.DecodeError, text_format.ParseError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{proto_path}: not a valid SavedModel: {exc}") from None
+    if not saved.meta_graphs or not any(len(m.graph_def.node) for m in saved.meta_graphs):
+        raise InputError(f"{proto_path}: the SavedModel holds no graph")
+    model = Model(path, "savedmodel", proto_path.suffix == ".pbtxt", tuple(saved.meta_graphs), saved)
     _check_checkpoint(model)
     return model
 
@@ -107,10 +136,9 @@ def _load_saved_model(path: Path) -> Model:
 def _check_checkpoint(model: Model) -> None:
     """A SavedModel with variables must carry their checkpoint: the converted copy takes
     ``variables/`` as it is, and TensorFlow could not load it without."""
-    metas = model.extra["saved_model"].meta_graphs
+    metas = model.meta_graphs
     has_vars = any(n.WhichOneof("kind") == "variable" for m in metas for n in m.object_graph_def.nodes)
-    has_vars = has_vars or any(nd.op in ("VarHandleOp", "VariableV2", "Variable")
-                               for m in metas for nd in m.graph_def.node)
+    has_vars = has_vars or any(nd.op in VARIABLE_CREATORS for m in metas for nd in m.graph_def.node)
     if not has_vars:
         return
     folder = model.path / "variables"
@@ -136,8 +164,8 @@ def parse(data: bytes, path: Path) -> Model:
                          "parse as either; is the file truncated or another format?)")
     kind, proto = model
     if kind == "metagraph":
-        return Model(path, "metagraph", False, proto.graph_def, proto)
-    return Model(path, "graphdef", False, proto)
+        return Model(path, "metagraph", False, (proto,))
+    return Model.of_graph_def(proto, path)
 
 
 def _binary_model(data: bytes):
@@ -180,7 +208,7 @@ def _parse_text(data: bytes, path: Path) -> Model:
     if is_meta:
         if not _valid_graph(proto.graph_def):
             raise InputError(f"{path}: the MetaGraphDef holds no graph nodes")
-        return Model(path, "metagraph", True, proto.graph_def, proto)
+        return Model(path, "metagraph", True, (proto,))
     if not _valid_graph(proto):
         raise InputError(f"{path}: the GraphDef holds no nodes")
-    return Model(path, "graphdef", True, proto)
+    return Model.of_graph_def(proto, path, text=True)

@@ -11,9 +11,10 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from .dtypes import FLOAT, LOW_PRECISION, dtype_name
 from .ir import Graph
 from .paint import Painting
-from .types import FLOAT, LOW_PRECISION, dtype_name, get_dtype, node_types
+from .signatures import get_dtype, node_types
 
 SCHEMA_VERSION = 1
 

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .dtypes import TARGETS
 from .errors import RuleError
-from .types import TARGETS, all_op_names
+from .signatures import all_op_names
 
 LISTS = ("allow", "infer", "clear", "deny")
 LEVELS = ("default", "tensor_cores_only", "treat_infer_as_deny", "unsafe_force_all")

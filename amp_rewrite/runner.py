@@ -14,30 +14,18 @@ import contextlib
 import functools
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-from tensorflow.core.framework import types_pb2
 
+from .dtypes import BOOL, FLOATING
 from .errors import InputError
+from .load import SAVED_MODEL_FILES, load
+from .ops import ENTER_OPS, EXIT_OPS, MERGE_OPS, NOT_OUTPUTS, SWITCH_OPS, is_variable_write
 
 log = logging.getLogger(__name__)
-
-FLOAT_TYPES = (types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE)
-# ops whose outputs are loop or branch plumbing: their tensors cannot be fetched from outside
-_FRAME_OPS = {"Enter", "RefEnter"}
-_FRAME_END = {"Exit", "RefExit"}
-_BRANCH_OPS = {"Switch", "RefSwitch"}
-_BRANCH_END = {"Merge", "RefMerge"}
-# variable writes: optimizer updates, assignments, scatters
-_WRITE = re.compile(r"^(Resource)?(Sparse)?Apply|^Assign|^(Resource)?Scatter|^AssignVariableOp|"
-                    r"^Assign(Add|Sub)VariableOp")
-# ops nothing reads that are not results: inputs, constants, variable plumbing
-_NOT_OUTPUTS = {"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
-                "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"}
 
 
 @dataclass(frozen=True)
@@ -103,9 +91,9 @@ def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ..
     for spec in specs:
         shape = concrete_shape(spec, shapes or {})
         np_dtype = tf.dtypes.as_dtype(spec.dtype).as_numpy_dtype
-        if spec.dtype in FLOAT_TYPES:
+        if spec.dtype in FLOATING:
             value = rng.standard_normal(shape).astype(np_dtype)
-        elif spec.dtype == types_pb2.DT_BOOL:
+        elif spec.dtype == BOOL:
             value = rng.random(shape) < 0.5
         elif tf.dtypes.as_dtype(spec.dtype).is_integer:
             # small values: integer inputs are usually indices or lengths
@@ -231,8 +219,8 @@ class GraphRunner(Runner):
         inputs = [self._spec(op.name, op.outputs[0].name) for op in ops if op.type == "Placeholder"]
         read = {t.op.name for op in ops for t in op.inputs} | {
             c.name for op in ops for c in op.control_inputs}
-        outs = [t.name for op in ops if op.name not in read and op.type not in _NOT_OUTPUTS
-                for t in op.outputs if t.dtype.as_datatype_enum in FLOAT_TYPES]
+        outs = [t.name for op in ops if op.name not in read and op.type not in NOT_OUTPUTS
+                for t in op.outputs if t.dtype.as_datatype_enum in FLOATING]
         if not outs:
             raise InputError(f"{self.model.path}: no graph outputs found; name them with --output")
         return inputs, outs
@@ -303,8 +291,8 @@ class GraphRunner(Runner):
         """Tensors that can be fetched from outside without side effects: not inside a loop
         frame or a cond branch, and not after a variable write (fetching it would train)."""
         ops = self.graph.get_operations()
-        writes = {op.type for op in ops if _WRITE.match(op.type)}
-        hidden = (_reach(ops, _FRAME_OPS, _FRAME_END) | _reach(ops, _BRANCH_OPS, _BRANCH_END)
+        writes = {op.type for op in ops if is_variable_write(op.type)}
+        hidden = (_reach(ops, ENTER_OPS, EXIT_OPS) | _reach(ops, SWITCH_OPS, MERGE_OPS)
                   | _reach(ops, writes, set(), control=True))
         return [t.name for op in ops if op.name not in hidden for t in op.outputs]
 
@@ -375,12 +363,11 @@ def open_model(path: str | os.PathLike, *, signature: str | None = None, outputs
                checkpoint: str | None = None) -> Runner:
     """A :class:`Runner` for a GraphDef / MetaGraphDef file or a SavedModel directory."""
     path = Path(path)
-    if path.is_dir() or path.name in ("saved_model.pb", "saved_model.pbtxt"):
+    if path.is_dir() or path.name in SAVED_MODEL_FILES:
         folder = path if path.is_dir() else path.parent
         if outputs or checkpoint:
             raise InputError(f"{folder}: --output and --checkpoint apply to graph files, not SavedModels")
         return SavedModelRunner(folder, signature)
-    from .load import load
     return GraphRunner(load(path), signature, outputs, checkpoint)
 
 

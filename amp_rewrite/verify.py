@@ -18,19 +18,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
-from tensorflow.core.framework import types_pb2
 
+from .dtypes import BFLOAT16, FLOAT, FLOATING, HALF
 from .errors import InputError
-from .runner import (FLOAT_TYPES, GraphRunner, Runner, check_same_interface, concrete_shape,
-                     load_inputs, open_pair, parse_shapes, random_inputs)
+from .runner import (GraphRunner, Runner, check_same_interface, concrete_shape, load_inputs,
+                     open_pair, random_inputs)
 
 log = logging.getLogger(__name__)
 
 # default (rtol, atol) by the lowest float dtype found in the converted graph
 TOLERANCES = {
-    types_pb2.DT_BFLOAT16: (5e-2, 1e-2),   # 8-bit mantissa: ~0.4% per rounding, compounding
-    types_pb2.DT_HALF: (1e-2, 1e-3),       # 11-bit mantissa
-    types_pb2.DT_FLOAT: (1e-5, 1e-6),
+    BFLOAT16: (5e-2, 1e-2),   # 8-bit mantissa: ~0.4% per rounding, compounding
+    HALF: (1e-2, 1e-3),       # 11-bit mantissa
+    FLOAT: (1e-5, 1e-6),
 }
 
 
@@ -125,10 +125,10 @@ class VerifyResult:
 def default_tolerance(runner: Runner) -> tuple[float, float]:
     """(rtol, atol) suited to the lowest-precision float dtype the model computes in."""
     found = _dtypes_in(runner)
-    for dtype in (types_pb2.DT_BFLOAT16, types_pb2.DT_HALF):
+    for dtype in (BFLOAT16, HALF):
         if dtype in found:
             return TOLERANCES[dtype]
-    return TOLERANCES[types_pb2.DT_FLOAT]
+    return TOLERANCES[FLOAT]
 
 
 def _dtypes_in(runner: Runner) -> set[int]:
@@ -217,7 +217,7 @@ def _common_tensors(original: GraphRunner, converted: GraphRunner) -> list[str]:
             continue
         a = original.graph.get_tensor_by_name(name).dtype.as_datatype_enum
         b = converted.graph.get_tensor_by_name(name).dtype.as_datatype_enum
-        if a in FLOAT_TYPES and b in FLOAT_TYPES:
+        if a in FLOATING and b in FLOATING:
             names.append(name)
     return names
 
@@ -285,55 +285,6 @@ def verify(original_path, converted_path, *, inputs: str | None = None, samples:
                                  "not SavedModel directories")
             result.nodes, result.nodes_compared = per_node(a, b, feeds, rtol, atol)
     return result
-
-
-# -- command line ----------------------------------------------------------------------------
-
-def add_model_arguments(parser) -> None:
-    """Flags shared by verify and bench: which inputs, shapes, signature, outputs, weights."""
-    parser.add_argument("original", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
-    parser.add_argument("converted", help="the converted model")
-    parser.add_argument("--inputs", metavar="DATA.npz", help="input arrays keyed by input name")
-    parser.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
-                        help="shape of an input with unknown dimensions (repeatable)")
-    parser.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
-                        "(default serving_default, else the first)")
-    parser.add_argument("--output", action="append", default=[], metavar="TENSOR",
-                        help="graph output to compare (repeatable; default the signature's "
-                        "outputs, else the nodes nothing reads)")
-    parser.add_argument("--checkpoint", metavar="PREFIX",
-                        help="restore the original MetaGraph's variables from this checkpoint "
-                        "(default: run its initializers); the converted graph gets the same values")
-
-
-def add_arguments(parser, command: str) -> None:
-    add_model_arguments(parser)
-    parser.add_argument("--samples", type=int, default=1, metavar="N",
-                        help="random input sets to run (default 1; ignored with --inputs)")
-    parser.add_argument("--rtol", type=float, help="relative tolerance (default by the converted "
-                        "graph's dtype: bfloat16 0.05, float16 0.01)")
-    parser.add_argument("--atol", type=float, help="absolute tolerance (default bfloat16 0.01, "
-                        "float16 0.001)")
-    parser.add_argument("--per-node", action="store_true",
-                        help="rank the tensors of both graphs by the error each adds")
-    parser.add_argument("--top", type=int, default=10, metavar="N",
-                        help="tensors to list with --per-node (default 10)")
-    parser.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
-    parser.add_argument("--report", metavar="FILE.json",
-                        help="the convert command's JSON report, to include its decisions in --html")
-
-
-def run(args, command: str) -> int:
-    result = verify(args.original, args.converted, inputs=args.inputs, samples=args.samples,
-                    shapes=parse_shapes(args.shape), rtol=args.rtol, atol=args.atol,
-                    nodes=args.per_node, signature=args.signature, outputs=args.output,
-                    checkpoint=args.checkpoint)
-    if not args.quiet:
-        print(format_result(result, args.top))
-    if args.html:
-        from .html import write_verify_report
-        write_verify_report(args.html, result, args.converted, args.report)
-    return 0 if result.ok else 1
 
 
 def format_result(result: VerifyResult, top: int = 10) -> str:

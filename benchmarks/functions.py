@@ -33,9 +33,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from amp_rewrite import hardware  # noqa: E402
-from amp_rewrite import functions  # noqa: E402
+from amp_rewrite.functions import paint_library  # noqa: E402
 from amp_rewrite.ir import Graph  # noqa: E402
-from amp_rewrite.pipeline import Options, convert, convert_graph  # noqa: E402
+from amp_rewrite.pipeline import convert  # noqa: E402
+from amp_rewrite.rewrite import rewrite  # noqa: E402
+from amp_rewrite.rules import load_rules  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,11 +64,10 @@ def loop_graph(batch: int, width: int, steps: int):
 
 def unlowered(graph_def):
     """bfloat16 with every function boundary kept float32."""
-    options = Options(target="bfloat16", device="cpu")
-    rules = options.rule_set()
-    work, report = convert_graph(Graph.from_graph_def(graph_def), options, rules)
+    rules = load_rules("bfloat16")
+    work, report = rewrite(Graph.from_graph_def(graph_def), rules, target="bfloat16", device="CPU")
     out = work.to_graph_def(graph_def)
-    functions.paint_library(out, options, rules, report, lower=False)
+    paint_library(out, rules, report, target="bfloat16", device="CPU", lower=False)
     return out
 
 

@@ -92,9 +92,9 @@ def build(body, lr: float) -> tf.compat.v1.GraphDef:
 
 
 def to_bfloat16(graph_def):
-    model = Model(Path("train.pb"), "graphdef", False, graph_def)
-    report = convert_model(model, Options(target="bfloat16", device="cpu"))
-    return model.graph_def, report
+    converted, report = convert_model(Model.of_graph_def(graph_def, "train.pb"),
+                                      Options(target="bfloat16", device="cpu"))
+    return converted.graph_def, report
 
 
 def session(graph_def, grappler_amp: bool):

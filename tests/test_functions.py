@@ -8,7 +8,7 @@ from tensorflow.python.framework import function as v1_function
 
 import graphs
 from amp_rewrite import convert, convert_file
-from amp_rewrite.functions import (check_call_types, function_to_graph, graph_to_function,
+from amp_rewrite.library import (check_call_types, function_to_graph, graph_to_function,
                                    reachable)
 
 TOL = {"float16": 5e-3, "bfloat16": 2e-2}

@@ -30,12 +30,11 @@ FINITE = "amp_loss_scale/all_finite:0"
 
 def convert(meta, target="float16", loss_scale=None, **scale_options):
     """Convert a training MetaGraphDef in memory; returns ``(converted MetaGraphDef, report)``."""
-    model = Model(Path("train.meta"), "metagraph", False, meta.graph_def, copy.deepcopy(meta))
-    report = convert_model(model, Options(target=target, device="cpu", loss_scale=loss_scale,
-                                          loss_scale_options=scale_options))
-    out = copy.deepcopy(model.meta_graph)
-    out.graph_def.CopyFrom(model.graph_def)
-    return out, report
+    model = Model(Path("train.meta"), "metagraph", False, (meta,))
+    converted, report = convert_model(model, Options(target=target, device="cpu",
+                                                     loss_scale=loss_scale,
+                                                     loss_scale_options=scale_options))
+    return converted.meta_graph, report
 
 
 def ops_of(meta, *kinds):
@@ -454,8 +453,8 @@ def test_train_step_in_a_library_function_is_refused_where_it_needs_loss_scaling
     assert not any(n.op.startswith(("Assign", "ResourceApply")) for n in graph_def.node)
 
     def run(**options):
-        model = Model(tmp_path / "step.pb", "graphdef", False, copy.deepcopy(graph_def))
-        return model, convert_model(model, Options(device="cpu", **options))
+        return convert_model(Model.of_graph_def(graph_def, tmp_path / "step.pb"),
+                             Options(device="cpu", **options))
 
     for options in ({"target": "float16"}, {"target": "float16", "loss_scale": "1024"}):
         with pytest.raises(UnsupportedGraphError, match="--target bfloat16") as refused:

@@ -92,8 +92,8 @@ def test_mutated_files_fail_only_with_input_errors(source, edits, target):
     name, data = _sources()[source]
     mutated = _mutate(data, edits)
     try:
-        model = load.parse(mutated, Path(name))
-        convert_model(model, Options(target=target, device=DEVICE[target]))
+        model, _ = convert_model(load.parse(mutated, Path(name)),
+                                 Options(target=target, device=DEVICE[target]))
     except InputError as exc:
         event("refused")
         # an InputError, not a LintError: a broken input is the user's problem, said in one line

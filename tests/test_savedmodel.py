@@ -18,7 +18,7 @@ from tensorflow.python.saved_model import loader_impl
 from amp_rewrite import UnsupportedGraphError, convert_file
 from amp_rewrite.cli import main
 from amp_rewrite.errors import InputError
-from amp_rewrite.functions import function_to_graph, graph_to_function
+from amp_rewrite.library import function_to_graph, graph_to_function
 
 import graphs
 

@@ -16,34 +16,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
-from tensorflow.core.framework import types_pb2
-
+from ..consts import is_all_ones
+from ..dtypes import CONVERTIBLE
 from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
-from ..paint import const_values, listed_values
-from ..types import BFLOAT16, FLOAT, HALF, output_dtype
+from ..ops import ALL_REDUCE_OPS, is_variable_write
+from ..signatures import output_dtype
 
 _BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
 _SEED_LEAF = re.compile(r"^(?:Fill|grad_ys_\d+)$")
-FLOATS = (FLOAT, HALF, BFLOAT16)
-
-# Ops that sum a gradient across replicas: the unscale and the finiteness check go after them.
-ALL_REDUCE_OPS = frozenset({
-    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "NcclAllReduce",
-    "HorovodAllreduce", "HorovodAllgather", "_ScopedAllocatorConcat",
-})
-_WRITE_OPS = frozenset({
-    "Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
-    "AssignSubVariableOp", "StridedSliceAssign", "ResourceStridedSliceAssign",
-})
-
-
-def is_variable_write(op: str) -> bool:
-    """Whether ``op`` changes a variable or an optimizer slot."""
-    return (op in _WRITE_OPS or "Apply" in op and op.startswith(("Apply", "ResourceApply",
-                                                                  "SparseApply", "ResourceSparseApply"))
-            or op.startswith(("Scatter", "ResourceScatter")))
 
 
 def backprop_scope(name: str) -> str | None:
@@ -87,30 +68,18 @@ class Backprop:
     notes: list[str] = field(default_factory=list)
 
 
-def _is_ones(graph: Graph, ref: TensorRef) -> bool:
-    node = graph.node(ref.node)
-    if node.op != "Const" or "value" not in node.attr:
-        return False
-    if node.attr["value"].tensor.dtype not in (FLOAT, HALF, types_pb2.DT_DOUBLE):
-        return False
-    values = listed_values(node)
-    if values is None:
-        values = const_values(node)   # InputError naming the node when the tensor is malformed
-    return values.size > 0 and bool(np.all(values == 1))
-
-
 def _auto_seeds(graph: Graph) -> list[str]:
     seeds = []
     for node in graph.nodes():
         scope = backprop_scope(node.name)
         if node.op == "Fill" and scope is not None:
             leaf = node.name[len(scope):]
-            if _SEED_LEAF.match(leaf) and _is_ones(graph, graph.input(node.name, 1)):
+            if _SEED_LEAF.match(leaf) and is_all_ones(graph.node(graph.input(node.name, 1).node)):
                 seeds.append(node.name)
         elif node.op == "Const" and scope is None:
             readers = graph.consumers(node.name)
             if readers and all(backprop_scope(r) and "gradient_tape/" in backprop_scope(r)
-                               for r, _ in readers) and _is_ones(graph, TensorRef(node.name)):
+                               for r, _ in readers) and is_all_ones(node):
                 seeds.append(node.name)
     return seeds
 
@@ -186,7 +155,7 @@ def _gradient_tensors(graph: Graph, seeds: list[str], region: set[str]) -> tuple
             continue
         for port, reader, _ in graph.out_edges(name):
             ref = TensorRef(name, port)
-            if reader in inside or output_dtype(graph.node(name), port) not in FLOATS:
+            if reader in inside or output_dtype(graph.node(name), port) not in CONVERTIBLE:
                 continue
             ref = _past_all_reduce(graph, ref, counter)
             if ref not in found:

@@ -7,14 +7,11 @@ Every builder returns the new node's output 0 as a :class:`TensorRef` and marks 
 from __future__ import annotations
 
 import numpy as np
-from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
 from tensorflow.python.framework import tensor_util
 
+from ..dtypes import BOOL, INT32
 from ..ir import Graph, TensorRef
-
-BOOL = types_pb2.DT_BOOL
-INT32 = types_pb2.DT_INT32
-INT64 = types_pb2.DT_INT64
 
 
 def type_attr(dtype: int) -> attr_value_pb2.AttrValue:

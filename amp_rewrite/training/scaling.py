@@ -14,24 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtypes import BOOL, FLOAT, INT64
 from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
-from ..types import FLOAT, output_dtype
+from ..ops import is_variable_write
+from ..signatures import output_dtype
 from . import nodes as nd
-from .detect import Backprop, ancestors, backprop_scope, descendants, is_variable_write
-from .state import StateVar, add_variable, assign
-
-SCOPE = "amp_loss_scale"
-
-
-@dataclass(frozen=True)
-class ScaleConfig:
-    """How to scale: ``mode`` is ``"dynamic"`` or ``"static"`` (``start`` is the fixed scale)."""
-
-    mode: str
-    start: float = 2.0 ** 15
-    interval: int = 2000
-    factor: float = 2.0
+from .config import ScaleConfig
+from .detect import Backprop, ancestors, backprop_scope, descendants
+from .state import SCOPE, StateVar, add_variable, assign
 
 
 @dataclass
@@ -49,11 +40,11 @@ def insert_loss_scaling(graph: Graph, backprop: Backprop, config: ScaleConfig) -
         raise UnsupportedGraphError(f"the graph already has nodes named {SCOPE}/... (converted "
                                     "before?): convert the FP32 original instead")
     scale = add_variable(graph, f"{SCOPE}/scale", config.start, FLOAT)
-    skipped = add_variable(graph, f"{SCOPE}/skipped_steps", 0, nd.INT64)
+    skipped = add_variable(graph, f"{SCOPE}/skipped_steps", 0, INT64)
     variables = [scale, skipped]
     good = None
     if config.mode == "dynamic":
-        good = add_variable(graph, f"{SCOPE}/good_steps", 0, nd.INT64)
+        good = add_variable(graph, f"{SCOPE}/good_steps", 0, INT64)
         variables.append(good)
 
     for seed in backprop.seeds:
@@ -95,7 +86,7 @@ def _all_finite(graph: Graph, values: list[TensorRef]) -> TensorRef:
     for value in values:
         finite = nd.op(graph, "IsFinite", f"{value.node}/amp_is_finite", [value], T=FLOAT)
         flags.append(nd.reduce_all(graph, f"{value.node}/amp_all_finite", finite))
-    packed = nd.pack(graph, f"{SCOPE}/finite_flags", flags, nd.BOOL)
+    packed = nd.pack(graph, f"{SCOPE}/finite_flags", flags, BOOL)
     return nd.reduce_all(graph, f"{SCOPE}/all_finite", packed)
 
 
@@ -133,8 +124,8 @@ def _gate_other_writes(graph: Graph, updates: list[str], train_ops: list[str],
         - ancestors(graph, [finite.node])
     writes = [n for n in graph.names() if n in candidates and is_variable_write(graph.node(n).op)]
     if writes:
-        switch = nd.op(graph, "Switch", f"{SCOPE}/gate", [finite, finite], T=nd.BOOL)
-        gate = nd.op(graph, "Identity", f"{SCOPE}/gate/taken", [TensorRef(switch.node, 1)], T=nd.BOOL)
+        switch = nd.op(graph, "Switch", f"{SCOPE}/gate", [finite, finite], T=BOOL)
+        gate = nd.op(graph, "Identity", f"{SCOPE}/gate/taken", [TensorRef(switch.node, 1)], T=BOOL)
         for name in writes:
             graph.add_control_edge(gate.node, name)
     return writes
@@ -145,8 +136,8 @@ def _state_updates(graph: Graph, config: ScaleConfig, finite: TensorRef, scale: 
     """The assigns of the step: skipped += !finite; dynamic: grow or shrink the scale."""
     s = f"{SCOPE}/next"
     overflow = nd.op(graph, "LogicalNot", f"{s}/overflow", [finite])
-    one = nd.cast(graph, f"{s}/overflow_count", overflow, nd.BOOL, nd.INT64)
-    ops = [assign(graph, skipped, nd.binary(graph, "AddV2", f"{s}/skipped_steps", skipped.read, one, nd.INT64),
+    one = nd.cast(graph, f"{s}/overflow_count", overflow, BOOL, INT64)
+    ops = [assign(graph, skipped, nd.binary(graph, "AddV2", f"{s}/skipped_steps", skipped.read, one, INT64),
                   f"{SCOPE}/skipped_steps/update")]
     if good is None:
         return ops
@@ -155,19 +146,19 @@ def _state_updates(graph: Graph, config: ScaleConfig, finite: TensorRef, scale: 
     shrunk = nd.binary(graph, "Maximum", f"{s}/shrunk",
                        nd.binary(graph, "RealDiv", f"{s}/divided", scale.read, factor, FLOAT),
                        nd.const(graph, f"{s}/floor", 1.0, FLOAT), FLOAT)
-    count = nd.binary(graph, "AddV2", f"{s}/count", good.read, nd.const(graph, f"{s}/one", 1, nd.INT64),
-                      nd.INT64)
+    count = nd.binary(graph, "AddV2", f"{s}/count", good.read, nd.const(graph, f"{s}/one", 1, INT64),
+                      INT64)
     due = nd.binary(graph, "GreaterEqual", f"{s}/due", count,
-                    nd.const(graph, f"{s}/interval", config.interval, nd.INT64), nd.INT64)
+                    nd.const(graph, f"{s}/interval", config.interval, INT64), INT64)
     grow = nd.op(graph, "LogicalAnd", f"{s}/grow", [finite, due])
     grow_ok = nd.op(graph, "LogicalAnd", f"{s}/grow_ok",
                     [grow, nd.op(graph, "IsFinite", f"{s}/grown_is_finite", [grown], T=FLOAT)])
     kept = nd.select(graph, f"{s}/kept_or_grown", grow_ok, grown, scale.read, FLOAT)
     new_scale = nd.select(graph, f"{s}/scale", finite, kept, shrunk, FLOAT)
-    zero = nd.const(graph, f"{s}/zero", 0, nd.INT64)
+    zero = nd.const(graph, f"{s}/zero", 0, INT64)
     counting = nd.op(graph, "LogicalAnd", f"{s}/counting",
                      [finite, nd.op(graph, "LogicalNot", f"{s}/not_grow", [grow])])
-    new_good = nd.select(graph, f"{s}/good_steps", counting, count, zero, nd.INT64)
+    new_good = nd.select(graph, f"{s}/good_steps", counting, count, zero, INT64)
     ops.append(assign(graph, scale, new_scale, f"{SCOPE}/scale/update"))
     ops.append(assign(graph, good, new_good, f"{SCOPE}/good_steps/update"))
     return ops

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tensorflow.core.framework import attr_value_pb2, types_pb2
-from tensorflow.core.framework import variable_pb2
+from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2
 from tensorflow.python.framework import tensor_util
 
 from ..ir import Graph, TensorRef
+from ..ops import SAVER_OPS, VARIABLE_CREATORS
+from ..signatures import invalidate
 from . import nodes as nd
+
+#: the name scope of every node loss scaling adds
+SCOPE = "amp_loss_scale"
+
 
 @dataclass(frozen=True)
 class StateVar:
@@ -62,7 +67,7 @@ def _global_initializers(graph: Graph, meta_graph, exclude: set[str]) -> set[str
             names.add(variable_pb2.VariableDef.FromString(raw).initializer_name.split(":")[0])
     else:
         for node in graph.nodes():
-            if node.op in ("VariableV2", "VarHandleOp", "Variable") and f"{node.name}/Assign" in graph:
+            if node.op in VARIABLE_CREATORS and f"{node.name}/Assign" in graph:
                 names.add(f"{node.name}/Assign")
     return {n for n in names if n in graph} - exclude
 
@@ -106,7 +111,7 @@ def _string_list(node, extra: list[str]) -> None:
 def _grow(node, dtypes: list[int]) -> None:
     node.attr["dtypes"].list.type.extend(dtypes)
     node.attr.pop("_output_shapes", None)
-    node.meta.pop("_types", None)   # the port layout follows the dtypes list
+    invalidate(node)   # the port layout follows the dtypes list
 
 
 def _saver_nodes(graph: Graph, meta_graph):
@@ -129,8 +134,7 @@ def _saver_nodes(graph: Graph, meta_graph):
 
 def has_saver(graph: Graph) -> bool:
     """Whether the graph holds save/restore ops of any kind."""
-    return any(n.op in ("SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice")
-               for n in graph.nodes())
+    return any(n.op in SAVER_OPS for n in graph.nodes())
 
 
 def add_to_saver(graph: Graph, meta_graph, variables: list[StateVar]) -> bool:

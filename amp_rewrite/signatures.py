@@ -14,30 +14,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tensorflow.core.framework import op_def_pb2, types_pb2
+from tensorflow.core.framework import graph_pb2, op_def_pb2
 from tensorflow.python.client import pywrap_tf_session
 from tensorflow.python.framework import device_spec, kernels, op_def_registry
 
+from .dtypes import INVALID, base_dtype
 from .ir import Node
 
-FLOAT = types_pb2.DT_FLOAT
-HALF = types_pb2.DT_HALF
-BFLOAT16 = types_pb2.DT_BFLOAT16
-LOW_PRECISION = (HALF, BFLOAT16)
-_REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100 in types.proto
-
-TARGETS = {"float16": HALF, "bfloat16": BFLOAT16}
-TARGET_NAMES = {dtype: name for name, dtype in TARGETS.items()}
-
-
-def dtype_name(dtype: int) -> str:
-    """``DT_HALF`` -> ``"half"``: the short name TensorFlow prints."""
-    return types_pb2.DataType.Name(dtype)[3:].lower()
-
-
-def base_dtype(dtype: int) -> int:
-    """Strip the reference flag: ``DT_FLOAT_REF`` -> ``DT_FLOAT``."""
-    return dtype - _REF_OFFSET if dtype > _REF_OFFSET else dtype
+_CACHE = "signatures.types"   # node.meta key of the cached port mapping (see invalidate)
 
 
 @dataclass(frozen=True, order=True)
@@ -100,11 +84,13 @@ def _arg_ports(node: Node, arg: op_def_pb2.OpDef.ArgDef) -> list[PortType]:
 
 
 def node_types(node: Node) -> NodeTypes | None:
-    """The port-to-type mapping of ``node``, or None when its op is not registered."""
-    # Port counts depend only on the op and its number/list attrs, which no pass changes,
-    # so the mapping is computed once per node.
-    if "_types" in node.meta:
-        return node.meta["_types"]
+    """The port-to-type mapping of ``node``, or None when its op is not registered.
+
+    Port counts depend only on the op and its number/list attrs, so the mapping is computed once
+    per node and cached; a pass that changes those attrs calls :func:`invalidate`.
+    """
+    if _CACHE in node.meta:
+        return node.meta[_CACHE]
     od = op_def(node.op)
     if od is None:
         result = None
@@ -118,15 +104,21 @@ def node_types(node: Node) -> NodeTypes | None:
             elif a.type == "list(type)":
                 attrs.extend(TypeAttr(a.name, i) for i in range(len(node.attr[a.name].list.type)))
         result = NodeTypes(tuple(inputs), tuple(outputs), tuple(attrs))
-    node.meta["_types"] = result
+    node.meta[_CACHE] = result
     return result
+
+
+def invalidate(node: Node) -> None:
+    """Forget the cached port mapping of ``node``: call after changing a number or list attr
+    (``N``, ``dtypes`` ...) that decides how many ports it has."""
+    node.meta.pop(_CACHE, None)
 
 
 def get_dtype(node: Node, attr: TypeAttr) -> int:
     """The current dtype a type attribute holds (DT_INVALID when unset)."""
     value = node.attr[attr.attr] if attr.attr in node.attr else None
     if value is None:
-        return types_pb2.DT_INVALID
+        return INVALID
     if attr.index < 0:
         return value.type
     return value.list.type[attr.index]
@@ -231,3 +223,43 @@ def kernel_supports(node: Node, changes: dict[TypeAttr, int], device: str) -> bo
         if ok:
             return True
     return False
+
+
+# ----------------------------------------------------------------- default attributes
+def fill_defaults(node_def) -> list[str]:
+    """Set the OpDef defaults of attrs ``node_def`` omits; returns their names.
+
+    Graphs saved with ``strip_default_attrs`` (SavedModels) lack attrs, type attrs among them,
+    that the type model reads.
+    """
+    od = op_def(node_def.op)
+    added = []
+    for attr in od.attr if od is not None else ():
+        if attr.name not in node_def.attr and attr.HasField("default_value"):
+            node_def.attr[attr.name].CopyFrom(attr.default_value)
+            added.append(attr.name)
+    return added
+
+
+def strip_defaults(node_def, names) -> None:
+    """Remove the attrs :func:`fill_defaults` added that still hold their default."""
+    od = op_def(node_def.op)
+    defaults = {a.name: a.default_value for a in od.attr} if od is not None else {}
+    for name in names:
+        if name in node_def.attr and node_def.attr[name] == defaults.get(name):
+            del node_def.attr[name]
+
+
+def with_defaults(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, dict[str, list[str]]]:
+    """A copy of ``graph_def`` with default attrs filled in, and which ones each node got."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    added = {nd.name: fill_defaults(nd) for nd in out.node}
+    return out, {k: v for k, v in added.items() if v}
+
+
+def strip_graph_defaults(graph_def: graph_pb2.GraphDef, added: dict[str, list[str]]) -> None:
+    """Undo :func:`with_defaults` on the nodes it filled, in place."""
+    for nd in graph_def.node:
+        if nd.name in added:
+            strip_defaults(nd, added[nd.name])

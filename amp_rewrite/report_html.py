@@ -3,9 +3,7 @@
 The HTML report is one self-contained file (inline CSS, an inline SVG chart, a few lines of
 script to sort tables; nothing fetched): the conversion summary, precision by op type as a
 table and a chart, the nodes kept float32 with their reasons, the casts added, and the
-verify / bench results when the command that wrote it has them. This module is also the
-convert command's hook: it adds ``--html`` and ``--tensorboard`` and acts on them after the
-converted graph is written.
+verify / bench results when the command that wrote it has them.
 """
 
 from __future__ import annotations
@@ -16,8 +14,10 @@ from collections import Counter
 from html import escape
 from pathlib import Path
 
+from .dtypes import dtype_name
 from .errors import InputError
-from .save import atomic_write
+from .files import atomic_write
+from .load import load
 
 log = logging.getLogger(__name__)
 
@@ -25,23 +25,6 @@ PRECISIONS = ("float32", "float16", "bfloat16", "mixed", "none")
 COLOURS = {"float32": "#4e79a7", "float16": "#f28e2b", "bfloat16": "#e15759", "mixed": "#b07aa1",
            "none": "#bab0ac"}
 _LOW = {"half": "float16", "bfloat16": "bfloat16"}
-
-
-# -- convert hook ------------------------------------------------------------------------------
-
-def add_convert_arguments(parser) -> None:
-    parser.add_argument("--html", metavar="REPORT.html",
-                        help="also write a self-contained HTML report of the conversion")
-    parser.add_argument("--tensorboard", metavar="DIR",
-                        help="write the converted graph as a TensorBoard event file into DIR")
-
-
-def after_convert(args, report) -> None:
-    if getattr(args, "html", None):
-        write_convert_report(args.html, report.to_dict())
-    if getattr(args, "tensorboard", None):
-        from .load import load
-        write_tensorboard(args.tensorboard, load(args.output).graph_def)
 
 
 # -- writers -----------------------------------------------------------------------------------
@@ -99,20 +82,14 @@ def _read_report(path) -> dict:
 
 def graph_precision(path) -> list[dict]:
     """Each node of a converted graph file with the precision its dtypes show (no reasons)."""
-    from .load import load
     out = []
     for node in load(path).graph_def.node:
-        types = {_dtype(v.type) for v in node.attr.values() if v.WhichOneof("value") == "type"}
+        types = {dtype_name(v.type) for v in node.attr.values() if v.WhichOneof("value") == "type"}
         low = sorted(_LOW[t] for t in types if t in _LOW)
         precision = ("mixed" if "float" in types else low[0]) if low else (
             "float32" if "float" in types else "none")
         out.append({"name": node.name, "op": node.op, "precision": precision})
     return out
-
-
-def _dtype(enum: int) -> str:
-    from tensorflow.core.framework import types_pb2
-    return types_pb2.DataType.Name(enum)[3:].lower()
 
 
 # -- rendering ---------------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""What each command of the ``amp-rewrite`` CLI does, once :mod:`amp_rewrite.cli` has parsed
+and checked its arguments. This half imports TensorFlow; with :mod:`amp_rewrite.cli` it is the
+only code that prints (the library logs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from . import bench as bench_mod
+from . import kernels as kernels_mod
+from . import report_html
+from . import verify as verify_mod
+from .errors import InputError
+from .files import atomic_write
+from .load import load
+from .passes import Options
+from .pipeline import convert_file, convert_model
+from .rules import LISTS, load_rules
+from .runner import parse_shapes
+
+
+def run(command: str, args) -> int:
+    """Run ``command`` (``"convert"`` or one of the CLI's commands) with parsed ``args``."""
+    return _COMMANDS[command](args)
+
+
+def convert(args) -> int:
+    hints = {key: value for key, value in (("start", args.loss_scale_start),
+                                           ("interval", args.loss_scale_interval),
+                                           ("factor", args.loss_scale_factor),
+                                           ("loss", args.loss)) if value is not None}
+    if args.grad:
+        hints["grads"] = list(args.grad)
+    report = convert_file(args.input, args.output, force=args.force, in_place=args.in_place,
+                          target=args.target, device=args.device, rules=args.rules,
+                          keep=args.keep, lowp_io=args.lowp_io,
+                          fold_constants=args.fold_constants, loss_scale=args.loss_scale,
+                          loss_scale_options=hints)
+    if args.report:
+        atomic_write(Path(args.report), report.to_json().encode("utf-8"), force=True)
+    if args.html:
+        report_html.write_convert_report(args.html, report.to_dict())
+    if args.tensorboard:
+        report_html.write_tensorboard(args.tensorboard, load(args.output).graph_def)
+    if not args.quiet:
+        print(f"wrote {args.output}")
+        print(report.format_summary())
+    return 0
+
+
+def explain(args) -> int:
+    # Decisions do not depend on loss scaling, so a training graph is explained without it
+    # (and without its hints, which explain has no flags for).
+    options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
+                      lowp_io=args.lowp_io, loss_scale="none")
+    _, report = convert_model(load(args.input), options)
+    for name in args.node:
+        try:
+            print(report.explain(name))
+        except KeyError:
+            raise InputError(f"{args.input}: no node named {name!r}") from None
+    return 0
+
+
+def rules(args) -> int:
+    rule_set = load_rules(args.target, args.rules)
+    print(f"# target {rule_set.target}, level {rule_set.level}")
+    print("# from: " + ", ".join(rule_set.sources))
+    if rule_set.env:
+        print("# grappler variables: " + ", ".join(rule_set.env))
+    print(f"# infer_follows_allow: {str(rule_set.infer_follows_allow).lower()}")
+    for name in LISTS:
+        ops = sorted(rule_set.effective(name))
+        print(f"{name} ({len(ops)}): " + " ".join(ops))
+    for rule in rule_set.node_rules:
+        print(f"override: {rule.pattern} -> {rule.action} ({rule.source})")
+    return 0
+
+
+def verify(args) -> int:
+    result = verify_mod.verify(args.original, args.converted, inputs=args.inputs,
+                               samples=args.samples, shapes=parse_shapes(args.shape),
+                               rtol=args.rtol, atol=args.atol, nodes=args.per_node,
+                               signature=args.signature, outputs=args.output,
+                               checkpoint=args.checkpoint)
+    if not args.quiet:
+        print(verify_mod.format_result(result, args.top))
+    if args.html:
+        report_html.write_verify_report(args.html, result, args.converted, args.report)
+    return 0 if result.ok else 1
+
+
+def kernels(args) -> int:
+    report = kernels_mod.kernel_report(args.model, device=args.device,
+                                       shapes=parse_shapes(args.shape), inputs=args.inputs,
+                                       signature=args.signature)
+    if args.json:
+        _write_json(args.json, report.to_dict())
+    if not args.quiet:
+        print(kernels_mod.format_report(report))
+    return 0
+
+
+def bench(args) -> int:
+    result = bench_mod.bench(args.original, args.converted, runs=args.runs, warmup=args.warmup,
+                             shapes=parse_shapes(args.shape), inputs=args.inputs,
+                             signature=args.signature, outputs=args.output,
+                             checkpoint=args.checkpoint,
+                             progress=None if args.quiet else _progress_bar)
+    if args.json:
+        _write_json(args.json, result.to_dict())
+    if args.html:
+        report_html.write_bench_report(args.html, result, args.converted)
+    if not args.quiet:
+        print(bench_mod.format_result(result))
+    return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    atomic_write(Path(path), (json.dumps(data, indent=1) + "\n").encode(), force=True)
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rounds")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+_COMMANDS = {"convert": convert, "explain": explain, "rules": rules, "verify": verify,
+             "kernels": kernels, "bench": bench}

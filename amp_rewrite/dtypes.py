@@ -1,0 +1,43 @@
+"""Dtypes as TensorFlow's ``types_pb2.DataType`` enums (never strings), and the names they print.
+
+The dtypes a precision rewrite moves between are float32 and the two 16-bit targets; TensorFlow
+names them ``float``, ``half`` and ``bfloat16``, users ``float16`` and ``bfloat16``.
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import types_pb2
+
+FLOAT = types_pb2.DT_FLOAT
+HALF = types_pb2.DT_HALF
+BFLOAT16 = types_pb2.DT_BFLOAT16
+DOUBLE = types_pb2.DT_DOUBLE
+BOOL = types_pb2.DT_BOOL
+INT32 = types_pb2.DT_INT32
+INT64 = types_pb2.DT_INT64
+RESOURCE = types_pb2.DT_RESOURCE
+VARIANT = types_pb2.DT_VARIANT
+INVALID = types_pb2.DT_INVALID
+
+#: the 16-bit targets
+LOW_PRECISION = (HALF, BFLOAT16)
+#: what a conversion moves between: a cast is inserted only between two of these
+CONVERTIBLE = (FLOAT, HALF, BFLOAT16)
+#: every floating dtype a model's outputs may have (verify compares these)
+FLOATING = (FLOAT, HALF, BFLOAT16, DOUBLE)
+
+#: the user's name of each target
+TARGETS = {"float16": HALF, "bfloat16": BFLOAT16}
+TARGET_NAMES = {dtype: name for name, dtype in TARGETS.items()}
+
+_REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100 in types.proto
+
+
+def dtype_name(dtype: int) -> str:
+    """``DT_HALF`` -> ``"half"``: the short name TensorFlow prints."""
+    return types_pb2.DataType.Name(dtype)[3:].lower()
+
+
+def base_dtype(dtype: int) -> int:
+    """Strip the reference flag: ``DT_FLOAT_REF`` -> ``DT_FLOAT``."""
+    return dtype - _REF_OFFSET if dtype > _REF_OFFSET else dtype

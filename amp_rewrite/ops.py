@@ -1,0 +1,74 @@
+"""Facts about TensorFlow ops that the passes share, each written once.
+
+Which ops hold state, write variables, carry TensorList handles, call functions, run loops,
+sum across replicas, save checkpoints: every module asks here, so two of them cannot disagree.
+"""
+
+from __future__ import annotations
+
+#: ops that hold or move the model's state: their dtypes never change (the weights stay
+#: float32 on disk and in memory, the master weights) and a Cast follows each read
+VARIABLE_OPS = frozenset({
+    "VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "AssignVariableOp",
+    "AssignAddVariableOp", "AssignSubVariableOp", "Assign", "AssignAdd", "AssignSub",
+    "VarIsInitializedOp", "IsVariableInitialized", "ResourceGather", "ResourceGatherNd",
+    "DestroyResourceOp", "_VarHandlesOp", "_ReadVariablesOp",
+})
+#: ops that create a variable (a checkpoint must hold its value)
+VARIABLE_CREATORS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+#: graph inputs
+PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "PlaceholderV2"})
+
+#: assignments (optimizer updates are recognised by name, see :func:`is_variable_write`)
+_ASSIGN_OPS = frozenset({
+    "Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
+    "AssignSubVariableOp", "StridedSliceAssign", "ResourceStridedSliceAssign",
+})
+_APPLY_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
+_SCATTER_PREFIXES = ("Scatter", "ResourceScatter")
+
+
+def is_variable_write(op: str) -> bool:
+    """Whether ``op`` changes a variable or an optimizer slot: an assignment, an optimizer
+    update (``Apply*``, ``ResourceApply*``, the sparse ones) or a scatter."""
+    return (op in _ASSIGN_OPS or op.startswith(_APPLY_PREFIXES) or op.startswith(_SCATTER_PREFIXES))
+
+
+#: ops a TensorList handle (a DT_VARIANT) passes through unchanged
+VARIANT_PASSTHROUGH = frozenset({
+    "Identity", "IdentityN", "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge",
+    "Switch", "RefSwitch", "NextIteration", "RefNextIteration", "StopGradient", "Snapshot",
+})
+
+
+def is_tensorlist_op(op: str) -> bool:
+    return op.startswith("TensorList")
+
+
+#: control flow v1: a loop's back edge runs NextIteration -> Merge
+NEXT_ITERATION_OPS = frozenset({"NextIteration", "RefNextIteration"})
+MERGE_OPS = frozenset({"Merge", "RefMerge"})
+ENTER_OPS = frozenset({"Enter", "RefEnter"})
+EXIT_OPS = frozenset({"Exit", "RefExit"})
+SWITCH_OPS = frozenset({"Switch", "RefSwitch"})
+
+#: control flow v2 and calls: functional ops and the attrs that name their callees
+WHILE_OPS = ("While", "StatelessWhile")
+IF_OPS = ("If", "StatelessIf")
+CASE_OPS = ("Case", "StatelessCase")
+BRANCH_OPS = IF_OPS + CASE_OPS
+CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+FUNCTIONAL_OPS = WHILE_OPS + BRANCH_OPS + CALL_OPS
+
+#: ops that sum a gradient across replicas: loss scaling unscales and checks after them
+ALL_REDUCE_OPS = frozenset({
+    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "NcclAllReduce",
+    "HorovodAllreduce", "HorovodAllgather", "_ScopedAllocatorConcat",
+})
+
+#: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
+SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})
+
+#: ops whose outputs nothing reads but that are not results a user wants compared
+NOT_OUTPUTS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
+                         "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"})

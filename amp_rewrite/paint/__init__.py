@@ -1,0 +1,51 @@
+"""Painting: decide, per (node, type attribute), whether it runs in low precision, and why.
+
+The baseline is grappler's ``auto_mixed_precision`` pass (README "How we decide"). The steps,
+in the order :func:`paint` runs them, each in its own module:
+
+0. :mod:`.state`: variables, non-float32 types, ``keep_fp32`` overrides and the graph's
+   interface are blocked;
+1-5. :mod:`.propagation`: allow ops, deny propagation, infer/clear ops between allow ops,
+   infer ops after allow ops (rule ``infer_follows_allow``), allow spreading through clear ops;
+6. :mod:`.overrides`: ``force_lowp`` overrides;
+7. :mod:`.agreement`: v1 loop back edges and TensorList clusters agree on one dtype;
+8. :mod:`.feeders`: Casts, Consts (and with ``lowp_io`` Placeholders) that only feed low
+   precision follow it;
+9. :mod:`.reasons`: every item gets its :class:`Decision`, the undecided ones the reason they
+   stayed float32.
+
+The graph is not changed: :mod:`amp_rewrite.casts` applies the result.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph
+from ..rules import RuleSet
+from .agreement import agree_loops, agree_tensorlists
+from .decisions import LOWP_CODES, Decision, Painting, TNode
+from .feeders import paint_feeders
+from .overrides import force_overrides
+from .propagation import (paint_between_allow, paint_infer_after_allow, propagate_deny, seed_allow,
+                          spread_through_clear)
+from .reasons import record
+from .state import PaintState, interface_names
+
+__all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "paint"]
+
+
+def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
+          keep: set[str] | frozenset[str] = frozenset(), lowp_io: bool = False) -> Painting:
+    """Decide the precision of every (node, type attribute) of ``graph``; the graph is not changed."""
+    s = PaintState(graph, rules, target=target, device=device, keep=set(keep), lowp_io=lowp_io)
+    s.block_fixed()
+    seed_allow(s)
+    propagate_deny(s)
+    paint_between_allow(s)
+    if rules.infer_follows_allow:
+        paint_infer_after_allow(s)
+    spread_through_clear(s)
+    force_overrides(s)
+    agree_loops(s)
+    agree_tensorlists(s)
+    paint_feeders(s)
+    return record(s)

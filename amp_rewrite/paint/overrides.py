@@ -1,0 +1,44 @@
+"""Step 6 of painting: rule-file overrides that force low precision (``force_lowp``).
+
+An override cannot move the graph's interface (a warning says so) nor an op TensorFlow has no
+kernel for in the target dtype (the item is blocked with ``no_kernel`` and a warning). An
+override that matches no node is warned about.
+"""
+
+from __future__ import annotations
+
+from ..signatures import device_type
+from .decisions import Decision
+from .state import PaintState
+
+
+def force_overrides(s: PaintState) -> None:
+    refused: set[str] = set()
+    for idx, (name, attr) in enumerate(s.items):
+        rule = s.rules.node_rule(name)
+        if rule is None or rule.action != "force_lowp" or idx in s.allow:
+            continue
+        if idx in s.blocked:
+            if s.blocked[idx].code == "interface" and name not in refused:
+                refused.add(name)
+                s.warnings.append(f"force_lowp refused for `{name}` by override {rule.pattern} "
+                                  f"({rule.source}): {s.blocked[idx].text}; its dtypes are the "
+                                  "graph's interface (--lowp-io lets inputs and outputs go)")
+            continue
+        if s.kernel_ok(idx):
+            s.allow[idx] = Decision(True, "user_force",
+                                    f"forced {s.tname} by override {rule.pattern} ({rule.source})")
+        elif not _has_lowp_attr(s, name):
+            node = s.nodes[name]
+            msg = (f"force_lowp refused for `{name}` ({node.op}): no {s.tname} kernel on "
+                   f"{device_type(node, s.device)} for type {attr}")
+            s.blocked[idx] = Decision(False, "no_kernel", msg)
+            s.warnings.append(msg)
+    for rule in s.rules.node_rules:
+        if not any(rule.matches(n) for n in s.nodes):
+            s.warnings.append(f"override {rule.pattern} ({rule.source}) matches no node")
+
+
+def _has_lowp_attr(s: PaintState, name: str) -> bool:
+    """Whether another type attribute of the node can take the target dtype."""
+    return any(s.items[j][0] == name and s.kernel_ok(j) for j in range(len(s.items)))

@@ -1,0 +1,53 @@
+"""The end of painting: a :class:`Decision` for every item, including those nothing painted.
+
+An item no step decided gets the reason it stayed float32, most specific first: no kernel, a
+deny op, reached by deny (with the chain), an infer or clear op with nothing to follow, or an
+op on no list. Nodes without type attributes get a node-level code.
+"""
+
+from __future__ import annotations
+
+from ..signatures import device_type, node_types
+from .decisions import Decision, Painting
+from .propagation import deny_chain
+from .state import PaintState
+
+
+def record(s: PaintState) -> Painting:
+    result = Painting(target=s.target, device=s.device, warnings=list(s.warnings))
+    for idx, key in enumerate(s.items):
+        decided = s.allow.get(idx) or s.blocked.get(idx)
+        result.decisions[key] = decided if decided is not None else why_not(s, idx)
+    for name, node in s.nodes.items():
+        types = node_types(node)
+        if types is None:
+            result.node_codes[name] = Decision(False, "unknown_op",
+                                               f"op {node.op!r} is not registered with TensorFlow "
+                                               "(custom op or function): left as it is")
+        elif not types.attrs:
+            result.node_codes[name] = Decision(False, "no_type_attr",
+                                               "op has no type attribute to change")
+    return result
+
+
+def why_not(s: PaintState, idx: int) -> Decision:
+    """Why an item no step painted or blocked stays float32."""
+    node = s.node_of(idx)
+    cat = s.cat[idx]
+    if cat in ("allow", "infer", "clear") and not s.kernel_ok(idx):
+        return Decision(False, "no_kernel", f"{cat} op, but TensorFlow has no {s.tname} kernel "
+                        f"for {node.op} on {device_type(node, s.device)}")
+    if cat == "deny":
+        return Decision(False, "deny_list", "deny op: unsafe in low precision")
+    if idx in s.deny_parent:
+        chain = deny_chain(s, idx)
+        root, through = chain[0], chain[1:-1]
+        text = f"{cat} op, downstream of deny op {s.nodes[root].op} `{root}`"
+        if through:
+            text += " through " + ", ".join(f"`{n}`" for n in through)
+        return Decision(False, "deny_propagated", text, chain[:-1])
+    if cat == "infer":
+        return Decision(False, "infer_alone", "infer op not on a path between allow ops")
+    if cat == "clear":
+        return Decision(False, "clear_alone", "clear op with no low-precision neighbour")
+    return Decision(False, "not_listed", f"op {node.op} is on no list")

@@ -1,0 +1,106 @@
+"""What the painting steps share: the type graph, each item's list, and what is decided so far.
+
+Items are the type graph's numbered (node, type attribute) pairs. Three maps fill up as the
+steps run: ``blocked`` (can never be painted, with why), ``allow`` (painted, with why) and
+``deny_parent`` (reached by deny propagation, with the item it came from).
+"""
+
+from __future__ import annotations
+
+from ..dtypes import FLOAT, RESOURCE, TARGET_NAMES, dtype_name
+from ..ir import Graph, Node
+from ..ops import PLACEHOLDER_OPS, VARIABLE_OPS
+from ..rules import RuleSet
+from ..signatures import device_type, get_dtype, kernel_supports, node_types, output_dtype
+from .decisions import Decision
+from .typegraph import TypeGraph
+
+
+class PaintState:
+    """One painting in progress (see the module doc)."""
+
+    def __init__(self, graph: Graph, rules: RuleSet, *, target: int, device: str,
+                 keep: set[str], lowp_io: bool):
+        self.graph, self.rules, self.target, self.device = graph, rules, target, device
+        self.lowp_io = lowp_io
+        self.tname = TARGET_NAMES.get(target, dtype_name(target))
+        order = graph.topological_order()
+        self.nodes: dict[str, Node] = {name: graph.node(name) for name in order}
+        self.interface = interface_names(graph, keep, lowp_io)
+        self.tg = TypeGraph(graph, order)
+        self.items = self.tg.items
+        self.cat = [rules.category(self.nodes[name].op) for name, _ in self.items]
+        self.blocked: dict[int, Decision] = {}
+        self.allow: dict[int, Decision] = {}
+        self.deny_parent: dict[int, int | None] = {}
+        self.warnings: list[str] = []
+        self._kernel: dict[int, bool] = {}
+        self.reads_ref = {name: _reads_ref(graph, node) for name, node in self.nodes.items()}
+
+    def kernel_ok(self, idx: int) -> bool:
+        """Whether TensorFlow has a kernel for the item's node with the item in the target dtype."""
+        if idx not in self._kernel:
+            name, attr = self.items[idx]
+            node = self.nodes[name]
+            self._kernel[idx] = kernel_supports(node, {attr: self.target},
+                                                device_type(node, self.device))
+        return self._kernel[idx]
+
+    def free(self, idx: int) -> bool:
+        """Not blocked, float32, and TensorFlow has a kernel for it in the target dtype."""
+        return idx not in self.blocked and self.kernel_ok(idx)
+
+    def node_of(self, idx: int) -> Node:
+        return self.nodes[self.items[idx][0]]
+
+    def block_fixed(self) -> None:
+        """Block what no rule may paint: state, non-float32 types, user keeps, the interface."""
+        holds_state = {name: _holds_state(node) for name, node in self.nodes.items()}
+        for idx, (name, attr) in enumerate(self.items):
+            node = self.nodes[name]
+            rule = self.rules.node_rule(name)
+            if holds_state[name]:
+                self.blocked[idx] = Decision(False, "variable", "variable op: master weights stay float32")
+            elif get_dtype(node, attr) != FLOAT:
+                self.blocked[idx] = Decision(False, "not_float32", f"type {attr} is "
+                                             f"{dtype_name(get_dtype(node, attr))}, not float32")
+            elif rule is not None and rule.action == "keep_fp32":
+                self.blocked[idx] = Decision(False, "user_keep", f"kept float32 by override "
+                                             f"{rule.pattern} ({rule.source})")
+            elif name in self.interface:
+                self.blocked[idx] = Decision(False, "interface", self.interface[name])
+
+
+def interface_names(graph: Graph, keep: set[str], lowp_io: bool) -> dict[str, str]:
+    """Nodes whose dtypes form the graph's interface, with why: kept float32 by default."""
+    out: dict[str, str] = {name: "kept with --keep or as a signature tensor" for name in keep
+                           if name in graph}
+    if lowp_io:
+        return out
+    for node in graph.nodes():
+        if node.name in out:
+            continue
+        if node.op in PLACEHOLDER_OPS:
+            out[node.name] = "graph input (Placeholder)"
+        elif not graph.consumers(node.name):
+            types = node_types(node)
+            if types and any(output_dtype(node, i) == FLOAT for i in range(len(types.outputs))):
+                out[node.name] = "graph output (nothing in the graph reads it)"
+    return out
+
+
+def _reads_ref(graph: Graph, node: Node) -> bool:
+    """Whether a node reads a ref (VariableV2) tensor: painting it would break the variable's reads."""
+    for ref in graph.inputs(node.name):
+        types = node_types(graph.node(ref.node))
+        if types and ref.port < len(types.outputs) and types.outputs[ref.port].is_ref:
+            return True
+    return False
+
+
+def _holds_state(node: Node) -> bool:
+    if node.op in VARIABLE_OPS:
+        return True
+    types = node_types(node)
+    ports = (types.inputs + types.outputs) if types else ()
+    return any(p.is_ref or (p.attr is None and p.fixed == RESOURCE) for p in ports)

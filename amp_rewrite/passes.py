@@ -1,0 +1,107 @@
+"""One graph and the functions it reaches, converted: the per-graph driver every format uses.
+
+:func:`convert_graph` takes a ``MetaGraphDef`` (a GraphDef file is wrapped in one, a SavedModel
+brings one per tag set) and runs, in order: the input checks, optional constant folding, the
+graph's own nodes through :func:`~amp_rewrite.rewrite.rewrite`, loss scaling where it trains,
+then every library function it reaches (:func:`~amp_rewrite.functions.paint_library`). The
+MetaGraph's signature tensors are its interface and keep their dtypes; the functions its object
+graph restores keep their signatures.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from . import fold, lint
+from .dtypes import TARGETS
+from .errors import InputError
+from .functions import paint_library, rules_for, split_keep
+from .ir import Graph
+from .library import check_call_types, direct_call_feeders
+from .report import Report
+from .rewrite import rewrite
+from .rules import RuleSet, load_rules
+from .signatures import strip_graph_defaults, with_defaults
+from .training import HINTS, add_loss_scaling, scale_config
+
+DEVICES = {"gpu": "GPU", "cpu": "CPU"}
+
+
+@dataclass
+class Options:
+    """What one conversion is asked to do (the CLI flags, as data)."""
+
+    target: str = "float16"
+    device: str = "gpu"
+    rules: RuleSet | Sequence[str | os.PathLike] | None = None
+    keep: Sequence[str] = ()
+    lowp_io: bool = False
+    loss_scale: str | None = None          # "dynamic", "none" or a number; None: by target
+    loss_scale_options: dict = field(default_factory=dict)
+    fold_constants: bool = False           # fold Const-only float32 subgraphs first
+
+    def rule_set(self) -> RuleSet:
+        if isinstance(self.rules, RuleSet):
+            return self.rules
+        return load_rules(self.target, list(self.rules or ()))
+
+    def check(self) -> None:
+        if self.target not in TARGETS:
+            raise InputError(f"unknown target {self.target!r}: choose float16 or bfloat16")
+        if self.device not in DEVICES:
+            raise InputError(f"unknown device {self.device!r}: choose gpu or cpu")
+
+
+def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
+                  rules: RuleSet | None = None,
+                  loss_scaling: bool = True) -> tuple[meta_graph_pb2.MetaGraphDef, Report]:
+    """Convert ``meta_graph``'s graph and the functions it reaches; returns a new MetaGraphDef
+    (the input is not changed) and the report.
+
+    ``rules`` defaults to ``options.rule_set()``; ``loss_scaling=False`` leaves a graph that
+    trains unscaled whatever ``options`` ask (SavedModels, see README).
+    """
+    options.check()
+    rules = rules or options.rule_set()
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.CopyFrom(meta_graph)
+    problems = check_call_types(meta.graph_def)
+    if problems:  # the input's fault: the same check on the output would call it ours
+        raise InputError(f"the input graph is not valid: {problems[0]}")
+    interface = signature_tensors(meta)
+    graph_def = meta.graph_def
+    if options.fold_constants:
+        graph_def = fold.fold_constants(graph_def, set(options.keep) | interface)
+    filled, added = with_defaults(graph_def)
+    graph = Graph.from_graph_def(filled)
+    keep = (interface | direct_call_feeders(graph, filled.library)
+            | set(split_keep(options.keep, graph, filled.library)))
+    main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
+    target, device = options.target, DEVICES[options.device]
+    work, report = rewrite(graph, main_rules, target=target, device=device, keep=keep,
+                           lowp_io=options.lowp_io)
+    config = scale_config(options.loss_scale, target, dict(options.loss_scale_options or {})) \
+        if loss_scaling else None
+    hints = {k: v for k, v in (options.loss_scale_options or {}).items() if k in HINTS}
+    if config is not None and add_loss_scaling(work, meta, filled.library, config, hints, report):
+        lint.lint(work, original=graph, rules=main_rules)
+    out = work.to_graph_def(filled)
+    strip_graph_defaults(out, added)
+    paint_library(out, rules, report, target=target, device=device, keep=options.keep,
+                  roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
+    meta.graph_def.CopyFrom(out)
+    return meta, report
+
+
+def signature_tensors(meta_graph: meta_graph_pb2.MetaGraphDef) -> set[str]:
+    """Node names behind the MetaGraph's signature inputs and outputs (the interface)."""
+    names: set[str] = set()
+    for sig in meta_graph.signature_def.values():
+        for info in list(sig.inputs.values()) + list(sig.outputs.values()):
+            if info.name:
+                names.add(info.name.split(":")[0].lstrip("^"))
+    return names

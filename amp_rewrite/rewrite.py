@@ -1,0 +1,97 @@
+"""One graph, painted and cast: the core every graph and every function body goes through.
+
+:func:`rewrite` takes an IR graph that nothing outside it calls into (a graph's own nodes, or a
+function body with its arguments and results kept float32) and returns a converted copy and
+its :class:`~amp_rewrite.report.Report`: :func:`check_input`, then painting, casts, the report
+and the lint. Function libraries, loss scaling and file formats are the callers' business.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Collection
+
+from . import casts, lint
+from .dtypes import LOW_PRECISION, TARGETS
+from .errors import InputError
+from .ir import Graph
+from .paint import paint
+from .report import Report, build_report
+from .rules import RuleSet
+from .signatures import get_dtype, node_types, op_def
+
+log = logging.getLogger(__name__)
+
+# Ports a graph may declare through number attrs (N of ConcatV2, num_split of Split ...) beyond
+# one per data edge: the type model lists every port, so a forged N of 2**40 in a tiny file
+# would otherwise exhaust memory.
+_SPARE_PORTS = 1 << 20
+
+
+def rewrite(graph: Graph, rules: RuleSet, *, target: str, device: str,
+            keep: Collection[str] = (), lowp_io: bool = False) -> tuple[Graph, Report]:
+    """Convert ``graph`` to ``target`` (``"float16"``/``"bfloat16"``) for ``device``
+    (``"GPU"``/``"CPU"``); returns a new graph (the input is not changed) and the report.
+
+    ``keep`` names nodes whose dtypes must not change (they must be nodes of ``graph``).
+    Raises :class:`InputError` for a graph TensorFlow would not import, :class:`LintError` if
+    the result fails the lint (our bug).
+    """
+    check_input(graph)
+    work = graph.copy()
+    already = [n.name for n in work.nodes() if node_types(n) and
+               any(get_dtype(n, a) in LOW_PRECISION for a in node_types(n).attrs)]
+    painting = paint(work, rules, target=TARGETS[target], device=device, keep=set(keep),
+                     lowp_io=lowp_io)
+    stats = casts.apply_painting(work, painting)
+    report = build_report(work, graph, painting, target=target, device=device, rules=rules,
+                          matrix_ops=rules.lists["allow"])
+    report.casts_added = stats.added
+    report.casts_removed = stats.removed
+    report.consts_converted = stats.consts
+    unknown = sorted({n.op for n in graph.nodes() if node_types(n) is None})
+    if unknown:
+        report.warnings.append("ops not registered with TensorFlow left as they are: "
+                               + ", ".join(unknown))
+    if already:
+        report.warnings.append(f"the input already has {len(already)} low-precision nodes "
+                               f"(e.g. {already[0]!r}); they are left as they are")
+    lint.lint(work, original=graph, rules=rules)
+    for w in report.warnings:
+        log.warning(w)
+    return work, report
+
+
+def check_input(graph: Graph) -> None:
+    """Refuse, with an :class:`InputError` naming the node, a graph TensorFlow would not import.
+
+    Port counts must be sane before anything lists ports; then the lint's checks (each input's
+    arity and dtype matches its OpDef, type attrs hold allowed dtypes) run on the input, so a
+    broken input is reported as the user's problem, not as a failed lint of our output.
+    """
+    budget = _SPARE_PORTS + sum(1 for _ in graph.data_edges())
+    for node in graph.nodes():
+        if node.op == "Const":
+            _check_const(node)
+        od = op_def(node.op)
+        for arg in list(od.input_arg) + list(od.output_arg) if od is not None else ():
+            if not arg.number_attr:
+                continue
+            n = node.attr[arg.number_attr].i if arg.number_attr in node.attr else -1
+            budget -= max(n, 0)
+            if n < 0 or budget < 0:
+                raise InputError(f"node {node.name!r} ({node.op}) has {arg.number_attr}={n}, "
+                                 "not a usable port count")
+    problems = lint.lint_problems(graph)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(f"the input graph is not valid: {problems[0]}{more}")
+
+
+def _check_const(node) -> None:
+    # TensorFlow refuses a Const whose tensor is not of its dtype; converting its values would
+    # silently reinterpret them
+    have = node.attr["value"].tensor.dtype if "value" in node.attr else None
+    want = node.attr["dtype"].type if "dtype" in node.attr else None
+    if have is None or have != want:
+        raise InputError(f"Const {node.name!r}: its value is missing or not a tensor of its dtype")

@@ -1,0 +1,60 @@
+"""What loss scaling was asked for: the mode and its numbers, checked."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+DEFAULTS = {"start": 2.0 ** 15, "interval": 2000, "factor": 2.0}
+#: loss-scale options that are hints for finding the backward pass, not numbers
+HINTS = ("loss", "grads")
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """How to scale: ``mode`` is ``"dynamic"`` or ``"static"`` (``start`` is the fixed scale)."""
+
+    mode: str
+    start: float = DEFAULTS["start"]
+    interval: int = DEFAULTS["interval"]
+    factor: float = DEFAULTS["factor"]
+
+
+def scale_config(loss_scale, target: str, options: dict) -> ScaleConfig | None:
+    """The requested scaling, or None for ``none`` (the default for bfloat16).
+
+    ``loss_scale`` is ``"dynamic"``, ``"none"``, a number (a static scale) or None (by target);
+    ``options`` holds ``start``, ``interval``, ``factor`` and the hints ``loss`` and ``grads``.
+    """
+    if loss_scale is None:
+        loss_scale = "dynamic" if target == "float16" else "none"
+    text = str(loss_scale).strip().lower()
+    unknown = set(options) - set(DEFAULTS) - set(HINTS)
+    if unknown:
+        raise InputError(f"unknown loss-scale option {sorted(unknown)[0]!r}")
+    start = _number(options.get("start", DEFAULTS["start"]), "--loss-scale-start", minimum=0.0)
+    interval = options.get("interval", DEFAULTS["interval"])
+    factor = _number(options.get("factor", DEFAULTS["factor"]), "--loss-scale-factor", minimum=1.0)
+    if not isinstance(interval, int) or interval < 1:
+        raise InputError(f"--loss-scale-interval must be a whole number of steps >= 1, not {interval!r}")
+    if text == "none":
+        return None
+    if text == "dynamic":
+        return ScaleConfig("dynamic", start, interval, factor)
+    return ScaleConfig("static", _number(text, "--loss-scale", minimum=0.0))
+
+
+def _number(value, flag: str, minimum: float) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{flag} must be 'dynamic', 'none' or a number, not {value!r}"
+                         if flag == "--loss-scale" else f"{flag} must be a number, not {value!r}") from None
+    if not math.isfinite(number) or number <= minimum:
+        raise InputError(f"{flag} must be a finite number above {minimum:g}, not {value!r}")
+    if number > _FLOAT32_MAX:  # the scale is a float32 variable: it would be inf, every step skipped
+        raise InputError(f"{flag} must fit in float32 (at most {_FLOAT32_MAX:.4g}), not {value!r}")
+    return number
