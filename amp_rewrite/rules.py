@@ -137,7 +137,21 @@ def _suggest(op: str) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+@dataclass(frozen=True)
+class _Source:
+    """A rule file being read: errors name its path and the line of what they are about."""
+
+    path: Path
+    text: str
+
+    def fail(self, message: str, needle: str | None = None, section: str | None = None) -> RuleError:
+        line = _line_of(self.text, needle, section) if needle else 1
+        return RuleError(f"{self.path}:{line}: {message}")
+
+
 class _Loader:
+    """Reads rule files for one target, each on top of the rule set before it."""
+
     def __init__(self, target: str):
         if target not in TARGETS:
             raise RuleError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
@@ -151,124 +165,147 @@ class _Loader:
         return self.file(path, None, stack)
 
     def file(self, path: Path, base: RuleSet | None, stack: tuple[Path, ...] = ()) -> RuleSet:
-        path = Path(path)
-        if path.resolve() in stack:
-            raise RuleError(f"{path}: 'extends' makes a cycle")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise RuleError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise RuleError(f"{path}: rule file is not UTF-8 text") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise RuleError(f"{path}: not valid TOML: {exc}") from None
-
-        def fail(message: str, needle: str | None = None, section: str | None = None) -> RuleError:
-            line = _line_of(text, needle, section) if needle else 1
-            return RuleError(f"{path}:{line}: {message}")
-
+        """The rule set ``path`` makes of ``base`` (or of what it ``extends``)."""
+        src, data = _read(Path(path), stack)
         for key in data:
             if key not in _TOP_KEYS:
-                raise fail(f"unknown key {key!r} (known: {', '.join(sorted(_TOP_KEYS))})", key)
+                raise src.fail(f"unknown key {key!r} (known: {', '.join(sorted(_TOP_KEYS))})", key)
         target = data.get("target")
         if target is not None and target != self.target:
-            raise fail(f"this rule file is for target {target!r}, but the conversion targets "
-                       f"{self.target!r}", "target")
-        stack = stack + (path.resolve(),)
-        if "extends" in data:
-            ext = data["extends"]
-            if not isinstance(ext, str):
-                raise fail("'extends' must be a string: a built-in name or a path", "extends")
-            if ext in TARGETS:
-                if ext != self.target:
-                    raise fail(f"extends {ext!r}, but the conversion targets {self.target!r}",
-                               "extends")
-                rules = self.builtin(ext, stack)
-            else:
-                target_file = path.parent / ext
-                if not target_file.exists():
-                    raise fail(f"extends {ext!r}: neither a built-in rule set "
-                               f"({', '.join(TARGETS)}) nor a file ({target_file})", "extends")
-                rules = self.file(target_file, None, stack)
-        elif base is not None:
-            rules = dataclasses.replace(base, lists=dict(base.lists),
-                                        node_rules=list(base.node_rules),
-                                        sources=list(base.sources))
-        else:
-            rules = RuleSet(self.target, {name: frozenset() for name in LISTS})
-        rules.sources.append(str(path))
+            raise src.fail(f"this rule file is for target {target!r}, but the conversion targets "
+                           f"{self.target!r}", "target")
+        rules = self._start(src, data, base, stack + (src.path.resolve(),))
+        rules.sources.append(str(src.path))
+        self._lists(src, data, rules)
+        _level(src, data, rules)
+        _painting(src, data, rules)
+        rules.node_rules.extend(_overrides(src, data))
+        return rules
 
+    def _start(self, src: _Source, data: dict, base: RuleSet | None,
+               stack: tuple[Path, ...]) -> RuleSet:
+        """What the file edits: what it ``extends``, else a copy of ``base``, else nothing."""
+        if "extends" not in data:
+            if base is None:
+                return RuleSet(self.target, {name: frozenset() for name in LISTS})
+            return dataclasses.replace(base, lists=dict(base.lists),
+                                       node_rules=list(base.node_rules), sources=list(base.sources))
+        ext = data["extends"]
+        if not isinstance(ext, str):
+            raise src.fail("'extends' must be a string: a built-in name or a path", "extends")
+        if ext in TARGETS:
+            if ext != self.target:
+                raise src.fail(f"extends {ext!r}, but the conversion targets {self.target!r}",
+                               "extends")
+            return self.builtin(ext, stack)
+        target_file = src.path.parent / ext
+        if not target_file.exists():
+            raise src.fail(f"extends {ext!r}: neither a built-in rule set "
+                           f"({', '.join(TARGETS)}) nor a file ({target_file})", "extends")
+        return self.file(target_file, None, stack)
+
+    def _lists(self, src: _Source, data: dict, rules: RuleSet) -> None:
+        """Apply ``[allow]``/``[infer]``/``[clear]``/``[deny]``; an op added to one list leaves
+        every other list ("add" means "move here")."""
         seen: dict[str, str] = {}
         for list_name in LISTS:
             section = data.get(list_name)
             if section is None:
                 continue
             if not isinstance(section, dict):
-                raise fail(f"[{list_name}] must be a table with ops / add / remove", list_name)
+                raise src.fail(f"[{list_name}] must be a table with ops / add / remove", list_name)
             for key in section:
                 if key not in ("ops", "add", "remove"):
-                    raise fail(f"unknown key {key!r} in [{list_name}] (use ops, add, remove)", key)
+                    raise src.fail(f"unknown key {key!r} in [{list_name}] (use ops, add, remove)", key)
             for key in ("ops", "add", "remove"):
-                ops = section.get(key, [])
-                if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
-                    raise fail(f"[{list_name}] {key} must be a list of op names", key, list_name)
-                for op in ops:
-                    if op not in self.known:
-                        raise fail(f"[{list_name}] {key}: TensorFlow has no op {op!r}{_suggest(op)}",
-                                   f'"{op}"', list_name)
-                    if key != "remove":
-                        if op in seen and seen[op] != list_name:
-                            raise fail(f"op {op!r} is in both [{seen[op]}] and [{list_name}]",
-                                       f'"{op}"', list_name)
-                        seen[op] = list_name
+                self._check_ops(src, list_name, key, section.get(key, []), seen)
             current = set(rules.lists[list_name])
             if "ops" in section:
                 current = set(section["ops"])
             current |= set(section.get("add", []))
             current -= set(section.get("remove", []))
             rules.lists[list_name] = frozenset(current)
-        # an op added to one list leaves every other list: "add" means "move here"
         for op, list_name in seen.items():
             for other in LISTS:
                 if other != list_name and op in rules.lists[other]:
                     rules.lists[other] = rules.lists[other] - {op}
 
-        if "level" in data:
-            if data["level"] not in LEVELS:
-                raise fail(f"unknown level {data['level']!r} (known: {', '.join(LEVELS)})",
-                           "level")
-            rules.level = data["level"]
-        painting = data.get("painting", {})
-        if not isinstance(painting, dict):
-            raise fail("[painting] must be a table", "painting")
-        for key, value in painting.items():
-            if key not in _PAINTING_KEYS or not isinstance(value, bool):
-                raise fail(f"[painting] {key} is not a known true/false setting", key)
-            setattr(rules, key, value)
+    def _check_ops(self, src: _Source, list_name: str, key: str, ops, seen: dict[str, str]) -> None:
+        if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
+            raise src.fail(f"[{list_name}] {key} must be a list of op names", key, list_name)
+        for op in ops:
+            if op not in self.known:
+                raise src.fail(f"[{list_name}] {key}: TensorFlow has no op {op!r}{_suggest(op)}",
+                               f'"{op}"', list_name)
+            if key != "remove":
+                if op in seen and seen[op] != list_name:
+                    raise src.fail(f"op {op!r} is in both [{seen[op]}] and [{list_name}]",
+                                   f'"{op}"', list_name)
+                seen[op] = list_name
 
-        overrides = data.get("override", [])
-        if not isinstance(overrides, list):
-            raise fail("use [[override]] tables for node overrides", "override")
-        for i, item in enumerate(overrides):
+
+def _read(path: Path, stack: tuple[Path, ...]) -> tuple[_Source, dict]:
+    if path.resolve() in stack:
+        raise RuleError(f"{path}: 'extends' makes a cycle")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RuleError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RuleError(f"{path}: rule file is not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleError(f"{path}: not valid TOML: {exc}") from None
+    return _Source(path, text), data
+
+
+def _level(src: _Source, data: dict, rules: RuleSet) -> None:
+    if "level" in data:
+        if data["level"] not in LEVELS:
+            raise src.fail(f"unknown level {data['level']!r} (known: {', '.join(LEVELS)})", "level")
+        rules.level = data["level"]
+
+
+def _painting(src: _Source, data: dict, rules: RuleSet) -> None:
+    painting = data.get("painting", {})
+    if not isinstance(painting, dict):
+        raise src.fail("[painting] must be a table", "painting")
+    for key, value in painting.items():
+        if key not in _PAINTING_KEYS or not isinstance(value, bool):
+            raise src.fail(f"[painting] {key} is not a known true/false setting", key)
+        setattr(rules, key, value)
+
+
+def _overrides(src: _Source, data: dict) -> list[NodeRule]:
+    """The ``[[override]]`` tables: each a glob or a regex (a string) and an action."""
+    overrides = data.get("override", [])
+    if not isinstance(overrides, list):
+        raise src.fail("use [[override]] tables for node overrides", "override")
+    out = []
+    for i, item in enumerate(overrides):
+        if not isinstance(item, dict):
+            # override = ["head/*"]: a list of strings, not of tables
+            raise src.fail("each override is a table: write [[override]] with glob or regex, "
+                           "and action", "override")
+        where = f"{src.path}:{_occurrence_line(src.text, '[[override]]', i)}"
+        if set(item) - {"glob", "regex", "action"}:
             needle = f"{item.get('glob') or item.get('regex') or 'override'}"
-            line = _occurrence_line(text, "[[override]]", i)
-            where = f"{path}:{line}"
-            if not isinstance(item, dict) or set(item) - {"glob", "regex", "action"}:
-                raise fail("an [[override]] takes glob or regex, and action", needle)
-            if ("glob" in item) == ("regex" in item):
-                raise RuleError(f"{where}: an [[override]] needs exactly one of glob or regex")
-            if item.get("action") not in ACTIONS:
-                raise RuleError(f"{where}: override action must be one of {', '.join(ACTIONS)}")
-            if "regex" in item:
-                try:
-                    re.compile(item["regex"])
-                except re.error as exc:
-                    raise RuleError(f"{where}: bad regex {item['regex']!r}: {exc}") from None
-            rules.node_rules.append(NodeRule(item["action"], item.get("glob"), item.get("regex"),
-                                             where))
-        return rules
+            raise src.fail("an [[override]] takes glob or regex, and action", needle)
+        if ("glob" in item) == ("regex" in item):
+            raise RuleError(f"{where}: an [[override]] needs exactly one of glob or regex")
+        pattern = item.get("glob", item.get("regex"))
+        if not isinstance(pattern, str):
+            raise RuleError(f"{where}: an override's glob or regex must be a string")
+        if item.get("action") not in ACTIONS:
+            raise RuleError(f"{where}: override action must be one of {', '.join(ACTIONS)}")
+        if "regex" in item:
+            try:
+                re.compile(item["regex"])
+            except re.error as exc:
+                raise RuleError(f"{where}: bad regex {item['regex']!r}: {exc}") from None
+        out.append(NodeRule(item["action"], item.get("glob"), item.get("regex"), where))
+    return out
 
 
 def _occurrence_line(text: str, needle: str, index: int) -> int:
