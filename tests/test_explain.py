@@ -1,12 +1,14 @@
 """explain: the recorded chain for allow, deny-propagated, user-kept and kernel-less nodes."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from amp_rewrite import convert
 from amp_rewrite.cli import main
 from amp_rewrite.rules import load_rules
 
+pytestmark = pytest.mark.fast  # conversions only: no TensorFlow session
 v1 = tf.compat.v1
 
 

@@ -11,6 +11,8 @@ from amp_rewrite import convert
 from amp_rewrite.errors import RuleError
 from amp_rewrite.rules import load_rules
 
+pytestmark = pytest.mark.fast  # conversions only: no TensorFlow session
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "rules" / "examples"
 sys_path = ROOT / "examples"
