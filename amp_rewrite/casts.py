@@ -39,6 +39,17 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
     before = {(ref, name, port): (output_dtype(graph.node(ref.node), ref.port),
                                   input_dtype(graph.node(name), port))
               for ref, name, port in graph.data_edges()}
+    originally_read = {n for n in graph.names() if graph.consumers(n) or graph.control_consumers(n)}
+    retargeted = {name for (name, attr), d in painting.decisions.items()
+                  if d.code == "cast_retargeted" and attr == TypeAttr("DstT")}
+    _retype(graph, painting, stats)
+    _cast_edges(graph, before, retargeted, stats)
+    _drop_unread_casts(graph, originally_read, retargeted, stats)
+    return stats
+
+
+def _retype(graph: Graph, painting: Painting, stats: CastStats) -> None:
+    """Set every painted type attribute to the target; Consts convert their values."""
     for (name, attr), decision in sorted(painting.decisions.items()):
         if not decision.lowp:
             continue
@@ -48,9 +59,9 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
             consts.convert(node, painting.target)
             stats.consts.append(name)
 
-    retargeted = {name for (name, attr), d in painting.decisions.items()
-                  if d.code == "cast_retargeted" and attr == TypeAttr("DstT")}
-    originally_read = {n for n in graph.names() if graph.consumers(n) or graph.control_consumers(n)}
+
+def _cast_edges(graph: Graph, before: dict, retargeted: set[str], stats: CastStats) -> None:
+    """Put a cast on every edge whose two ends now disagree (one per source tensor and dtype)."""
     made: dict[tuple[TensorRef, int], TensorRef] = {}
     for name in list(graph.names()):
         for port, ref in enumerate(graph.inputs(name)):
@@ -76,18 +87,21 @@ def apply_painting(graph: Graph, painting: Painting) -> CastStats:
                 stats.added.append(made[key].node)
             graph.set_input(name, port, made[key])
 
+
+def _drop_unread_casts(graph: Graph, originally_read: set[str], retargeted: set[str],
+                       stats: CastStats) -> None:
+    """Remove the input's Casts nothing reads any more; a retargeted Cast that now casts a
+    dtype to itself hands its readers its input first."""
     for name in list(graph.names()):
         node = graph.node(name)
         if node.op != "Cast" or name not in originally_read:
             continue
-        if (name in retargeted and get_dtype_attr(node, "SrcT") == get_dtype_attr(node, "DstT")
+        if (name in retargeted and cast_types(node)[0] == cast_types(node)[1]
                 and not graph.control_consumers(name)):
-            # a retargeted Cast that now casts half to half: its readers take its input
             graph.replace_uses(TensorRef(name, 0), graph.input(name, 0))
         if not graph.consumers(name) and not graph.control_consumers(name):
             graph.remove_node(name)
             stats.removed.append(name)
-    return stats
 
 
 def cast_types(node) -> tuple[int, int] | None:
@@ -103,10 +117,6 @@ def widened_source(graph: Graph, ref: TensorRef, want: int) -> TensorRef | None:
     if ref.port == 0 and want in LOW_PRECISION and cast_types(graph.node(ref.node)) == (want, FLOAT):
         return graph.input(ref.node, 0)
     return None
-
-
-def get_dtype_attr(node, name: str) -> int | None:
-    return node.attr[name].type if name in node.attr else None
 
 
 def insert_cast(graph: Graph, ref: TensorRef, src: int, dst: int) -> TensorRef:

@@ -18,13 +18,30 @@ def lint_problems(graph: Graph, *, original: Graph | None = None,
                   rules: RuleSet | None = None) -> list[str]:
     """Every problem found, as one sentence each naming the node; empty when the graph is sound.
 
-    Checks: each data edge's producer dtype equals what the consumer's OpDef expects; every
-    type attribute holds a dtype its OpDef allows; no deny-list op runs in low precision
-    (unless a user override forced it); variable ops keep their dtypes; node names are unique
-    and every input names an existing node (the IR refuses both, so they are checked on the
-    exported GraphDef).
+    Checks: node names are unique and every input names an existing node (the IR refuses both,
+    so they are checked on the exported GraphDef); each data edge's producer dtype equals what
+    the consumer's OpDef expects; every type attribute holds a dtype its OpDef allows; no
+    deny-list op runs in low precision (unless a user override forced it); variable ops keep
+    their dtypes; an op TensorFlow does not register sees the dtypes it saw before.
     """
-    problems: list[str] = []
+    problems = _name_problems(graph)
+    if original is not None:
+        problems += _unknown_op_edges(graph, original)
+    for node in graph.nodes():
+        types = node_types(node)
+        if types is None:
+            continue
+        problems += _edge_problems(graph, node, types)
+        problems += _attr_problems(node, types)
+        if rules is not None:
+            problems += _deny_problems(node, types, rules, original)
+        if original is not None and node.op in VARIABLE_OPS and node.name in original:
+            problems += _variable_problems(node, types, original.node(node.name))
+    return problems
+
+
+def _name_problems(graph: Graph) -> list[str]:
+    problems = []
     gd = graph.to_graph_def()
     names = [n.name for n in gd.node]
     if len(set(names)) != len(names):
@@ -37,48 +54,56 @@ def lint_problems(graph: Graph, *, original: Graph | None = None,
             src = text.lstrip("^").split(":")[0]
             if src not in known:
                 problems.append(f"node {nd.name!r} reads missing node {src!r}")
-
-    if original is not None:
-        problems += _unknown_op_edges(graph, original)
-    for node in graph.nodes():
-        types = node_types(node)
-        if types is None:
-            continue
-        inputs = graph.inputs(node.name)
-        if len(inputs) != len(types.inputs):
-            problems.append(f"node {node.name!r} ({node.op}) has {len(inputs)} data inputs, its "
-                            f"OpDef expects {len(types.inputs)}")
-        for port, ref in enumerate(inputs):
-            src_types = node_types(graph.node(ref.node))
-            if src_types is not None and ref.port >= len(src_types.outputs):
-                problems.append(f"node {node.name!r} reads output {ref.port} of {ref.node!r}, which "
-                                f"has {len(src_types.outputs)} outputs")
-                continue
-            have = output_dtype(graph.node(ref.node), ref.port)
-            want = input_dtype(node, port)
-            if have is not None and want is not None and have != want:
-                problems.append(f"edge {ref} -> {node.name!r}:{port} ({node.op}) carries "
-                                f"{dtype_name(have)} but the op expects {dtype_name(want)}")
-        for attr in types.attrs:
-            dtype = get_dtype(node, attr)
-            if dtype and not allowed_by_opdef(node, attr, dtype):
-                problems.append(f"node {node.name!r} ({node.op}) has {attr}={dtype_name(dtype)}, "
-                                f"which its OpDef does not allow")
-        if rules is not None and rules.category(node.op) == "deny" and rules.level != "unsafe_force_all":
-            forced = rules.node_rule(node.name)
-            if forced is None or forced.action != "force_lowp":
-                for attr in types.attrs:
-                    if get_dtype(node, attr) in LOW_PRECISION and _was_float(original, node.name, attr):
-                        problems.append(f"deny op {node.name!r} ({node.op}) runs in "
-                                        f"{dtype_name(get_dtype(node, attr))}")
-        if original is not None and node.op in VARIABLE_OPS and node.name in original:
-            before = original.node(node.name)
-            for attr in types.attrs:
-                if get_dtype(node, attr) != get_dtype(before, attr):
-                    problems.append(f"variable op {node.name!r} ({node.op}) changed {attr} from "
-                                    f"{dtype_name(get_dtype(before, attr))} to "
-                                    f"{dtype_name(get_dtype(node, attr))}")
     return problems
+
+
+def _edge_problems(graph: Graph, node, types) -> list[str]:
+    """The node's data inputs: as many as its OpDef has, each of the dtype it expects."""
+    problems = []
+    inputs = graph.inputs(node.name)
+    if len(inputs) != len(types.inputs):
+        problems.append(f"node {node.name!r} ({node.op}) has {len(inputs)} data inputs, its "
+                        f"OpDef expects {len(types.inputs)}")
+    for port, ref in enumerate(inputs):
+        src_types = node_types(graph.node(ref.node))
+        if src_types is not None and ref.port >= len(src_types.outputs):
+            problems.append(f"node {node.name!r} reads output {ref.port} of {ref.node!r}, which "
+                            f"has {len(src_types.outputs)} outputs")
+            continue
+        have = output_dtype(graph.node(ref.node), ref.port)
+        want = input_dtype(node, port)
+        if have is not None and want is not None and have != want:
+            problems.append(f"edge {ref} -> {node.name!r}:{port} ({node.op}) carries "
+                            f"{dtype_name(have)} but the op expects {dtype_name(want)}")
+    return problems
+
+
+def _attr_problems(node, types) -> list[str]:
+    problems = []
+    for attr in types.attrs:
+        dtype = get_dtype(node, attr)
+        if dtype and not allowed_by_opdef(node, attr, dtype):
+            problems.append(f"node {node.name!r} ({node.op}) has {attr}={dtype_name(dtype)}, "
+                            f"which its OpDef does not allow")
+    return problems
+
+
+def _deny_problems(node, types, rules: RuleSet, original: Graph | None) -> list[str]:
+    """A deny op the conversion moved to low precision, unless the user forced it."""
+    if rules.category(node.op) != "deny" or rules.level == "unsafe_force_all":
+        return []
+    forced = rules.node_rule(node.name)
+    if forced is not None and forced.action == "force_lowp":
+        return []
+    return [f"deny op {node.name!r} ({node.op}) runs in {dtype_name(get_dtype(node, attr))}"
+            for attr in types.attrs
+            if get_dtype(node, attr) in LOW_PRECISION and _was_float(original, node.name, attr)]
+
+
+def _variable_problems(node, types, before) -> list[str]:
+    return [f"variable op {node.name!r} ({node.op}) changed {attr} from "
+            f"{dtype_name(get_dtype(before, attr))} to {dtype_name(get_dtype(node, attr))}"
+            for attr in types.attrs if get_dtype(node, attr) != get_dtype(before, attr)]
 
 
 def _unknown_op_edges(graph: Graph, original: Graph) -> list[str]:

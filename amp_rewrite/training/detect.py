@@ -191,12 +191,7 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
     scope or of a named seed. Raises :class:`UnsupportedGraphError` naming the missing part
     when it trains but the seed or the updates cannot be identified without doubt.
     """
-    for name in grads:
-        if TensorRef.parse(name).node not in graph:
-            raise UnsupportedGraphError(f"--grad names no node {name!r}")
-    seeds = [TensorRef.parse(g).node for g in grads] or _auto_seeds(graph)
-    if loss is not None and not grads:
-        seeds = _loss_seeds(graph, seeds, loss)
+    seeds = _seeds(graph, loss, grads)
     backprop_nodes = [n for n in graph.names() if backprop_scope(n)] + seeds
     trained = [n for n in sorted(descendants(graph, backprop_nodes))
                if is_variable_write(graph.node(n).op)]
@@ -213,15 +208,7 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
             "read only by gradient_tape/; name the seed (the gradient fed to tf.gradients or the "
             "tape) with --grad NAME")
     region = descendants(graph, seeds)
-    reached = {s: {n for n in descendants(graph, [s]) if is_variable_write(graph.node(n).op)}
-               for s in seeds}
-    seeds = [s for s in seeds if reached[s]]
-    if _separate_steps([reached[s] for s in seeds]) and not (grads or loss):
-        # one scale and one check would tie separate train steps (a GAN's two) together;
-        # towers whose gradients meet in the same updates are one step and scale together
-        raise UnsupportedGraphError(
-            f"{len(seeds)} backprop seeds reach separate variable updates ({', '.join(seeds)}): "
-            "name the loss to scale with --loss NAME, or every seed to scale together with --grad NAME")
+    seeds = _one_train_step(graph, seeds, named=bool(grads or loss))
     unseeded = [n for n in trained if n not in region]
     if unseeded:
         raise UnsupportedGraphError(
@@ -236,3 +223,28 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
             "gradients the updates read (they do not leave a gradients/ or gradient_tape/ scope); "
             "name the seed with --grad")
     return Backprop([s for s in graph.names() if s in seeds], gradients, updates, reduced)
+
+
+def _seeds(graph: Graph, loss: str | None, grads: list[str]) -> list[str]:
+    """The seeds the user named with ``grads``, else those found (of ``loss``, if named)."""
+    for name in grads:
+        if TensorRef.parse(name).node not in graph:
+            raise UnsupportedGraphError(f"--grad names no node {name!r}")
+    seeds = [TensorRef.parse(g).node for g in grads] or _auto_seeds(graph)
+    if loss is not None and not grads:
+        seeds = _loss_seeds(graph, seeds, loss)
+    return seeds
+
+
+def _one_train_step(graph: Graph, seeds: list[str], named: bool) -> list[str]:
+    """The seeds that reach an update; refused when they fall into separate train steps (a
+    GAN's two) and the user did not name which to scale: one scale and one check would tie
+    them together. Towers whose gradients meet in the same updates are one step."""
+    reached = {s: {n for n in descendants(graph, [s]) if is_variable_write(graph.node(n).op)}
+               for s in seeds}
+    seeds = [s for s in seeds if reached[s]]
+    if _separate_steps([reached[s] for s in seeds]) and not named:
+        raise UnsupportedGraphError(
+            f"{len(seeds)} backprop seeds reach separate variable updates ({', '.join(seeds)}): "
+            "name the loss to scale with --loss NAME, or every seed to scale together with --grad NAME")
+    return seeds

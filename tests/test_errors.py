@@ -1,0 +1,57 @@
+"""Our bugs apart from the user's: an internal error is never reported as bad input, never
+swallowed as a warning, and the CLI says it is a bug in amp-rewrite, with an exit code of its own.
+
+A bug is simulated by making one of our own functions raise (TensorFlow is never mocked).
+"""
+
+from pathlib import Path
+
+import pytest
+
+import test_functions
+from amp_rewrite import cli, convert
+from amp_rewrite import commands, functions
+from amp_rewrite.errors import INPUT_EXIT, INTERNAL_EXIT, InputError, IRError, LintError
+
+pytestmark = pytest.mark.fast
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
+
+
+def _raise(exc):
+    def bug(*args, **kwargs):
+        raise exc
+    return bug
+
+
+@pytest.mark.parametrize("exc", [IRError("no node named 'x'"), LintError(["edge a -> b carries half"]),
+                                 KeyError("oops")])
+def test_an_internal_error_is_one_line_exit_70_and_says_it_is_our_bug(exc, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(commands, "convert_file", _raise(exc))
+    code = cli.main([str(EXAMPLE), "-o", str(tmp_path / "out.pb")])
+    err = capsys.readouterr().err
+    assert code == INTERNAL_EXIT != INPUT_EXIT and code != 1   # 1 is verify's "out of tolerance"
+    assert len(err.strip().splitlines()) == 1 and "bug in amp-rewrite" in err
+    assert "Traceback" not in err
+    assert cli.main([str(EXAMPLE), "-o", str(tmp_path / "out.pb"), "-v"]) == INTERNAL_EXIT
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_bad_input_is_exit_2_and_not_called_a_bug(tmp_path, capsys):
+    bad = tmp_path / "bad.pb"
+    bad.write_bytes(b"\x00not a graph")
+    assert cli.main([str(bad), "-o", str(tmp_path / "out.pb")]) == INPUT_EXIT
+    err = capsys.readouterr().err
+    assert "bug" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_ir_error_in_a_function_body_is_not_turned_into_a_warning(monkeypatch):
+    graph_def = test_functions.control_flow_graph()
+    # a body our IR cannot take as input is left as it is, with a warning ...
+    monkeypatch.setattr(functions, "function_to_graph", _raise(InputError("not a body we take")))
+    _, report = convert(graph_def, target="bfloat16", device="cpu")
+    assert any("left as it is" in w for w in report.warnings)
+    # ... but a misused IR primitive is our bug and stops the conversion
+    monkeypatch.setattr(functions, "function_to_graph", _raise(IRError("no node named 'x'")))
+    with pytest.raises(IRError):
+        convert(graph_def, target="bfloat16", device="cpu")
