@@ -30,6 +30,7 @@ import grappler_graphs as gg  # noqa: E402
 import training_graphs as tg  # noqa: E402
 from amp_rewrite import convert_file  # noqa: E402
 from amp_rewrite.errors import AmpRewriteError  # noqa: E402
+from amp_rewrite.rules import builtin_rules_dir  # noqa: E402
 
 ROOT = HERE.parent
 EXAMPLE = ROOT / "examples" / "cnn_fp32.pb"
@@ -68,18 +69,9 @@ def _keras_export(folder: Path) -> Path:
 
 
 def make_keras(path: Path) -> None:
-    """What tests/data/keras_export holds: conv, batch norm, LSTM, attention, dense."""
-    import keras
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((8, 8, 1))
-    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
-    x = keras.layers.BatchNormalization()(x)
-    x = keras.layers.Reshape((8, 64))(x)
-    x = keras.layers.LSTM(16, return_sequences=True)(x)
-    x = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x)
-    x = keras.layers.GlobalAveragePooling1D()(x)
-    model = keras.Model(inp, keras.layers.Dense(10)(x))
-    model.export(str(path), verbose=False)
+    """What tests/data/keras_export holds: test_savedmodel's Keras model, exported."""
+    import test_savedmodel
+    test_savedmodel.keras_model().export(str(path), verbose=False)
 
 
 def cases(folder: Path):
@@ -176,7 +168,10 @@ def run_case(path: Path, opts: dict, out_dir: Path, name: str) -> dict:
     except AmpRewriteError as exc:
         record["error"] = f"{type(exc).__name__}: {exc}".replace(str(path), "<input>")
         return record
-    text = report.to_json().replace(str(path), "<input>")
+    # paths of the input and of rule files depend on where the checkout and package are
+    text = (report.to_json().replace(str(path), "<input>")
+            .replace(str(ROOT / "rules" / "examples"), "<rule examples>")
+            .replace(str(builtin_rules_dir()), "<built-in rules>").replace(str(ROOT), "<checkout>"))
     if not opts.get("fold_constants"):
         # folded values are computed on this CPU, whose vector units may round the last bit
         # differently (AVX2 vs AVX-512): the decisions are compared, not the folded bytes

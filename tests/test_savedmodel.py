@@ -48,8 +48,9 @@ def same_tree(a: Path, b: Path, subdir: str) -> bool:
 
 
 # ----------------------------------------------------------------- Keras export
-@pytest.fixture(scope="module")
-def keras_export(tmp_path_factory):
+def keras_model():
+    """Conv, batch norm, LSTM, attention, dense: the Keras model the SavedModel tests export
+    (tests/data/keras_export is its export, see tests/golden.py)."""
     keras.utils.set_random_seed(0)
     inp = keras.Input((8, 8, 1))
     x = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
@@ -63,6 +64,12 @@ def keras_export(tmp_path_factory):
     # BatchNormalization statistics that are not the identity, so the layer does something
     model.layers[2].set_weights([w + np.linspace(0.1, 0.5, w.shape[0]).astype(np.float32)
                                  for w in model.layers[2].get_weights()])
+    return model
+
+
+@pytest.fixture(scope="module")
+def keras_export(tmp_path_factory):
+    model = keras_model()
     path = tmp_path_factory.mktemp("keras") / "model"
     model.export(str(path), verbose=False)
     x = load_digits().images[:6, :, :, None].astype(np.float32) / 16.0
