@@ -162,14 +162,37 @@ def _check_writable(path: str, what: str, *others: str) -> None:
         raise InputError(f"{path}: cannot write in {folder}: permission denied")
 
 
-def _check_convert_paths(args) -> None:
-    """Refuse, before any work, writes that would clobber the input or an existing file."""
-    if not os.path.exists(args.input):
-        raise InputError(f"{args.input}: no such file")
+def _check_paths(command: str, args) -> None:
+    """Refuse, before TensorFlow is imported, a missing input and an output that cannot be
+    written (or would clobber the input or an existing file)."""
+    inputs = {"convert": [args.input] if command == "convert" else [],
+              "explain": [getattr(args, "input", None)],
+              "verify": [getattr(args, "original", None), getattr(args, "converted", None)],
+              "bench": [getattr(args, "original", None), getattr(args, "converted", None)],
+              "kernels": [getattr(args, "model", None)]}.get(command, [])
+    inputs += list(getattr(args, "rules", []) or [])
+    inputs += [p for p in (getattr(args, "inputs", None),) if p]
+    if command == "verify" and args.report:
+        inputs.append(args.report)
+    for path in inputs:
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file")
+    if command == "convert":
+        _check_convert_outputs(args)
+    for flag in ("html", "json"):
+        path = getattr(args, flag, None)
+        if path:
+            _check_writable(path, f"--{flag} file", *[p for p in inputs if p])
+
+
+def _check_convert_outputs(args) -> None:
     # output = input is reported by convert_file, which names --in-place rather than --force
     if (os.path.exists(args.output) and not (args.force or args.in_place)
             and not same_file(args.input, args.output)):
         raise InputError(f"{args.output}: already exists; pass --force to replace it")
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        raise InputError(f"{args.output}: folder {folder} does not exist")
     if args.report:
         _check_writable(args.report, "report", args.input, args.output)
 
@@ -233,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     command, args = parse(argv)
     _setup_logging(args)
     try:
-        if command == "convert":
-            _check_convert_paths(args)
+        _check_paths(command, args)
         return _load_runner(args.verbose).run(command, args)
     except AmpRewriteError as exc:
         if args.verbose:

@@ -4,6 +4,8 @@ swallowed as a warning, and the CLI says it is a bug in amp-rewrite, with an exi
 A bug is simulated by making one of our own functions raise (TensorFlow is never mocked).
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,25 @@ def test_an_ir_error_in_a_function_body_is_not_turned_into_a_warning(monkeypatch
     monkeypatch.setattr(functions, "function_to_graph", _raise(IRError("no node named 'x'")))
     with pytest.raises(IRError):
         convert(graph_def, target="bfloat16", device="cpu")
+
+
+@pytest.mark.parametrize("argv", [
+    ["missing.pb", "-o", "out.pb"],
+    ["explain", "missing.pb", "node"],
+    ["verify", "missing.pb", "missing_amp.pb"],
+    ["bench", str(EXAMPLE), "missing_amp.pb"],
+    ["kernels", "missing.pb"],
+    ["rules", "show", "--rules", "missing.toml"],
+    [str(EXAMPLE), "-o", "no/such/folder/out.pb"],
+    ["verify", str(EXAMPLE), str(EXAMPLE), "--html", "no/such/folder/r.html"],
+    ["--target", "float8", str(EXAMPLE), "-o", "out.pb"],
+])
+def test_usage_and_path_errors_answer_before_tensorflow_is_imported(argv, tmp_path):
+    """TensorFlow takes seconds to import: a typo must not wait for it."""
+    code = ("import sys; from amp_rewrite.cli import main; rc = main(sys.argv[1:]); "
+            "print('tensorflow' in sys.modules); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == INPUT_EXIT, proc.stderr
+    assert proc.stdout.strip() in ("", "False"), "TensorFlow was imported before the error"
+    assert len(proc.stderr.strip().splitlines()) == 1
