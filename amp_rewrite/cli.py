@@ -21,7 +21,8 @@ import sys
 import traceback
 
 from .errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
-from .files import same_file
+from .files import check_container, same_file
+from .loss_scale import scale_config
 
 PROG = "amp-rewrite"
 COMMANDS = ("explain", "rules", "verify", "kernels", "bench")
@@ -179,10 +180,22 @@ def _check_paths(command: str, args) -> None:
             raise InputError(f"{path}: no such file")
     if command == "convert":
         _check_convert_outputs(args)
+        scale_config(args.loss_scale, args.target, args.loss_scale_options)  # conflicts, ranges
     for flag in ("html", "json"):
         path = getattr(args, flag, None)
         if path:
             _check_writable(path, f"--{flag} file", *[p for p in inputs if p])
+
+
+def _loss_scale_options(args) -> dict:
+    """The convert command's loss-scale numbers and hints, as ``Options.loss_scale_options``."""
+    options = {key: value for key, value in (("start", args.loss_scale_start),
+                                             ("interval", args.loss_scale_interval),
+                                             ("factor", args.loss_scale_factor),
+                                             ("loss", args.loss)) if value is not None}
+    if args.grad:
+        options["grads"] = list(args.grad)
+    return options
 
 
 def _check_convert_outputs(args) -> None:
@@ -193,6 +206,7 @@ def _check_convert_outputs(args) -> None:
     folder = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(folder):
         raise InputError(f"{args.output}: folder {folder} does not exist")
+    check_container(args.input, args.output)
     if args.report:
         _check_writable(args.report, "report", args.input, args.output)
 
@@ -213,7 +227,9 @@ def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
         return argv[0], _command_parser(argv[0]).parse_args(argv[1:])
     parser = _convert_parser()
     _refuse_misspelled_command(argv, parser)
-    return "convert", parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.loss_scale_options = _loss_scale_options(args)
+    return "convert", args
 
 
 # ----------------------------------------------------------------- running
@@ -228,11 +244,13 @@ def _setup_logging(args) -> None:
 
 
 def _load_runner(verbose: bool):
-    """Import :data:`RUNNER_MODULE` (and with it TensorFlow), its C++ start-up lines kept off
-    stderr unless ``-v``: they are printed before absl logging is set up, so no environment
-    variable silences them."""
-    if verbose or "tensorflow" in sys.modules:
-        return importlib.import_module(RUNNER_MODULE)
+    """Import :data:`RUNNER_MODULE` (and with it TensorFlow) and let TensorFlow find its
+    devices, with the C++ lines both print (start-up notes, a CUDA error on machines without a
+    GPU driver) kept off stderr unless ``-v``: no environment variable silences them all."""
+    if verbose:
+        module = importlib.import_module(RUNNER_MODULE)
+        module.init_devices()
+        return module
     try:
         saved = os.dup(2)
     except OSError:
@@ -241,7 +259,9 @@ def _load_runner(verbose: bool):
     try:
         sys.stderr.flush()
         os.dup2(devnull, 2)
-        return importlib.import_module(RUNNER_MODULE)
+        module = importlib.import_module(RUNNER_MODULE)
+        module.init_devices()
+        return module
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)

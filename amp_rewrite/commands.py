@@ -19,7 +19,10 @@ from .load import load
 from .passes import Options
 from .pipeline import convert_file, convert_model
 from .rules import LISTS, load_rules
-from .runner import parse_shapes
+from .runner import init_devices, parse_shapes
+
+
+__all__ = ["init_devices", "run"]
 
 
 def run(command: str, args) -> int:
@@ -28,17 +31,11 @@ def run(command: str, args) -> int:
 
 
 def convert(args) -> int:
-    hints = {key: value for key, value in (("start", args.loss_scale_start),
-                                           ("interval", args.loss_scale_interval),
-                                           ("factor", args.loss_scale_factor),
-                                           ("loss", args.loss)) if value is not None}
-    if args.grad:
-        hints["grads"] = list(args.grad)
     report = convert_file(args.input, args.output, force=args.force, in_place=args.in_place,
                           target=args.target, device=args.device, rules=args.rules,
                           keep=args.keep, lowp_io=args.lowp_io,
                           fold_constants=args.fold_constants, loss_scale=args.loss_scale,
-                          loss_scale_options=hints)
+                          loss_scale_options=args.loss_scale_options)
     if args.report:
         atomic_write(Path(args.report), report.to_json().encode("utf-8"), force=True)
     if args.html:
@@ -60,8 +57,8 @@ def explain(args) -> int:
     for name in args.node:
         try:
             print(report.explain(name))
-        except KeyError:
-            raise InputError(f"{args.input}: no node named {name!r}") from None
+        except LookupError as exc:  # no such node (with close names), or ambiguous
+            raise InputError(f"{args.input}: {exc.args[0]}") from None
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Files: safe writes and path identity. Standard library only, so the CLI can check paths
-before TensorFlow is imported.
+"""Files: safe writes, path identity and what a path holds, as far as its name and first bytes
+tell. Standard library only, so the CLI can check paths before TensorFlow is imported.
 
 A write goes to a temporary file in the target's own folder, is flushed to disk and renamed
 over the target: a crash leaves at most a hidden ``.NAME.*.tmp`` beside it, never a
@@ -13,6 +13,39 @@ import tempfile
 from pathlib import Path
 
 from .errors import InputError
+
+#: the file that makes a directory a SavedModel
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+#: names of protobuf text files
+TEXT_SUFFIXES = (".pbtxt", ".pbtext", ".txt", ".prototxt")
+#: names a GraphDef or MetaGraphDef file is written under
+GRAPH_FILE_SUFFIXES = (".pb", ".meta") + TEXT_SUFFIXES
+# first bytes of model files that are not TensorFlow graphs
+_KERAS_MAGIC = {b"PK\x03\x04": "a Keras .keras archive", b"\x89HDF\r\n\x1a\n": "an HDF5 (.h5) file"}
+
+
+def is_saved_model(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a SavedModel directory or its saved_model.pb(txt)."""
+    path = Path(path)
+    if path.name in SAVED_MODEL_FILES:
+        return path.is_file()
+    return path.is_dir() and any((path / name).is_file() for name in SAVED_MODEL_FILES)
+
+
+def check_container(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """A SavedModel converts to a SavedModel directory: refuse an output named like a graph file
+    (``model_dir/saved_model.pb -o model.pb`` would write a directory called model.pb)."""
+    dst = Path(dst)
+    if is_saved_model(src) and dst.suffix.lower() in GRAPH_FILE_SUFFIXES and not dst.is_dir():
+        raise InputError(f"{dst}: the input is a SavedModel, which converts to a SavedModel "
+                         f"directory; name the output as a directory (e.g. {dst.with_suffix('')}), "
+                         "or freeze a signature to a GraphDef first (README: \"Frozen graphs "
+                         "from a SavedModel\") and convert that")
+
+
+def keras_file(data: bytes) -> str | None:
+    """What kind of Keras model file ``data`` starts like, or None."""
+    return next((kind for magic, kind in _KERAS_MAGIC.items() if data.startswith(magic)), None)
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

@@ -17,14 +17,12 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from .errors import InputError
+from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, keras_file
 from .ops import VARIABLE_CREATORS
 
 # protobuf cannot parse a message of 2 GiB or more
 PROTOBUF_LIMIT = 2**31 - 1
-TEXT_SUFFIXES = (".pbtxt", ".pbtext", ".txt", ".prototxt")
 
-
-SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
 @dataclass(frozen=True)
@@ -156,6 +154,11 @@ def parse(data: bytes, path: Path) -> Model:
     """Detect and parse the bytes of a GraphDef or MetaGraphDef, binary or text."""
     if not data:
         raise InputError(f"{path}: file is empty")
+    kind = keras_file(data)
+    if kind is not None:  # never deserialized: a Keras file can carry code
+        raise InputError(f"{path}: {kind}, not a TensorFlow graph; export a SavedModel from "
+                         "Keras and convert that: model = keras.models.load_model(...); "
+                         "model.export('model_dir')")
     if _looks_text(data) and (path.suffix in TEXT_SUFFIXES or not _binary_model(data)):
         return _parse_text(data, path)
     model = _binary_model(data)

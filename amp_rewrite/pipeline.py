@@ -21,7 +21,7 @@ from .load import Model, load
 from .passes import Options, convert_graph
 from .report import Report
 from .rules import RuleSet
-from .files import same_file
+from .files import check_container, same_file
 from .save import save
 from .training import scale_config, training_parts
 
@@ -38,6 +38,7 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     src, dst = Path(input_path), Path(output_path)
     if same_file(src, dst) and not in_place:
         raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
+    check_container(src, dst)
     opts = Options(**options)
     opts.check()
     try:
@@ -92,23 +93,30 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
 
 
 def _refuse_saved_model_training(model: Model, options: Options) -> None:
-    """Refuse a float16 conversion of a training SavedModel, which would need loss scaling.
+    """Refuse loss scaling of a training SavedModel, which amp-rewrite cannot add there yet.
 
     Loss scaling adds state variables; a SavedModel restores only the variables its checkpoint
-    holds, and its functions cannot grow new captured variables, so it is not done here.
+    holds, and its functions cannot grow new captured variables, so it is not done here. The
+    message fits what was asked: float16 needs the scaling, bfloat16 does not.
     """
     if scale_config(options.loss_scale, options.target, dict(options.loss_scale_options)) is None:
         return
     for meta in model.meta_graphs:
         train = training_parts(meta.graph_def)
-        if train:
+        if not train:
+            continue
+        if options.target != "float16":
             raise UnsupportedGraphError(
-                f"{model.path}: {train[0]} trains (gradients and variable updates); float16 "
-                "training needs loss scaling, which amp-rewrite adds to GraphDef/MetaGraph "
-                "training graphs but not to SavedModels (the checkpoint holds no loss-scale "
-                "state). Convert with --target bfloat16 (no loss scaling needed), or with "
-                "--loss-scale none (small gradients may underflow to zero), or save the "
-                "training step as a MetaGraph (.meta) and convert that")
+                f"{model.path}: {train[0]} trains (gradients and variable updates); amp-rewrite "
+                "adds no loss scaling to SavedModels (the checkpoint holds no loss-scale state), "
+                f"and {options.target} needs none: drop --loss-scale {options.loss_scale}")
+        raise UnsupportedGraphError(
+            f"{model.path}: {train[0]} trains (gradients and variable updates); float16 training "
+            "needs loss scaling, which amp-rewrite adds to GraphDef/MetaGraph training graphs "
+            "but not to SavedModels (the checkpoint holds no loss-scale state). Convert with "
+            "--target bfloat16 (no loss scaling needed), or with --loss-scale none (small "
+            "gradients may underflow to zero), or save the training step as a MetaGraph (.meta) "
+            "and convert that")
 
 
 def _without_folding(options: Options) -> Options:

@@ -20,8 +20,8 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 
 from .errors import InputError
-from .files import atomic_write
-from .load import SAVED_MODEL_FILES, TEXT_SUFFIXES, Model
+from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, atomic_write
+from .load import Model
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from ..ir import Graph
 from ..library import reachable
 from ..report import Report
 from . import nodes as nd
-from .config import DEFAULTS, HINTS, ScaleConfig, scale_config
+from ..loss_scale import DEFAULTS, HINTS, ScaleConfig, scale_config
 from .detect import Backprop, find_backprop, training_functions, training_parts
 from .scaling import Added, insert_loss_scaling
 from .state import SCOPE, add_to_collections, add_to_saver, has_saver, hook_init_ops

@@ -20,7 +20,7 @@ from ..ir import Graph, TensorRef
 from ..ops import is_variable_write
 from ..signatures import output_dtype
 from . import nodes as nd
-from .config import ScaleConfig
+from ..loss_scale import ScaleConfig
 from .detect import Backprop, ancestors, backprop_scope, descendants
 from .state import SCOPE, StateVar, add_variable, assign
 
