@@ -50,7 +50,7 @@ def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.G
         log.warning("--fold-constants: the graph has variables, so nothing was folded")
         return graph_def
     graph = Graph.from_graph_def(graph_def)
-    preserve = sorted(set(interface_names(graph, set(), lowp_io=False)) | (keep & set(graph.names())))
+    preserve = sorted(set(interface_names(graph, {}, lowp_io=False)) | (keep & set(graph.names())))
     meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_def)
     fetches = meta.collection_def["train_op"].node_list.value
     fetches.extend(preserve)

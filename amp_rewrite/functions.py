@@ -88,7 +88,7 @@ def _lower(graph_def, graphs, roots, signatures, target, report, protected,
         del graph_def.node[:]
         graph_def.node.extend(out.node)
     if lowering.lowered:
-        report.extra["functions"] = lowering.summary()
+        report.extra["boundaries"] = lowering.summary()
         # casts we inserted and then moved are simply not there; only the input's own count
         # as removed
         casts = lowering.casts
@@ -109,8 +109,8 @@ def _convert_function(fdef, library, signatures, rules, report, *, target, devic
         return None
     try:
         fg = function_to_graph(fdef, signatures)
-        body_keep = fg.boundary() | direct_call_feeders(fg.graph, library) | {
-            k[len(name) + 1:] for k in keep if k.startswith(name + "/")}
+        body_keep = kept(boundary=fg.boundary(), direct_calls=direct_call_feeders(fg.graph, library),
+                         user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
         work, sub = rewrite(fg.graph, body_rules, target=target, device=device, keep=body_keep)
     except InputError as exc:
@@ -120,6 +120,19 @@ def _convert_function(fdef, library, signatures, rules, report, *, target, devic
         return None
     merge_report(report, name, sub, exclude=fg.boundary())
     return dataclasses.replace(fg, graph=work)
+
+
+def kept(*, boundary=(), interface=(), direct_calls=(), user=()) -> dict[str, tuple[str, str]]:
+    """The nodes whose dtypes must not change, with the ``(code, reason)`` each is kept for
+    (a node named twice takes the later reason: the user's ``--keep`` last)."""
+    out = {name: ("interface", "function argument or result: the function's signature")
+           for name in boundary}
+    out.update({name: ("interface", "signature tensor: the model's interface keeps its dtype")
+                for name in interface})
+    out.update({name: ("direct_call", "feeds or reads a direct call of a library function, "
+                       "which has no OpDef to type its ports") for name in direct_calls})
+    out.update({name: ("user_keep", "kept with --keep") for name in user})
+    return out
 
 
 @dataclass(frozen=True)
@@ -187,3 +200,5 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     report.casts_removed.extend(f"{prefix}/{n}" for n in sub.casts_removed)
     report.consts_converted.extend(f"{prefix}/{n}" for n in sub.consts_converted)
     report.warnings.extend(f"function {prefix!r}: {w}" for w in sub.warnings)
+    report.scopes.append(prefix)
+    report.scopes.extend(f"{prefix}/{s}" for s in sub.scopes)

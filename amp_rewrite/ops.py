@@ -6,6 +6,20 @@ sum across replicas, save checkpoints: every module asks here, so two of them ca
 
 from __future__ import annotations
 
+#: the MatMul/Conv family: ops whose work is matrix products, the work Tensor Cores and 16-bit
+#: CPU matrix units (AMX, AVX512-BF16) speed up. Counted in reports whatever the rules paint.
+MATRIX_OPS = frozenset({
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+    "Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput",
+    "Conv3D", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2", "Conv3DBackpropInput",
+    "Conv3DBackpropInputV2", "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropFilter",
+    "DepthwiseConv2dNativeBackpropInput",
+    "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "CudnnRNNBackprop", "CudnnRNNBackpropV2",
+    "CudnnRNNBackpropV3", "BlockLSTM", "BlockLSTMV2", "BlockLSTMGrad", "BlockLSTMGradV2",
+    "LSTMBlockCell", "LSTMBlockCellGrad", "GRUBlockCell", "GRUBlockCellGrad",
+    "_FusedMatMul", "_FusedConv2D",
+})
+
 #: ops that hold or move the model's state: their dtypes never change (the weights stay
 #: float32 on disk and in memory, the master weights) and a Cast follows each read
 VARIABLE_OPS = frozenset({

@@ -19,7 +19,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from . import fold, lint
 from .dtypes import TARGETS
 from .errors import InputError
-from .functions import paint_library, rules_for, split_keep
+from .functions import kept, paint_library, rules_for, split_keep
 from .ir import Graph
 from .library import check_call_types, direct_call_feeders
 from .report import Report
@@ -78,8 +78,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         graph_def = fold.fold_constants(graph_def, set(options.keep) | interface)
     filled, added = with_defaults(graph_def)
     graph = Graph.from_graph_def(filled)
-    keep = (interface | direct_call_feeders(graph, filled.library)
-            | set(split_keep(options.keep, graph, filled.library)))
+    keep = kept(interface=interface, direct_calls=direct_call_feeders(graph, filled.library),
+                user=split_keep(options.keep, graph, filled.library))
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target, device = options.target, DEVICES[options.device]
     work, report = rewrite(graph, main_rules, target=target, device=device, keep=keep,

@@ -14,17 +14,18 @@ from collections import Counter
 from html import escape
 from pathlib import Path
 
-from .dtypes import dtype_name
 from .errors import InputError
 from .files import atomic_write
+from .ir import Node
 from .load import load
+from .ops import MATRIX_OPS, VARIABLE_OPS
+from .report import precision_of
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "float16", "bfloat16", "mixed", "none")
 COLOURS = {"float32": "#4e79a7", "float16": "#f28e2b", "bfloat16": "#e15759", "mixed": "#b07aa1",
            "none": "#bab0ac"}
-_LOW = {"half": "float16", "bfloat16": "bfloat16"}
 
 
 # -- writers -----------------------------------------------------------------------------------
@@ -81,14 +82,17 @@ def _read_report(path) -> dict:
 
 
 def graph_precision(path) -> list[dict]:
-    """Each node of a converted graph file with the precision its dtypes show (no reasons)."""
+    """Each node of a converted model with the precision its dtypes show (no reasons): the
+    graph's nodes and those of every function in its library (``function/node``), for every
+    MetaGraph of a SavedModel (the second and later as ``[tags]/...``)."""
     out = []
-    for node in load(path).graph_def.node:
-        types = {dtype_name(v.type) for v in node.attr.values() if v.WhichOneof("value") == "type"}
-        low = sorted(_LOW[t] for t in types if t in _LOW)
-        precision = ("mixed" if "float" in types else low[0]) if low else (
-            "float32" if "float" in types else "none")
-        out.append({"name": node.name, "op": node.op, "precision": precision})
+    for i, meta in enumerate(load(path).meta_graphs):
+        scope = "" if i == 0 else "[" + ",".join(meta.meta_info_def.tags) + "]/"
+        bodies = [("", meta.graph_def.node)] + [(f.signature.name + "/", f.node_def)
+                                                for f in meta.graph_def.library.function]
+        for prefix, nodes in bodies:
+            out.extend({"name": scope + prefix + nd.name, "op": nd.op,
+                        "precision": precision_of(Node(nd))} for nd in nodes)
     return out
 
 
@@ -131,9 +135,11 @@ def _fmt(value) -> str:
 
 def _summary(report: dict) -> str:
     s = report["summary"]
-    rows = [("target", report["target"]), ("device", report["device"]), ("level", report["level"]),
-            ("nodes converted", f"{s['nodes_converted']} of {s['nodes_total']}"),
-            ("MatMul/Conv-family ops converted", f"{s['matrix_converted']} of {s['matrix_total']}"),
+    rows = [("MatMul/Conv-family ops in low precision", f"{s['matrix_converted']} of {s['matrix_total']}"),
+            ("other float ops in low precision", f"{s['float_ops_converted']} of {s['float_ops_total']}"),
+            ("plumbing (no float type: variables, shapes, control)", s["plumbing"]),
+            ("target", report["target"]), ("device", report["device"]), ("level", report["level"]),
+            ("functions painted", s["functions"]),
             ("casts added", s["casts_added"]), ("original casts removed", s["casts_removed"]),
             (f"Consts stored in {report['target']}", s["consts_converted"]),
             ("rule files", ", ".join(report.get("rules", [])) or "defaults")]
@@ -144,14 +150,24 @@ def _summary(report: dict) -> str:
 
 
 def _by_op_type(nodes: list[dict]) -> str:
+    """Precision by op type: the MatMul/Conv family first, then the other float ops; variable
+    plumbing and ops without a float type apart, so they do not bury the math."""
     counts: dict[str, Counter] = {}
     for n in nodes:
         counts.setdefault(n["op"], Counter())[n["precision"]] += 1
+    plumbing = {op for op, c in counts.items()
+                if op in VARIABLE_OPS or set(c) == {"none"}}
     present = [p for p in PRECISIONS if any(c[p] for c in counts.values())]
-    ops = sorted(counts, key=lambda op: (-sum(counts[op].values()), op))
-    rows = [(op, *(counts[op][p] for p in present), sum(counts[op].values())) for op in ops]
-    return ("<h2>Precision by op type</h2>" + _chart(ops, counts, present)
-            + _table(("op type", *present, "total"), rows, "by-op"))
+    math_ops = sorted(set(counts) - plumbing,
+                      key=lambda op: (op not in MATRIX_OPS, -sum(counts[op].values()), op))
+    rows = [(op, "matrix" if op in MATRIX_OPS else "other", *(counts[op][p] for p in present),
+             sum(counts[op].values())) for op in math_ops]
+    kept = sorted(plumbing, key=lambda op: (-sum(counts[op].values()), op))
+    apart = [(op, *(counts[op][p] for p in present), sum(counts[op].values())) for op in kept]
+    return ("<h2>Precision by op type</h2>" + (_chart(math_ops, counts, present) if math_ops else "")
+            + _table(("op type", "kind", *present, "total"), rows, "by-op")
+            + "<h3>Plumbing: variables, shapes, control (no float math to convert)</h3>"
+            + (_table(("op type", *present, "total"), apart, "plumbing") if apart else "<p>none</p>"))
 
 
 def _chart(ops, counts, present) -> str:
@@ -178,12 +194,12 @@ def _chart(ops, counts, present) -> str:
 
 
 def _kept(report: dict) -> str:
-    rows = [(n["name"], n["op"], n["code"], n["reason"], " -> ".join(n.get("via", [])))
-            for n in report["nodes"] if n["precision"] == "float32"]
+    rows = [(n["name"], n["op"], n["code"], n["reason"], ", ".join(n.get("via", [])))
+            for n in report["nodes"] if n["precision"] == "float32" and n["op"] not in VARIABLE_OPS]
     if not rows:
         return "<h2>Nodes kept float32</h2><p>none</p>"
     return (f"<h2>Nodes kept float32 ({len(rows)})</h2>"
-            + _table(("node", "op", "code", "reason", "chain"), rows, "kept"))
+            + _table(("node", "op", "code", "reason", "because of"), rows, "kept"))
 
 
 def _list(title: str, items) -> str:

@@ -9,7 +9,7 @@ and the lint. Function libraries, loss scaling and file formats are the callers'
 from __future__ import annotations
 
 import logging
-from typing import Collection
+from typing import Mapping
 
 from . import casts, lint
 from .dtypes import LOW_PRECISION, TARGETS
@@ -29,11 +29,13 @@ _SPARE_PORTS = 1 << 20
 
 
 def rewrite(graph: Graph, rules: RuleSet, *, target: str, device: str,
-            keep: Collection[str] = (), lowp_io: bool = False) -> tuple[Graph, Report]:
+            keep: Mapping[str, tuple[str, str]] | None = None,
+            lowp_io: bool = False) -> tuple[Graph, Report]:
     """Convert ``graph`` to ``target`` (``"float16"``/``"bfloat16"``) for ``device``
     (``"GPU"``/``"CPU"``); returns a new graph (the input is not changed) and the report.
 
-    ``keep`` names nodes whose dtypes must not change (they must be nodes of ``graph``).
+    ``keep`` maps nodes whose dtypes must not change to the ``(code, reason)`` they are kept
+    for (see :func:`~amp_rewrite.paint.paint`).
     Raises :class:`InputError` for a graph TensorFlow would not import, :class:`LintError` if
     the result fails the lint (our bug).
     """
@@ -41,11 +43,10 @@ def rewrite(graph: Graph, rules: RuleSet, *, target: str, device: str,
     work = graph.copy()
     already = [n.name for n in work.nodes() if node_types(n) and
                any(get_dtype(n, a) in LOW_PRECISION for a in node_types(n).attrs)]
-    painting = paint(work, rules, target=TARGETS[target], device=device, keep=set(keep),
+    painting = paint(work, rules, target=TARGETS[target], device=device, keep=keep,
                      lowp_io=lowp_io)
     stats = casts.apply_painting(work, painting)
-    report = build_report(work, graph, painting, target=target, device=device, rules=rules,
-                          matrix_ops=rules.lists["allow"])
+    report = build_report(work, graph, painting, target=target, device=device, rules=rules)
     report.casts_added = stats.added
     report.casts_removed = stats.removed
     report.consts_converted = stats.consts

@@ -167,7 +167,7 @@ def test_callee_with_two_different_needs_is_specialized(target):
                for f in lib.values() for nd in _nodes(f, "MatMul"))
     assert check_call_types(new) == []
     assert graphs.rel_l2(graphs.run(new, _feeds(), ["out:0"])[0], ref[0]) <= TOL[target]
-    assert report.extra["functions"]["specialized"]
+    assert report.extra["boundaries"]["specialized"]
     # the report counts exactly the casts the output holds (the input had none)
     held = sum(nd.op == "Cast" for nd in new.node) + sum(len(_nodes(f, "Cast")) for f in lib.values())
     assert held == report.summary()["casts_added"] > 0

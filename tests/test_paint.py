@@ -46,7 +46,7 @@ def test_tensorlist_follows_its_member_that_must_stay_float32():
     nodes = {n.name: n for n in new.node}
     assert nodes["item"].attr["element_dtype"].type == FLOAT
     assert nodes["list"].attr["element_dtype"].type == FLOAT   # so the writer follows it
-    assert report.node("list").code == "tensorlist_match"
+    assert report.node("list").code == "tensorlist_float32"
     assert nodes["producer"].attr["T"].type == HALF
     np.testing.assert_allclose(graphs.run(new, feeds, ["out:0"])[0],
                                graphs.run(gd, feeds, ["out:0"])[0], rtol=1e-2)

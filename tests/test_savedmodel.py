@@ -193,7 +193,7 @@ def test_keep_names_a_function_node_as_the_report_does(loop_module, tmp_path):
     report = convert_file(src, tmp_path / "amp", target="float16")
     matmul = next(n.name for n in report.nodes if n.op == "MatMul" and n.name.startswith("while_body"))
     kept = convert_file(src, tmp_path / "kept", target="float16", keep=[matmul])
-    assert kept.node(matmul).code == "interface" and kept.node(matmul).precision == "float32"
+    assert kept.node(matmul).code == "user_keep" and kept.node(matmul).precision == "float32"
     assert [nd.attr["T"].type for f in _bodies(tmp_path / "kept", "While", ["body"])
             for nd in _nodes(f, "MatMul")] == [types_pb2.DT_FLOAT]
     with pytest.raises(InputError):
@@ -475,7 +475,7 @@ def test_restored_function_keeps_its_signature_when_a_copy_is_specialized(tmp_pa
     tf.saved_model.save(module, str(src), signatures=module.__call__)
     x = tf.constant(np.random.default_rng(7).normal(0, 1, (4, 16)).astype(np.float32))
     report = convert_file(src, out, target="float16")
-    assert report.extra["functions"]["specialized"]
+    assert report.extra["boundaries"]["specialized"]
     loaded = tf.saved_model.load(str(out))
     assert graphs.rel_l2(loaded(x)["y"].numpy(), module(x)["y"].numpy()) <= TOL["float16"]
     inner = loaded.inner(x)  # the restored method still takes and returns float32

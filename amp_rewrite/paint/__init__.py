@@ -19,6 +19,8 @@ The graph is not changed: :mod:`amp_rewrite.casts` applies the result.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from ..ir import Graph
 from ..rules import RuleSet
 from .agreement import agree_loops, agree_tensorlists
@@ -34,9 +36,14 @@ __all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "pa
 
 
 def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
-          keep: set[str] | frozenset[str] = frozenset(), lowp_io: bool = False) -> Painting:
-    """Decide the precision of every (node, type attribute) of ``graph``; the graph is not changed."""
-    s = PaintState(graph, rules, target=target, device=device, keep=set(keep), lowp_io=lowp_io)
+          keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False) -> Painting:
+    """Decide the precision of every (node, type attribute) of ``graph``; the graph is not changed.
+
+    ``keep`` maps the names of nodes whose dtypes must not change to ``(code, reason)``, the
+    decision they get (``user_keep`` for ``--keep``, ``interface`` for signature tensors ...).
+    """
+    s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),
+                   lowp_io=lowp_io)
     s.block_fixed()
     seed_allow(s)
     propagate_deny(s)

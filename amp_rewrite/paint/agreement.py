@@ -61,7 +61,7 @@ def agree_tensorlists(s: PaintState) -> None:
             why = f"TensorList op `{out[0]}` of the same list stays float32"
         for i in idxs:
             s.allow.pop(i, None)
-            s.blocked[i] = Decision(False, "tensorlist_match", why)
+            s.blocked[i] = Decision(False, "tensorlist_float32", why)
 
 
 def _has_element_port(s: PaintState, idx: int) -> bool:

@@ -19,11 +19,11 @@ def force_overrides(s: PaintState) -> None:
         if rule is None or rule.action != "force_lowp" or idx in s.allow:
             continue
         if idx in s.blocked:
-            if s.blocked[idx].code == "interface" and name not in refused:
+            why = _REFUSED.get(s.blocked[idx].code)
+            if why is not None and name not in refused:
                 refused.add(name)
                 s.warnings.append(f"force_lowp refused for `{name}` by override {rule.pattern} "
-                                  f"({rule.source}): {s.blocked[idx].text}; its dtypes are the "
-                                  "graph's interface (--lowp-io lets inputs and outputs go)")
+                                  f"({rule.source}): {s.blocked[idx].text}; {why}")
             continue
         if s.kernel_ok(idx):
             s.allow[idx] = Decision(True, "user_force",
@@ -37,6 +37,14 @@ def force_overrides(s: PaintState) -> None:
     for rule in s.rules.node_rules:
         if not any(rule.matches(n) for n in s.nodes):
             s.warnings.append(f"override {rule.pattern} ({rule.source}) matches no node")
+
+
+# blocked decisions an override cannot lift, and what to tell the user
+_REFUSED = {
+    "interface": "its dtypes are the graph's interface (--lowp-io lets inputs and outputs go)",
+    "user_keep": "--keep holds its dtypes",
+    "direct_call": "a direct call of a library function has no OpDef to type its ports",
+}
 
 
 def _has_lowp_attr(s: PaintState, name: str) -> bool:

@@ -7,6 +7,8 @@ steps run: ``blocked`` (can never be painted, with why), ``allow`` (painted, wit
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from ..dtypes import FLOAT, RESOURCE, TARGET_NAMES, dtype_name
 from ..ir import Graph, Node
 from ..ops import PLACEHOLDER_OPS, VARIABLE_OPS
@@ -20,7 +22,7 @@ class PaintState:
     """One painting in progress (see the module doc)."""
 
     def __init__(self, graph: Graph, rules: RuleSet, *, target: int, device: str,
-                 keep: set[str], lowp_io: bool):
+                 keep: Mapping[str, tuple[str, str]], lowp_io: bool):
         self.graph, self.rules, self.target, self.device = graph, rules, target, device
         self.lowp_io = lowp_io
         self.tname = TARGET_NAMES.get(target, dtype_name(target))
@@ -68,24 +70,26 @@ class PaintState:
                 self.blocked[idx] = Decision(False, "user_keep", f"kept float32 by override "
                                              f"{rule.pattern} ({rule.source})")
             elif name in self.interface:
-                self.blocked[idx] = Decision(False, "interface", self.interface[name])
+                self.blocked[idx] = Decision(False, *self.interface[name])
 
 
-def interface_names(graph: Graph, keep: set[str], lowp_io: bool) -> dict[str, str]:
-    """Nodes whose dtypes form the graph's interface, with why: kept float32 by default."""
-    out: dict[str, str] = {name: "kept with --keep or as a signature tensor" for name in keep
-                           if name in graph}
+def interface_names(graph: Graph, keep: Mapping[str, tuple[str, str]],
+                    lowp_io: bool) -> dict[str, tuple[str, str]]:
+    """Nodes whose dtypes must not change, with ``(code, reason)``: ``keep`` (the callers'
+    reasons: ``--keep``, signature tensors ...), then the graph's inputs and outputs (code
+    ``interface``), which ``lowp_io`` releases."""
+    out = {name: why for name, why in keep.items() if name in graph}
     if lowp_io:
         return out
     for node in graph.nodes():
         if node.name in out:
             continue
         if node.op in PLACEHOLDER_OPS:
-            out[node.name] = "graph input (Placeholder)"
+            out[node.name] = ("interface", "graph input (Placeholder)")
         elif not graph.consumers(node.name):
             types = node_types(node)
             if types and any(output_dtype(node, i) == FLOAT for i in range(len(types.outputs))):
-                out[node.name] = "graph output (nothing in the graph reads it)"
+                out[node.name] = ("interface", "graph output (nothing in the graph reads it)")
     return out
 
 

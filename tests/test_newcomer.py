@@ -1,0 +1,215 @@
+"""A newcomer's first hour, on models built the way users build them (a Keras SavedModel export,
+a TF1 .meta with Adam and batch norm): names users can find, reports that count what the output
+holds, no surprises from options or containers, quiet output."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorflow.core.framework import types_pb2
+
+import training_graphs
+from amp_rewrite import cli, convert, convert_file
+from amp_rewrite.errors import InputError, UnsupportedGraphError
+from amp_rewrite.load import load
+from amp_rewrite.ops import MATRIX_OPS
+from amp_rewrite.report_html import graph_precision
+
+HERE = Path(__file__).resolve().parent
+KERAS_EXPORT = HERE / "data" / "keras_export"
+EXAMPLE = HERE.parent / "examples" / "cnn_fp32.pb"
+
+
+@pytest.fixture(scope="module")
+def keras_bf16(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("keras")
+    src = folder / "model"
+    shutil.copytree(KERAS_EXPORT, src)
+    report = convert_file(src, folder / "bf16", target="bfloat16", device="cpu")
+    return src, folder / "bf16", report
+
+
+@pytest.fixture(scope="module")
+def adam_bn_meta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("meta") / "train.meta"
+    path.write_bytes(training_graphs.build("cnn", "adam").SerializeToString())
+    return path
+
+
+# ----------------------------------------------------------------- names users can find
+def test_function_nodes_are_found_without_their_function_prefix(keras_bf16):
+    _, _, report = keras_bf16
+    functions = report.to_dict()["functions"]
+    assert report.summary()["functions"] == len(functions) > 0
+    inside = [n for n in report.nodes if n.op in MATRIX_OPS and "/" in n.name]
+    short = {}
+    for n in report.nodes:
+        for scope in functions:
+            if n.name.startswith(scope + "/"):
+                short.setdefault(n.name[len(scope) + 1:], []).append(n)
+    unique = [name for name, found in short.items() if len(found) == 1
+              and found[0] in inside and name not in {n.name for n in report.nodes}]
+    assert unique, "the export has matrix ops inside functions"
+    for name in unique:
+        assert report.find(name) is short[name][0]
+        assert report.explain(name).startswith(short[name][0].name)
+
+
+def test_a_miss_suggests_close_names_and_an_ambiguous_name_lists_where(keras_bf16):
+    _, _, report = keras_bf16
+    node = next(n for n in report.nodes if n.op == "MatMul" and "/" in n.name)
+    misspelled = node.name[:-1]
+    with pytest.raises(LookupError) as miss:
+        report.find(misspelled)
+    assert node.name in str(miss.value)
+    short = {}
+    for n in report.nodes:
+        for scope in report.functions():
+            if n.name.startswith(scope + "/"):
+                short.setdefault(n.name[len(scope) + 1:], []).append(n.name)
+    twice = next((name for name, where in short.items()
+                  if len(where) > 1 and report.node(name) is None), None)
+    if twice is not None:   # the same layer traced into two functions
+        with pytest.raises(LookupError) as ambiguous:
+            report.find(twice)
+        assert short[twice][0] in str(ambiguous.value)
+
+
+def test_explain_command_takes_the_short_name_and_says_no_in_one_line(keras_bf16, capsys):
+    src, _, report = keras_bf16
+    full = next(n.name for n in report.nodes if n.op == "MatMul" and "/" in n.name)
+    scope = next(s for s in report.functions() if full.startswith(s + "/"))
+    assert cli.main(["explain", str(src), full, "--target", "bfloat16", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert cli.main(["explain", str(src), full[:-1], "--target", "bfloat16", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and full in err and scope
+
+
+def test_keep_signature_and_direct_reasons_have_codes_of_their_own(adam_bn_meta):
+    meta = load(adam_bn_meta).meta_graph
+    conv = next(n.name for n in meta.graph_def.node if n.op == "Conv2D")
+    report = convert_file(adam_bn_meta, adam_bn_meta.with_name("kept.meta"), keep=[conv],
+                          target="float16", device="cpu")
+    assert report.node(conv).code == "user_keep" and report.node(conv).precision == "float32"
+    assert report.node("x").code == "interface"    # a graph input
+
+
+def test_a_deny_path_runs_from_the_deny_op_along_data_edges(adam_bn_meta):
+    report = convert_file(adam_bn_meta, adam_bn_meta.with_name("f16.meta"), target="float16",
+                          device="cpu", loss_scale="none")
+    graph = {n.name: n for n in load(adam_bn_meta).graph_def.node}
+    for node in report.nodes:
+        if node.code == "deny_propagated":
+            path = node.via + [node.name]
+            assert report.node(path[0]).code == "deny_list"
+            for a, b in zip(path, path[1:]):   # each step is a data edge a -> b
+                assert any(i.split(":")[0] == a for i in graph[b].input if not i.startswith("^"))
+
+
+# ----------------------------------------------------------------- reports that read right
+def test_converting_a_converted_graph_counts_what_the_output_holds(tmp_path):
+    once = tmp_path / "once.pb"
+    first = convert_file(EXAMPLE, once, target="float16")
+    again = convert_file(once, tmp_path / "twice.pb", target="float16")
+    for report in (first, again):
+        s = report.summary()
+        assert s["matrix_converted"] == s["matrix_total"] == 4
+
+
+def test_matrix_ops_are_counted_whatever_the_rules_paint(monkeypatch):
+    from tensorflow.core.framework import graph_pb2
+    gd = graph_pb2.GraphDef()
+    gd.ParseFromString(EXAMPLE.read_bytes())
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_REMOVE", "MatMul")
+    _, report = convert(gd, target="float16")
+    s = report.summary()
+    assert s["matrix_total"] == 4 and s["matrix_converted"] == 2    # the convolutions only
+
+
+def test_bench_and_verify_pages_count_function_bodies_of_a_saved_model(keras_bf16):
+    _, out, report = keras_bf16
+    nodes = graph_precision(out)
+    matrix = [n for n in nodes if n["op"] in MATRIX_OPS]
+    assert matrix and all(n["precision"] == "bfloat16" for n in matrix)
+    assert len(matrix) == report.summary()["matrix_total"]
+
+
+def test_plumbing_is_counted_apart_from_the_math(keras_bf16):
+    _, _, report = keras_bf16
+    s = report.summary()
+    assert s["plumbing"] + s["float_ops_total"] + s["matrix_total"] == s["nodes_total"]
+    assert s["matrix_converted"] == s["matrix_total"] > 0
+
+
+# ----------------------------------------------------------------- no surprises
+def test_a_saved_model_is_not_written_as_a_pb_file(keras_bf16, tmp_path, capsys):
+    src, _, _ = keras_bf16
+    for given in (src, src / "saved_model.pb"):
+        assert cli.main([str(given), "-o", str(tmp_path / "cx.pb")]) == 2
+        assert "SavedModel directory" in capsys.readouterr().err
+        assert not (tmp_path / "cx.pb").exists()
+        with pytest.raises(InputError):
+            convert_file(given, tmp_path / "cx.pb")
+
+
+@pytest.mark.parametrize("flags", [
+    ["--loss-scale", "1000", "--loss-scale-start", "100"],
+    ["--loss-scale", "1000", "--loss-scale-interval", "10"],
+    ["--loss-scale", "none", "--grad", "seed"],
+    ["--target", "bfloat16", "--device", "cpu", "--loss-scale-factor", "4"],
+])
+def test_conflicting_loss_scale_options_are_refused(flags, adam_bn_meta, tmp_path, capsys):
+    out = tmp_path / "out.meta"
+    assert cli.main([str(adam_bn_meta), "-o", str(out), *flags]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_refusal_of_a_saved_model_train_step_fits_the_options_given(tmp_path):
+    import test_savedmodel
+    import tensorflow as tf
+    module = test_savedmodel.Trainer()
+    src = tmp_path / "trainer"
+    tf.saved_model.save(module, str(src), signatures={"train": module.train})
+    with pytest.raises(UnsupportedGraphError) as bf16:
+        convert_file(src, tmp_path / "bf16", target="bfloat16", device="cpu", loss_scale="dynamic")
+    assert "drop --loss-scale" in str(bf16.value) and "--target bfloat16" not in str(bf16.value)
+    with pytest.raises(UnsupportedGraphError) as f16:
+        convert_file(src, tmp_path / "f16", target="float16")
+    assert "--target bfloat16" in str(f16.value)
+
+
+def test_keras_files_say_how_to_export_a_saved_model(tmp_path, capsys):
+    import keras
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    for name in ("m.keras", "m.h5"):
+        model.save(tmp_path / name)
+        assert cli.main([str(tmp_path / name), "-o", str(tmp_path / "out.pb")]) == 2
+        assert "model.export" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- quiet output
+@pytest.mark.parametrize("argv", [
+    [str(EXAMPLE), "-o", "out.pb", "--html", "r.html", "--tensorboard", "tb"],
+    ["kernels", str(EXAMPLE), "--shape", "images=2,8,8,1"],
+])
+def test_tensorflow_c_log_stays_quiet_without_verbose(argv, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "amp_rewrite.cli", *argv], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    noise = [line for line in proc.stderr.splitlines() if not line.startswith("amp-rewrite:")]
+    assert noise == []
+    verbose = subprocess.run([sys.executable, "-m", "amp_rewrite.cli", *argv, "-v", "--force"]
+                             if argv[0] != "kernels" else
+                             [sys.executable, "-m", "amp_rewrite.cli", *argv, "-v"],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert verbose.returncode == 0 and len(verbose.stderr.splitlines()) > len(noise)
+
+
+def test_converted_float16_stays_float16_in_every_matrix_op_of_the_meta(adam_bn_meta, tmp_path):
+    out = tmp_path / "f16.meta"
+    convert_file(adam_bn_meta, out, target="float16", device="cpu")
+    matrix = [n for n in load(out).graph_def.node if n.op in MATRIX_OPS]
+    assert matrix and all(n.attr["T"].type == types_pb2.DT_HALF for n in matrix)
