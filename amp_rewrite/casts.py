@@ -29,6 +29,15 @@ class CastStats:
     folded: int = 0                                       # consumers that skipped a cast chain
     removed: list[str] = field(default_factory=list)     # original casts left unused, removed
     consts: list[str] = field(default_factory=list)      # Consts stored in low precision
+    touched: set[str] = field(default_factory=set)        # nodes retyped, added or rewired
+
+    def lint_scope(self, graph: Graph) -> set[str]:
+        """What a lint of the result must look at: the touched nodes and the readers of each
+        (a retyped node changes the dtype its readers get)."""
+        scope = {n for n in self.touched if n in graph}
+        for name in list(scope):
+            scope.update(reader for reader, _ in graph.consumers(name))
+        return scope
 
 
 def apply_painting(graph: Graph, painting: Painting) -> CastStats:
@@ -55,6 +64,7 @@ def _retype(graph: Graph, painting: Painting, stats: CastStats) -> None:
             continue
         node = graph.node(name)
         set_dtype(node, attr, painting.target)
+        stats.touched.add(name)
         if node.op == "Const" and attr.attr == "dtype":
             consts.convert(node, painting.target)
             stats.consts.append(name)
@@ -72,6 +82,7 @@ def _cast_edges(graph: Graph, before: dict, retargeted: set[str], stats: CastSta
             want = old_have if want is None else want
             if have == want or have not in CONVERTIBLE or want not in CONVERTIBLE:
                 continue
+            stats.touched.add(name)
             if name in retargeted and have in LOW_PRECISION:
                 # a retargeted Cast reads the low-precision tensor itself: no cast in front
                 set_dtype(graph.node(name), TypeAttr("SrcT"), have)
@@ -85,6 +96,7 @@ def _cast_edges(graph: Graph, before: dict, retargeted: set[str], stats: CastSta
             if key not in made:
                 made[key] = insert_cast(graph, ref, have, want)
                 stats.added.append(made[key].node)
+                stats.touched.add(made[key].node)
             graph.set_input(name, port, made[key])
 
 
@@ -98,6 +110,7 @@ def _drop_unread_casts(graph: Graph, originally_read: set[str], retargeted: set[
             continue
         if (name in retargeted and cast_types(node)[0] == cast_types(node)[1]
                 and not graph.control_consumers(name)):
+            stats.touched.update(reader for reader, _ in graph.consumers(name))
             graph.replace_uses(TensorRef(name, 0), graph.input(name, 0))
         if not graph.consumers(name) and not graph.control_consumers(name):
             graph.remove_node(name)

@@ -195,7 +195,8 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     skip = set(exclude)
     for node in sub.nodes:
         if node.name not in skip:
-            report.nodes.append(dataclasses.replace(node, name=f"{prefix}/{node.name}"))
+            report.nodes.append(dataclasses.replace(node, name=f"{prefix}/{node.name}",
+                                                    via=[f"{prefix}/{v}" for v in node.via]))
     report.casts_added.extend(f"{prefix}/{n}" for n in sub.casts_added)
     report.casts_removed.extend(f"{prefix}/{n}" for n in sub.casts_removed)
     report.consts_converted.extend(f"{prefix}/{n}" for n in sub.consts_converted)

@@ -17,9 +17,8 @@ A node keeps its ``NodeDef`` (attrs, device, experimental fields) untouched exce
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+import heapq
+from typing import Iterable, Iterator, NamedTuple
 
 import networkx as nx
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
@@ -31,9 +30,9 @@ _DATA = "data"
 _CONTROL = "control"
 
 
-@dataclass(frozen=True, order=True)
-class TensorRef:
-    """One output of a node: ``node:port``."""
+class TensorRef(NamedTuple):
+    """One output of a node: ``node:port``. A named tuple: made by the hundred thousand, and
+    ordered and hashed like the pair it is."""
 
     node: str
     port: int = 0
@@ -79,12 +78,31 @@ class Node:
         return f"Node({self.name!r}, op={self.op!r})"
 
 
+def _data(src_port: int, dst_port: int) -> dict:
+    return {"kind": _DATA, "src_port": src_port, "dst_port": dst_port}
+
+
 class Graph:
-    """A TensorFlow graph as nodes with ported data edges and separate control edges."""
+    """A TensorFlow graph as nodes with ported data edges and separate control edges.
+
+    Every query and edit costs time in proportion to the nodes and edges it touches, never to
+    the size of the graph, so passes stay linear on graphs of hundreds of thousands of nodes.
+    The listing order (:meth:`names`) is the input file's, with each added node listed where
+    it was placed (``after``) or at the end.
+    """
 
     def __init__(self) -> None:
         self._g = nx.MultiDiGraph()
-        self._order: list[str] = []
+        # Listing order: ids in file/append order, and the ids listed right after each id
+        # (newest first). Removed nodes keep their place as a gap, so the nodes listed after
+        # them stay where they were.
+        self._ids: dict[str, int] = {}
+        self._name_of: list[str | None] = []
+        self._seq: list[int] = []
+        self._after: dict[int, list[int]] = {}
+        self._listing: list[str] | None = None
+        self._inputs: dict[str, list[TensorRef]] = {}   # per consumer, dropped when it changes
+        self._nodes: dict[str, Node] = {}   # the same Node objects networkx holds, by name
 
     # ----------------------------------------------------------------- import / export
     @classmethod
@@ -95,29 +113,27 @@ class Graph:
         for nd in graph_def.node:
             if not nd.name:
                 raise InputError(f"a node of op {nd.op!r} has no name")
-            if nd.name in graph._g:
+            if nd.name in graph._ids:
                 raise InputError(f"node name {nd.name!r} appears twice in the graph")
             proto = node_def_pb2.NodeDef()
             proto.CopyFrom(nd)
             inputs = list(proto.input)
             del proto.input[:]
-            graph._g.add_node(nd.name, node=Node(proto))
-            graph._order.append(nd.name)
+            graph._insert(Node(proto), after=None)
             parsed.append((nd.name, inputs))
         for name, inputs in parsed:
             port = 0
             for text in inputs:
                 if text.startswith("^"):
                     src = text[1:]
-                    if src not in graph._g:
+                    if src not in graph._ids:
                         raise InputError(f"node {name!r} has a control input from missing node {src!r}")
-                    graph._g.add_edge(src, name, key=(_CONTROL, src), kind=_CONTROL)
+                    graph._link(src, name, (_CONTROL, src), {"kind": _CONTROL})
                 else:
                     ref = TensorRef.parse(text)
-                    if ref.node not in graph._g:
+                    if ref.node not in graph._ids:
                         raise InputError(f"node {name!r} reads missing node {ref.node!r}")
-                    graph._g.add_edge(ref.node, name, key=(_DATA, port), kind=_DATA,
-                                      src_port=ref.port, dst_port=port)
+                    graph._link(ref.node, name, (_DATA, port), _data(ref.port, port))
                     port += 1
         return graph
 
@@ -127,84 +143,130 @@ class Graph:
         if template is not None:
             out.CopyFrom(template)
             del out.node[:]
-        for name in self._order:
+        for name in self.names():
             nd = out.node.add()
             nd.CopyFrom(self.node(name).proto)
-            for ref in self.inputs(name):
-                nd.input.append(str(ref))
-            for src in self.control_inputs(name):
-                nd.input.append("^" + src)
+            nd.input.extend(str(ref) for ref in self.inputs(name))
+            nd.input.extend("^" + src for src in self.control_inputs(name))
         return out
 
     def _require(self, name: str, message: str) -> None:
-        if name not in self._g:
+        if name not in self._ids:
             raise IRError(message)
+
+    # ----------------------------------------------------------------- storage
+    # The networkx graph's own dicts are written and read directly (as networkx stores a
+    # multigraph: _succ[u][v] and _pred[v][u] are the same {key: data} dict): its add/remove
+    # methods and view objects cost more than the edit, on every edge of a large graph.
+    def _link(self, src: str, dst: str, key: tuple, data: dict) -> None:
+        self._inputs.pop(dst, None)
+        keyed = self._g._succ[src].get(dst)
+        if keyed is None:
+            keyed = self._g._succ[src][dst] = self._g._pred[dst][src] = {}
+        keyed[key] = data
+
+    def _unlink(self, src: str, dst: str, key: tuple) -> None:
+        self._inputs.pop(dst, None)
+        keyed = self._g._succ[src][dst]
+        del keyed[key]
+        if not keyed:
+            del self._g._succ[src][dst], self._g._pred[dst][src]
+
+    def _insert(self, node: Node, after: str | None) -> None:
+        ident = len(self._name_of)
+        self._name_of.append(node.name)
+        self._ids[node.name] = ident
+        self._nodes[node.name] = node
+        self._g._node[node.name] = {"node": node}
+        self._g._succ[node.name] = {}
+        self._g._pred[node.name] = {}
+        if after is None:
+            self._seq.append(ident)
+        else:
+            self._after.setdefault(self._ids[after], []).insert(0, ident)
+        self._listing = None
+
+    def names(self) -> list[str]:
+        """Node names in stable (input file, then insertion) order."""
+        if self._listing is None:
+            out: list[str] = []
+            stack = list(reversed(self._seq))
+            while stack:
+                ident = stack.pop()
+                if self._name_of[ident] is not None:
+                    out.append(self._name_of[ident])
+                stack.extend(reversed(self._after.get(ident, ())))
+            self._listing = out
+        return list(self._listing)
 
     # ----------------------------------------------------------------- queries
     def __contains__(self, name: str) -> bool:
-        return name in self._g
+        return name in self._ids
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._ids)
 
     def node(self, name: str) -> Node:
         try:
-            return self._g.nodes[name]["node"]
+            return self._nodes[name]
         except KeyError:
             raise IRError(f"no node named {name!r}") from None
 
     def nodes(self) -> list[Node]:
         """All nodes in stable (input file, then insertion) order."""
-        return [self._g.nodes[n]["node"] for n in self._order]
+        table = self._nodes
+        return [table[n] for n in self.names()]
 
-    def names(self) -> list[str]:
-        return list(self._order)
-
+    # networkx's adjacency dicts are read directly: its view objects cost more than the query
     def inputs(self, name: str) -> list[TensorRef]:
         """The data inputs of a node, in input-port order."""
-        self._require(name, f"no node named {name!r}")
-        edges = [(d["dst_port"], TensorRef(src, d["src_port"]))
-                 for src, _, d in self._g.in_edges(name, data=True) if d["kind"] == _DATA]
-        edges.sort()
-        return [ref for _, ref in edges]
+        cached = self._inputs.get(name)
+        if cached is None:
+            self._require(name, f"no node named {name!r}")
+            edges = [(d["dst_port"], TensorRef(src, d["src_port"]))
+                     for src, keyed in self._g._pred[name].items()
+                     for key, d in keyed.items() if key[0] == _DATA]
+            edges.sort()
+            cached = self._inputs[name] = [ref for _, ref in edges]
+        return list(cached)
 
     def input(self, name: str, port: int) -> TensorRef:
         """What input ``port`` of ``name`` reads."""
         self._require(name, f"no node named {name!r}")
-        for src, _, key, d in self._g.in_edges(name, keys=True, data=True):
-            if key == (_DATA, port):
+        for src, keyed in self._g._pred[name].items():
+            d = keyed.get((_DATA, port))
+            if d is not None:
                 return TensorRef(src, d["src_port"])
         raise IRError(f"node {name!r} has no input {port}")
 
     def control_inputs(self, name: str) -> list[str]:
         self._require(name, f"no node named {name!r}")
-        return sorted(src for src, _, d in self._g.in_edges(name, data=True)
-                      if d["kind"] == _CONTROL)
+        return sorted(src for src, keyed in self._g._pred[name].items() if (_CONTROL, src) in keyed)
 
     def consumers(self, name: str, port: int | None = None) -> list[tuple[str, int]]:
         """Data consumers ``(node, input_port)`` of ``name`` (of one output port if given)."""
         self._require(name, f"no node named {name!r}")
-        out = [(dst, d["dst_port"]) for _, dst, d in self._g.out_edges(name, data=True)
-               if d["kind"] == _DATA and (port is None or d["src_port"] == port)]
+        out = [(dst, d["dst_port"]) for dst, keyed in self._g._succ[name].items()
+               for key, d in keyed.items()
+               if key[0] == _DATA and (port is None or d["src_port"] == port)]
         out.sort()
         return out
 
     def out_edges(self, name: str) -> list[tuple[int, str, int]]:
         """Data edges leaving ``name`` as ``(src_port, consumer, consumer_port)``, sorted."""
         self._require(name, f"no node named {name!r}")
-        out = [(d["src_port"], dst, d["dst_port"]) for _, dst, d in self._g.out_edges(name, data=True)
-               if d["kind"] == _DATA]
+        out = [(d["src_port"], dst, d["dst_port"]) for dst, keyed in self._g._succ[name].items()
+               for key, d in keyed.items() if key[0] == _DATA]
         out.sort()
         return out
 
     def control_consumers(self, name: str) -> list[str]:
         self._require(name, f"no node named {name!r}")
-        return sorted(dst for _, dst, d in self._g.out_edges(name, data=True)
-                      if d["kind"] == _CONTROL)
+        return sorted(dst for dst, keyed in self._g._succ[name].items() if (_CONTROL, name) in keyed)
 
     def data_edges(self) -> Iterator[tuple[TensorRef, str, int]]:
         """Every data edge as ``(source tensor, consumer, consumer_port)`` in node order."""
-        for name in self._order:
+        for name in self.names():
             for port, ref in enumerate(self.inputs(name)):
                 yield ref, name, port
 
@@ -212,27 +274,41 @@ class Graph:
         """Node names in a topological order of data and control edges.
 
         Loop back edges (``NextIteration`` -> ``Merge``) are ignored so v1 while loops sort.
-        Ties are broken by file order, so the result is deterministic.
+        Ties are broken by listing order, so the result is deterministic.
         """
-        rank = {n: i for i, n in enumerate(self._order)}
-        view = nx.DiGraph()
-        view.add_nodes_from(self._order)
-        for src, dst, d in self._g.edges(data=True):
-            if self.node(src).op in NEXT_ITERATION_OPS and d["kind"] == _DATA:
-                continue
-            view.add_edge(src, dst)
-        try:
-            return list(nx.lexicographical_topological_sort(view, key=rank.__getitem__))
-        except nx.NetworkXUnfeasible:
-            raise InputError("the graph has a cycle that is not a while loop's NextIteration edge") from None
+        names = self.names()
+        rank = {n: i for i, n in enumerate(names)}
+        succ = self._g._succ
+        follows: dict[str, list[str]] = {}
+        waiting = dict.fromkeys(names, 0)
+        for src in names:
+            back = self._nodes[src].op in NEXT_ITERATION_OPS
+            outs = [dst for dst, keyed in succ[src].items()
+                    if not back or any(key[0] == _CONTROL for key in keyed)]
+            follows[src] = outs
+            for dst in outs:
+                waiting[dst] += 1
+        ready = [(rank[n], n) for n in names if waiting[n] == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, name = heapq.heappop(ready)
+            order.append(name)
+            for dst in follows[name]:
+                waiting[dst] -= 1
+                if waiting[dst] == 0:
+                    heapq.heappush(ready, (rank[dst], dst))
+        if len(order) != len(names):
+            raise InputError("the graph has a cycle that is not a while loop's NextIteration edge")
+        return order
 
     # ----------------------------------------------------------------- edits
     def unique_name(self, base: str) -> str:
         """A node name not yet used: ``base``, else ``base_1``, ``base_2`` ..."""
-        if base not in self._g:
+        if base not in self._ids:
             return base
         i = 1
-        while f"{base}_{i}" in self._g:
+        while f"{base}_{i}" in self._ids:
             i += 1
         return f"{base}_{i}"
 
@@ -255,14 +331,9 @@ class Graph:
         for key, value in (attrs or {}).items():
             proto.attr[key].CopyFrom(value)
         node = Node(proto)
-        self._g.add_node(proto.name, node=node)
-        if after is not None:
-            self._order.insert(self._order.index(after) + 1, proto.name)
-        else:
-            self._order.append(proto.name)
+        self._insert(node, after)
         for port, ref in enumerate(inputs):
-            self._g.add_edge(ref.node, proto.name, key=(_DATA, port), kind=_DATA,
-                             src_port=ref.port, dst_port=port)
+            self._link(ref.node, proto.name, (_DATA, port), _data(ref.port, port))
         for src in control_inputs:
             self.add_control_edge(src, proto.name)
         return node
@@ -271,27 +342,25 @@ class Graph:
         """Make ``dst`` run after ``src`` (one control edge per pair; adding it again is a no-op)."""
         self._require(src, f"cannot add a control edge from missing node {src!r}")
         self._require(dst, f"cannot add a control edge to missing node {dst!r}")
-        self._g.add_edge(src, dst, key=(_CONTROL, src), kind=_CONTROL)
+        self._link(src, dst, (_CONTROL, src), {"kind": _CONTROL})
 
     def remove_control_edge(self, src: str, dst: str) -> None:
-        if not self._g.has_edge(src, dst, key=(_CONTROL, src)):
+        if src not in self._ids or (_CONTROL, src) not in self._g._succ[src].get(dst, {}):
             raise IRError(f"no control edge from {src!r} to {dst!r}")
-        self._g.remove_edge(src, dst, key=(_CONTROL, src))
+        self._unlink(src, dst, (_CONTROL, src))
 
     def set_input(self, consumer: str, port: int, src: TensorRef) -> None:
         """Make input ``port`` of ``consumer`` read ``src`` instead of what it read."""
         self._require(src.node, f"cannot read missing node {src.node!r}")
         old = self.input(consumer, port)
-        self._g.remove_edge(old.node, consumer, key=(_DATA, port))
-        self._g.add_edge(src.node, consumer, key=(_DATA, port), kind=_DATA,
-                         src_port=src.port, dst_port=port)
+        self._unlink(old.node, consumer, (_DATA, port))
+        self._link(src.node, consumer, (_DATA, port), _data(src.port, port))
 
     def append_input(self, consumer: str, src: TensorRef) -> int:
         """Add one more data input to ``consumer``; returns its port."""
         port = len(self.inputs(consumer))
         self._require(src.node, f"cannot read missing node {src.node!r}")
-        self._g.add_edge(src.node, consumer, key=(_DATA, port), kind=_DATA,
-                         src_port=src.port, dst_port=port)
+        self._link(src.node, consumer, (_DATA, port), _data(src.port, port))
         return port
 
     def replace_uses(self, old: TensorRef, new: TensorRef, exclude: Iterable[str] = ()) -> int:
@@ -310,9 +379,32 @@ class Graph:
         readers = self.consumers(name) + [(c, -1) for c in self.control_consumers(name)]
         if readers:
             raise IRError(f"cannot remove {name!r}: still read by {readers[0][0]!r}")
-        self._g.remove_node(name)
-        self._order.remove(name)
+        self._inputs.pop(name, None)
+        for src in self._g._pred.pop(name):
+            del self._g._succ[src][name]
+        del self._g._succ[name], self._g._node[name], self._nodes[name]
+        self._name_of[self._ids.pop(name)] = None
+        self._listing = None
 
     def copy(self) -> "Graph":
-        """An independent copy: nodes, edges, order and each node's meta."""
-        return copy.deepcopy(self)
+        """An independent copy: nodes (their NodeDefs and meta), edges and listing order."""
+        new = Graph()
+        new._ids = dict(self._ids)
+        new._name_of = list(self._name_of)
+        new._seq = list(self._seq)
+        new._after = {k: list(v) for k, v in self._after.items()}
+        for name, data in self._g._node.items():
+            old = data["node"]
+            proto = node_def_pb2.NodeDef()
+            proto.CopyFrom(old.proto)
+            node = Node(proto)
+            node.meta = dict(old.meta)
+            new._g._node[name] = {"node": node}
+            new._nodes[name] = node
+            new._g._succ[name] = {}
+            new._g._pred[name] = {}
+        for src, nbrs in self._g._succ.items():
+            for dst, keyed in nbrs.items():
+                new._g._succ[src][dst] = new._g._pred[dst][src] = {
+                    key: dict(d) for key, d in keyed.items()}
+        return new

@@ -1,10 +1,12 @@
 """The lint every converted graph must pass before anything is written.
 
 A failure here is an amp-rewrite bug, never the user's: the CLI reports it as an internal
-error (exit 1) and writes nothing.
+error (exit 70) and writes nothing.
 """
 
 from __future__ import annotations
+
+from typing import Collection
 
 from .dtypes import LOW_PRECISION, dtype_name
 from .errors import LintError
@@ -15,7 +17,7 @@ from .signatures import TypeAttr, allowed_by_opdef, get_dtype, input_dtype, node
 
 
 def lint_problems(graph: Graph, *, original: Graph | None = None,
-                  rules: RuleSet | None = None) -> list[str]:
+                  rules: RuleSet | None = None, only: Collection[str] | None = None) -> list[str]:
     """Every problem found, as one sentence each naming the node; empty when the graph is sound.
 
     Checks: node names are unique and every input names an existing node (the IR refuses both,
@@ -23,11 +25,16 @@ def lint_problems(graph: Graph, *, original: Graph | None = None,
     the consumer's OpDef expects; every type attribute holds a dtype its OpDef allows; no
     deny-list op runs in low precision (unless a user override forced it); variable ops keep
     their dtypes; an op TensorFlow does not register sees the dtypes it saw before.
+
+    ``only`` limits the checks to those nodes and the edges into them: a pass that knows what
+    it changed (and the readers of what it retyped) need not lint what ``original`` already
+    passed.
     """
-    problems = _name_problems(graph)
+    names = graph.names() if only is None else [n for n in graph.names() if n in only]
+    problems = _name_problems(graph, names)
     if original is not None:
-        problems += _unknown_op_edges(graph, original)
-    for node in graph.nodes():
+        problems += _unknown_op_edges(graph, original, names)
+    for node in (graph.node(n) for n in names):
         types = node_types(node)
         if types is None:
             continue
@@ -40,20 +47,19 @@ def lint_problems(graph: Graph, *, original: Graph | None = None,
     return problems
 
 
-def _name_problems(graph: Graph) -> list[str]:
+def _name_problems(graph: Graph, names: list[str]) -> list[str]:
+    """Names unique and every input naming a node of the graph: what TensorFlow's importer
+    checks first. The IR keeps both by construction; this catches an IR that does not."""
     problems = []
-    gd = graph.to_graph_def()
-    names = [n.name for n in gd.node]
-    if len(set(names)) != len(names):
-        seen = set()
-        dup = next(n for n in names if n in seen or seen.add(n))
+    listed = graph.names()
+    if len(set(listed)) != len(listed) or len(listed) != len(graph):
+        seen: set[str] = set()
+        dup = next((n for n in listed if n in seen or seen.add(n)), "?")
         problems.append(f"node name {dup!r} is used twice")
-    known = set(names)
-    for nd in gd.node:
-        for text in nd.input:
-            src = text.lstrip("^").split(":")[0]
-            if src not in known:
-                problems.append(f"node {nd.name!r} reads missing node {src!r}")
+    for name in names:
+        for src in [ref.node for ref in graph.inputs(name)] + graph.control_inputs(name):
+            if src not in graph:
+                problems.append(f"node {name!r} reads missing node {src!r}")
     return problems
 
 
@@ -106,23 +112,24 @@ def _variable_problems(node, types, before) -> list[str]:
             for attr in types.attrs if get_dtype(node, attr) != get_dtype(before, attr)]
 
 
-def _unknown_op_edges(graph: Graph, original: Graph) -> list[str]:
+def _unknown_op_edges(graph: Graph, original: Graph, names: list[str]) -> list[str]:
     """An op with no OpDef (a custom op) must see the dtypes it saw before on every edge."""
     problems = []
-    for ref, name, port in graph.data_edges():
-        src, dst = graph.node(ref.node), graph.node(name)
-        if name not in original or (node_types(src) is not None and node_types(dst) is not None):
-            continue
-        old_ref = original.input(name, port)
-        was = output_dtype(original.node(old_ref.node), old_ref.port)
-        if was is None:
-            was = input_dtype(original.node(name), port)
-        now = output_dtype(src, ref.port)
-        if now is None:
-            now = input_dtype(dst, port)
-        if was is not None and now is not None and was != now:
-            problems.append(f"edge {ref} -> {name!r}:{port} of an unregistered op carried "
-                            f"{dtype_name(was)} and now carries {dtype_name(now)}")
+    for name in names:
+        for port, ref in enumerate(graph.inputs(name)):
+            src, dst = graph.node(ref.node), graph.node(name)
+            if name not in original or (node_types(src) is not None and node_types(dst) is not None):
+                continue
+            old_ref = original.input(name, port)
+            was = output_dtype(original.node(old_ref.node), old_ref.port)
+            if was is None:
+                was = input_dtype(original.node(name), port)
+            now = output_dtype(src, ref.port)
+            if now is None:
+                now = input_dtype(dst, port)
+            if was is not None and now is not None and was != now:
+                problems.append(f"edge {ref} -> {name!r}:{port} of an unregistered op carried "
+                                f"{dtype_name(was)} and now carries {dtype_name(now)}")
     return problems
 
 

@@ -184,18 +184,34 @@ class Report:
         if node.attrs:
             text += "\n  types: " + ", ".join(f"{k}={v}" for k, v in node.attrs.items())
         if node.via:
-            text += "\n  " + _via(node)
+            text += "\n  " + _via(self, node)
         return text
 
 
-def _via(node: NodeReport) -> str:
+def _via(report: Report, node: NodeReport) -> str:
     label = _VIA.get(node.code, "because of")
     if node.code == "deny_propagated":
-        return f"{label}: " + " -> ".join(node.via + [node.name])
+        return f"{label}: " + " -> ".join(_deny_path(report, node))
     if node.code == "between_allow" and len(node.via) == 2:
         upstream, downstream = node.via
         return f"{label}: {upstream} -> ... -> {node.name} -> ... -> {downstream}"
     return f"{label}: " + ", ".join(node.via)
+
+
+def _deny_path(report: Report, node: NodeReport, most: int = 12) -> list[str]:
+    """The data path deny took to ``node``, walked back through each node's recorded neighbour
+    (long paths keep their ends, ``...`` between)."""
+    root, path = node.via[0], [node.name]
+    cur = node.via[-1]
+    while cur != root:
+        path.append(cur)
+        step = report.node(cur)
+        if step is None or step.code != "deny_propagated" or step.via[0] != root:
+            break   # a node deny reached through another of its type attributes
+        cur = step.via[-1]
+    path.append(root)
+    path.reverse()
+    return path if len(path) <= most else path[:3] + ["..."] + path[-(most - 4):]
 
 
 def build_report(graph: Graph, original: Graph, painting: Painting, *, target: str, device: str,

@@ -57,7 +57,7 @@ def rewrite(graph: Graph, rules: RuleSet, *, target: str, device: str,
     if already:
         report.warnings.append(f"the input already has {len(already)} low-precision nodes "
                                f"(e.g. {already[0]!r}); they are left as they are")
-    lint.lint(work, original=graph, rules=rules)
+    lint.lint(work, original=graph, rules=rules, only=stats.lint_scope(work))
     for w in report.warnings:
         log.warning(w)
     return work, report

@@ -71,41 +71,56 @@ def all_op_names() -> tuple[str, ...]:
     return tuple(sorted(o.name for o in ops.op))
 
 
-def _arg_ports(node: Node, arg: op_def_pb2.OpDef.ArgDef) -> list[PortType]:
-    if arg.type_list_attr:
-        n = len(node.attr[arg.type_list_attr].list.type)
-        return [PortType(TypeAttr(arg.type_list_attr, i), is_ref=arg.is_ref) for i in range(n)]
-    n = node.attr[arg.number_attr].i if arg.number_attr else 1
-    if arg.type_attr:
-        port = PortType(TypeAttr(arg.type_attr), is_ref=arg.is_ref)
-    else:
-        port = PortType(None, fixed=arg.type, is_ref=arg.is_ref)
-    return [port] * n
-
-
 def node_types(node: Node) -> NodeTypes | None:
     """The port-to-type mapping of ``node``, or None when its op is not registered.
 
-    Port counts depend only on the op and its number/list attrs, so the mapping is computed once
-    per node and cached; a pass that changes those attrs calls :func:`invalidate`.
+    Port counts depend only on the op and its number/list attrs, so the mapping is cached per
+    node, and shared by every node with the same op and counts; a pass that changes those
+    attrs calls :func:`invalidate`.
     """
     if _CACHE in node.meta:
         return node.meta[_CACHE]
     od = op_def(node.op)
-    if od is None:
-        result = None
-    else:
-        inputs = [p for a in od.input_arg for p in _arg_ports(node, a)]
-        outputs = [p for a in od.output_arg for p in _arg_ports(node, a)]
-        attrs: list[TypeAttr] = []
-        for a in od.attr:
-            if a.type == "type":
-                attrs.append(TypeAttr(a.name))
-            elif a.type == "list(type)":
-                attrs.extend(TypeAttr(a.name, i) for i in range(len(node.attr[a.name].list.type)))
-        result = NodeTypes(tuple(inputs), tuple(outputs), tuple(attrs))
+    result = None if od is None else _layout(node.op, _counts(node, od))
     node.meta[_CACHE] = result
     return result
+
+
+def _counts(node: Node, od: op_def_pb2.OpDef) -> tuple[int, ...]:
+    """The values of the attrs that decide ``node``'s port layout, in OpDef order."""
+    return tuple(len(node.attr[a.name].list.type) if a.type == "list(type)" else node.attr[a.name].i
+                 for a in od.attr if a.type == "list(type)" or a.name in _number_attrs(node.op))
+
+
+@functools.lru_cache(maxsize=None)
+def _number_attrs(op: str) -> frozenset[str]:
+    od = op_def(op)
+    return frozenset(a.number_attr for a in list(od.input_arg) + list(od.output_arg) if a.number_attr)
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(op: str, counts: tuple[int, ...]) -> NodeTypes:
+    od = op_def(op)
+    sized = [a.name for a in od.attr if a.type == "list(type)" or a.name in _number_attrs(op)]
+    count = dict(zip(sized, counts))
+
+    def ports(arg) -> list[PortType]:
+        if arg.type_list_attr:
+            return [PortType(TypeAttr(arg.type_list_attr, i), is_ref=arg.is_ref)
+                    for i in range(count[arg.type_list_attr])]
+        n = count[arg.number_attr] if arg.number_attr else 1
+        if arg.type_attr:
+            return [PortType(TypeAttr(arg.type_attr), is_ref=arg.is_ref)] * n
+        return [PortType(None, fixed=arg.type, is_ref=arg.is_ref)] * n
+
+    attrs: list[TypeAttr] = []
+    for a in od.attr:
+        if a.type == "type":
+            attrs.append(TypeAttr(a.name))
+        elif a.type == "list(type)":
+            attrs.extend(TypeAttr(a.name, i) for i in range(count[a.name]))
+    return NodeTypes(tuple(p for a in od.input_arg for p in ports(a)),
+                     tuple(p for a in od.output_arg for p in ports(a)), tuple(attrs))
 
 
 def invalidate(node: Node) -> None:
@@ -193,34 +208,46 @@ def kernel_supports(node: Node, changes: dict[TypeAttr, int], device: str) -> bo
     """Whether a kernel is registered for ``node`` on ``device`` with ``changes`` applied.
 
     This is grappler's ``SupportsF16`` check, done against the kernel registry of the full
-    TensorFlow wheel, which holds the GPU kernels even on a machine without a GPU.
+    TensorFlow wheel, which holds the GPU kernels even on a machine without a GPU. The answer
+    depends only on the op, the device and the dtypes of the attrs kernels constrain, so it is
+    computed once per such combination.
     """
     for attr, dtype in changes.items():
         if not allowed_by_opdef(node, attr, dtype):
             return False
-
-    def value(name: str) -> list[int] | None:
+    dtypes = []
+    for name in _constrained(node.op):
         if name not in node.attr:
-            return None
+            dtypes.append(None)
+            continue
         av = node.attr[name]
-        if av.WhichOneof("value") == "type":
-            return [changes.get(TypeAttr(name), av.type)]
-        if av.WhichOneof("value") == "list":
-            return [changes.get(TypeAttr(name, i), t) for i, t in enumerate(av.list.type)]
-        return None
+        kind = av.WhichOneof("value")
+        if kind == "type":
+            dtypes.append((changes.get(TypeAttr(name), av.type),))
+        elif kind == "list":
+            dtypes.append(tuple(changes.get(TypeAttr(name, i), t) for i, t in enumerate(av.list.type)))
+        else:
+            dtypes.append(None)
+    return _registered(node.op, device, tuple(dtypes))
 
-    for kernel in _kernels(node.op):
+
+@functools.lru_cache(maxsize=None)
+def _constrained(op: str) -> tuple[str, ...]:
+    """The attrs some kernel of ``op`` constrains, in a fixed order."""
+    return tuple(sorted({c.name for k in _kernels(op) for c in k.constraint}))
+
+
+@functools.lru_cache(maxsize=None)
+def _registered(op: str, device: str, dtypes: tuple) -> bool:
+    """Whether a kernel of ``op`` on ``device`` (or DEVICE_DEFAULT) admits ``dtypes``, the
+    values of :func:`_constrained` attrs (None: attr absent, no constraint applies)."""
+    values = dict(zip(_constrained(op), dtypes))
+    for kernel in _kernels(op):
         # DEVICE_DEFAULT kernels (loop plumbing, Identity ...) serve every device type
         if kernel.device_type not in (device, "DEFAULT"):
             continue
-        ok = True
-        for constraint in kernel.constraint:
-            allowed = set(constraint.allowed_values.list.type)
-            current = value(constraint.name)
-            if current is not None and not all(t in allowed for t in current):
-                ok = False
-                break
-        if ok:
+        if all(values[c.name] is None or all(t in c.allowed_values.list.type for t in values[c.name])
+               for c in kernel.constraint):
             return True
     return False
 

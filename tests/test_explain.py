@@ -41,8 +41,8 @@ def test_deny_propagated_chain_names_the_root_and_the_path():
     _, report = convert(_graph())
     node = report.node("loss/mul")
     assert node.precision == "float32" and node.code == "deny_propagated"
-    assert node.via == ["loss/Exp", "loss/add"]
-    assert "downstream of deny op Exp `loss/Exp` through `loss/add`" in report.explain("loss/mul")
+    assert node.via == ["loss/Exp", "loss/add"]    # the deny op, and the neighbour deny came through
+    assert "loss/Exp -> loss/add -> loss/mul" in report.explain("loss/mul")   # the data path
 
 
 def test_user_rule_names_the_file_and_line(tmp_path):

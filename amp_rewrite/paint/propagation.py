@@ -44,17 +44,12 @@ def propagate_deny(s: PaintState) -> None:
             continue
         tg.dfs([root], "out",
                lambda i, r: i == r or (i not in s.deny_parent and i in upstream),
-               lambda i, parent, r: s.deny_parent.setdefault(i, parent))
+               lambda i, parent, r: _reached(s, i, parent, r))
 
 
-def deny_chain(s: PaintState, idx: int) -> tuple[str, ...]:
-    """The nodes deny came through to reach ``idx``, from the deny op on."""
-    chain = []
-    cur: int | None = idx
-    while cur is not None:
-        chain.append(s.items[cur][0])
-        cur = s.deny_parent.get(cur)
-    return tuple(reversed(chain))
+def _reached(s: PaintState, idx: int, parent: int | None, root: int) -> None:
+    s.deny_parent.setdefault(idx, parent)
+    s.deny_root.setdefault(idx, root)
 
 
 def paint_between_allow(s: PaintState) -> None:

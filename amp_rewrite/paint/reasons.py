@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from ..signatures import device_type, node_types
 from .decisions import Decision, Painting
-from .propagation import deny_chain
 from .state import PaintState
 
 
@@ -40,12 +39,13 @@ def why_not(s: PaintState, idx: int) -> Decision:
     if cat == "deny":
         return Decision(False, "deny_list", "deny op: unsafe in low precision")
     if idx in s.deny_parent:
-        chain = deny_chain(s, idx)
-        root, through = chain[0], chain[1:-1]
+        # the deny op and the neighbour deny came through; explain walks the path from there
+        # (a chain per node would make the report quadratic in the depth of the graph)
+        root, parent = s.items[s.deny_root[idx]][0], s.items[s.deny_parent[idx]][0]
         text = f"{cat} op, downstream of deny op {s.nodes[root].op} `{root}`"
-        if through:
-            text += " through " + ", ".join(f"`{n}`" for n in through)
-        return Decision(False, "deny_propagated", text, chain[:-1])
+        if parent != root:
+            text += f", reached through `{parent}`"
+        return Decision(False, "deny_propagated", text, (root,) if parent == root else (root, parent))
     if cat == "infer":
         return Decision(False, "infer_alone", "infer op not on a path between allow ops")
     if cat == "clear":

@@ -2,7 +2,8 @@
 
 Items are the type graph's numbered (node, type attribute) pairs. Three maps fill up as the
 steps run: ``blocked`` (can never be painted, with why), ``allow`` (painted, with why) and
-``deny_parent`` (reached by deny propagation, with the item it came from).
+``deny_parent`` (reached by deny propagation, with the item it came from; ``deny_root`` the
+deny op it started at).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class PaintState:
         self.blocked: dict[int, Decision] = {}
         self.allow: dict[int, Decision] = {}
         self.deny_parent: dict[int, int | None] = {}
+        self.deny_root: dict[int, int] = {}   # the deny op each deny-reached item came from
         self.warnings: list[str] = []
         self._kernel: dict[int, bool] = {}
         self.reads_ref = {name: _reads_ref(graph, node) for name, node in self.nodes.items()}
