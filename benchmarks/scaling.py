@@ -1,0 +1,202 @@
+"""Conversion time and memory against graph size, beside grappler's AMP pass on the same graph.
+
+Two families of graphs, built at several sizes:
+
+* ``mlp``: a deep residual MLP inference graph (frozen weights, a layer norm every four blocks);
+* ``train``: the same MLP with a softmax cross-entropy loss, its backward pass (tf.gradients)
+  and a Momentum optimizer (resource variables).
+
+For each graph, in one process, interleaved: ``amp_rewrite.convert(gd, target="bfloat16",
+device="cpu")`` (in memory, no files) and grappler's ``auto_mixed_precision_onednn_bfloat16``
+pass alone (``tf_optimizer.OptimizeGraph``, every other pass off), the median of ``--runs``
+each; the ratio is ours over grappler's. Peak memory is measured in a child process per graph
+(``ru_maxrss`` after the conversion minus after building the graph and importing TensorFlow).
+``--write`` replaces the "Conversion speed" section of BENCHMARKS.md.
+
+Run: ``.venv/bin/python benchmarks/scaling.py --sizes 10000 30000 100000 300000 --write``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# grappler's bfloat16 pass runs only where TensorFlow's oneDNN ops are on (hardware.py)
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2  # noqa: E402
+from tensorflow.python.grappler import tf_optimizer  # noqa: E402
+
+from amp_rewrite import convert, hardware  # noqa: E402
+
+v1 = tf.compat.v1
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = "## Conversion speed"
+WIDTH = 32
+NODES_PER_BLOCK = {"mlp": 8.75, "train": 61.0}   # measured, to aim at a node count
+
+
+def build(kind: str, blocks: int, seed: int = 0):
+    """The ``kind`` graph with ``blocks`` residual blocks (see the module doc)."""
+    r = np.random.default_rng(seed)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, WIDTH], name="x")
+        h = x
+        for b in range(blocks):
+            with tf.name_scope(f"block{b}"):
+                init = r.normal(0, 0.1, (WIDTH, WIDTH)).astype(np.float32)
+                w = (tf.constant(init) if kind == "mlp"
+                     else v1.get_variable(f"w{b}", initializer=init, use_resource=True))
+                h = h + tf.nn.relu(tf.nn.bias_add(tf.matmul(h, w), tf.zeros([WIDTH])))
+                if b % 4 == 3:
+                    mean, var = tf.nn.moments(h, [1], keepdims=True)
+                    h = (h - mean) * tf.math.rsqrt(var + 1e-5)
+        out = tf.identity(h, name="out")
+        if kind == "train":
+            y = v1.placeholder(tf.int32, [None], name="y")
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out),
+                                  name="loss")
+            v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
+    return g.as_graph_def()
+
+
+def grappler_amp(graph_def, fetch: str):
+    meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_def)
+    meta.collection_def["train_op"].node_list.value.append(fetch)
+    config = config_pb2.ConfigProto()
+    rw = config.graph_options.rewrite_options
+    rw.auto_mixed_precision_onednn_bfloat16 = rewriter_config_pb2.RewriterConfig.ON
+    rw.min_graph_nodes = -1
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    for name in ("constant_folding", "layout_optimizer", "arithmetic_optimization", "remapping",
+                 "dependency_optimization", "loop_optimization", "function_optimization",
+                 "shape_optimization", "memory_optimization", "debug_stripper",
+                 "pin_to_host_optimization", "implementation_selector",
+                 "common_subgraph_elimination"):
+        setattr(rw, name, off)
+    return tf_optimizer.OptimizeGraph(config, meta)
+
+
+def _seconds(fn) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_time(kind: str, nodes: int, runs: int) -> dict:
+    gd = build(kind, max(1, round(nodes / NODES_PER_BLOCK[kind])))
+    fetch = "train" if kind == "train" else "out"
+    ours, theirs = [], []
+    for i in range(runs):   # interleaved, so load on the machine falls on both
+        order = [("ours", lambda: convert(gd, target="bfloat16", device="cpu")),
+                 ("grappler", lambda: grappler_amp(gd, fetch))]
+        for name, fn in (order if i % 2 == 0 else order[::-1]):
+            (ours if name == "ours" else theirs).append(_seconds(fn))
+    return {"kind": kind, "nodes": len(gd.node), "bytes": gd.ByteSize(),
+            "ours_s": statistics.median(ours), "grappler_s": statistics.median(theirs)}
+
+
+def measure_memory(kind: str, nodes: int, folder: Path) -> dict:
+    """In a child that reads the GraphDef from a file: resident memory before converting it,
+    and the peak while converting (KiB). The peak is reset first (``/proc/self/clear_refs``),
+    so TensorFlow's import, whose own peak is higher than many conversions, does not hide it."""
+    path = folder / f"{kind}_{nodes}.pb"
+    path.write_bytes(build(kind, max(1, round(nodes / NODES_PER_BLOCK[kind]))).SerializeToString())
+    code = ("import gc, json, sys\n"
+            "from tensorflow.core.framework import graph_pb2\n"
+            "from amp_rewrite import convert\n"
+            "def status(key):\n"
+            "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(key))\n"
+            "gd = graph_pb2.GraphDef(); gd.ParseFromString(open(sys.argv[1], 'rb').read())\n"
+            "gc.collect(); open('/proc/self/clear_refs', 'w').write('5')\n"
+            "base = status('VmRSS:')\n"
+            "convert(gd, target='bfloat16', device='cpu')\n"
+            "print(json.dumps({'base_kib': base, 'peak_kib': status('VmHWM:')}))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         check=True)
+    path.unlink()
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fit(xs, ys) -> tuple[float, float]:
+    """Exponent and factor of ys = a * xs^b, by least squares on logs (b = 1: linear)."""
+    b, log_a = np.polyfit(np.log(xs), np.log(ys), 1)
+    return float(b), float(np.exp(log_a))
+
+
+def table(rows: list[dict], runs: int) -> str:
+    lines = [f"{SECTION}\n",
+             f"`benchmarks/scaling.py`: in-process `amp_rewrite.convert(gd, target=\"bfloat16\", "
+             f"device=\"cpu\")` against grappler's `auto_mixed_precision_onednn_bfloat16` pass "
+             f"alone on the same GraphDef (`tf_optimizer.OptimizeGraph`), median of {runs} runs "
+             f"each, interleaved in one process, on {platform.machine()} with {os.cpu_count()} "
+             f"cores ({hardware.describe()}), TensorFlow {tf.__version__}. Peak memory: a child "
+             "process's peak RSS during the conversion above what it held after building the "
+             "graph (TensorFlow, the GraphDef).\n",
+             "| graph | nodes | GraphDef MB | amp-rewrite s | grappler s | ours / grappler | "
+             "peak memory above baseline MB | / GraphDef size |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        extra = r["peak_kib"] - r["base_kib"]
+        lines.append(f"| {r['kind']} | {r['nodes']} | {r['bytes'] / 1e6:.1f} | {r['ours_s']:.2f} | "
+                     f"{r['grappler_s']:.2f} | {r['ours_s'] / r['grappler_s']:.1f}x | "
+                     f"{extra / 1024:.0f} | {extra * 1024 / r['bytes']:.1f}x |")
+    for kind in sorted({r["kind"] for r in rows}):
+        mine = [r for r in rows if r["kind"] == kind]
+        if len(mine) >= 2:
+            bt, at = fit([r["nodes"] for r in mine], [r["ours_s"] for r in mine])
+            bm, _ = fit([r["nodes"] for r in mine], [max(r["peak_kib"] - r["base_kib"], 1) for r in mine])
+            lines.append(f"\n{kind}: time grows as nodes^{bt:.2f} ({at * 1e6:.1f} µs per node at "
+                         f"exponent {bt:.2f}), peak memory as nodes^{bm:.2f} (fit of log time and "
+                         "log memory on log nodes; 1.00 is linear).")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
+    old = path.read_text()
+    start = old.find(SECTION)
+    if start < 0:
+        path.write_text(old.rstrip() + "\n\n" + text)
+        return
+    end = old.find("\n## ", start + len(SECTION))
+    path.write_text(old[:start] + text + (old[end + 1:] if end >= 0 else ""))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", type=int, nargs="+", default=[10000, 30000, 100000])
+    p.add_argument("--kinds", nargs="+", default=["mlp", "train"])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--write", action="store_true")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.kinds:
+            for nodes in args.sizes:
+                row = measure_time(kind, nodes, args.runs)
+                row.update(measure_memory(kind, nodes, Path(tmp)))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    text = table(rows, args.runs)
+    print(text)
+    if args.write:
+        write_section(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
