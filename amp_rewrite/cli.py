@@ -65,6 +65,10 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--fold-constants", action="store_true",
                    help="fold Const-only float32 subgraphs before painting (graphs without "
                         "variables): fewer casts, one rounding per folded value")
+    p.add_argument("--min-matrix-intensity", type=float, metavar="X",
+                   help="least matrix work (FLOPs per element an op reads and writes) worth 16 "
+                        "bits; smaller MatMul/Conv ops stay float32 unless they sit between "
+                        "16-bit ones (default 64 for bfloat16 on cpu, else 0)")
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")
@@ -117,6 +121,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         _rule_flags(p)
         p.add_argument("--keep", action="append", default=[], metavar="NAME")
         p.add_argument("--lowp-io", action="store_true")
+        p.add_argument("--min-matrix-intensity", type=float, metavar="X")
     elif command == "rules":
         p.add_argument("action", choices=["show"], help="show the effective op lists")
         _rule_flags(p)

@@ -35,6 +35,7 @@ def convert(args) -> int:
                           target=args.target, device=args.device, rules=args.rules,
                           keep=args.keep, lowp_io=args.lowp_io,
                           fold_constants=args.fold_constants, loss_scale=args.loss_scale,
+                          min_matrix_intensity=args.min_matrix_intensity,
                           loss_scale_options=args.loss_scale_options)
     if args.report:
         atomic_write(Path(args.report), report.to_json().encode("utf-8"), force=True)
@@ -52,7 +53,8 @@ def explain(args) -> int:
     # Decisions do not depend on loss scaling, so a training graph is explained without it
     # (and without its hints, which explain has no flags for).
     options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
-                      lowp_io=args.lowp_io, loss_scale="none")
+                      lowp_io=args.lowp_io, loss_scale="none",
+                      min_matrix_intensity=args.min_matrix_intensity)
     _, report = convert_model(load(args.input), options)
     for name in args.node:
         try:

@@ -22,18 +22,18 @@ from .boundaries import BoundaryLowering
 from .dtypes import TARGETS
 from .errors import InputError, LintError
 from .ir import Graph
-from .library import (FunctionGraph, check_call_types, direct_call_feeders, drop_unreachable,
+from .library import (FunctionGraph, check_call_types, drop_unreachable,
                       function_to_graph, gradient_linked, graph_to_function, is_concrete, reachable)
 from .report import Report
-from .rewrite import rewrite
+from .rewrite import Target, rewrite
 from .rules import RuleSet
 from .signatures import strip_graph_defaults, with_defaults
 
 log = logging.getLogger(__name__)
 
 
-def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report, *,
-                  target: str, device: str, keep: Collection[str] = (), roots: Collection[str] = (),
+def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report, target: Target,
+                  *, keep: Collection[str] = (), roots: Collection[str] = (),
                   interface: Collection[str] = (), lower: bool = True) -> None:
     """Paint, in place, every library function reachable from ``graph_def``'s nodes or ``roots``.
 
@@ -52,12 +52,11 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     by_name = {f.signature.name: f for f in library.function}
     graphs: dict[str, FunctionGraph] = {}
     for name in names:
-        fg = _convert_function(by_name[name], library, signatures, rules, report,
-                               target=target, device=device, keep=keep)
+        fg = _convert_function(by_name[name], library, signatures, rules, report, target, keep)
         if fg is not None:
             graphs[name] = fg
     kept_signatures = set(roots) | gradient_linked(library)
-    lowering = _lower(graph_def, graphs, kept_signatures, signatures, TARGETS[target], report,
+    lowering = _lower(graph_def, graphs, kept_signatures, signatures, TARGETS[target.dtype], report,
                       set(interface) | set(keep), rounds=8 if lower else 0)
     for name in names:
         if name in graphs:
@@ -99,7 +98,7 @@ def _lower(graph_def, graphs, roots, signatures, target, report, protected,
     return lowering
 
 
-def _convert_function(fdef, library, signatures, rules, report, *, target, device,
+def _convert_function(fdef, library, signatures, rules, report, target: Target,
                       keep) -> FunctionGraph | None:
     """Paint one function body; None (with a warning) when it cannot be painted."""
     name = fdef.signature.name
@@ -109,10 +108,10 @@ def _convert_function(fdef, library, signatures, rules, report, *, target, devic
         return None
     try:
         fg = function_to_graph(fdef, signatures)
-        body_keep = kept(boundary=fg.boundary(), direct_calls=direct_call_feeders(fg.graph, library),
+        body_keep = kept(boundary=fg.boundary(),
                          user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
-        work, sub = rewrite(fg.graph, body_rules, target=target, device=device, keep=body_keep)
+        work, sub = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures)
     except InputError as exc:
         # TensorFlow ran this body; if it is not a graph we can take, it stays as it was
         report.warnings.append(f"function {name!r} left as it is: {exc}")
@@ -122,15 +121,13 @@ def _convert_function(fdef, library, signatures, rules, report, *, target, devic
     return dataclasses.replace(fg, graph=work)
 
 
-def kept(*, boundary=(), interface=(), direct_calls=(), user=()) -> dict[str, tuple[str, str]]:
+def kept(*, boundary=(), interface=(), user=()) -> dict[str, tuple[str, str]]:
     """The nodes whose dtypes must not change, with the ``(code, reason)`` each is kept for
     (a node named twice takes the later reason: the user's ``--keep`` last)."""
     out = {name: ("interface", "function argument or result: the function's signature")
            for name in boundary}
     out.update({name: ("interface", "signature tensor: the model's interface keeps its dtype")
                 for name in interface})
-    out.update({name: ("direct_call", "feeds or reads a direct call of a library function, "
-                       "which has no OpDef to type its ports") for name in direct_calls})
     out.update({name: ("user_keep", "kept with --keep") for name in user})
     return out
 

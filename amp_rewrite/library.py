@@ -249,18 +249,3 @@ def _call_contract(nd):
     if nd.op in CALL_OPS:
         return [(nd.attr["f"].func.name, _types(nd, "Tin"), _types(nd, "Tout"))]
     return []
-
-
-def direct_call_feeders(graph: Graph, library: function_pb2.FunctionDefLibrary) -> set[str]:
-    """Nodes that feed or read a direct call of a library function (op = function name).
-
-    They are kept float32: such a call has no OpDef, so the cast pass cannot learn the dtypes
-    its ports carry, and function arguments and results stay float32.
-    """
-    names = {f.signature.name for f in library.function}
-    out = set()
-    for node in graph.nodes():
-        if node.op in names:
-            out.update(ref.node for ref in graph.inputs(node.name))
-            out.update(reader for reader, _ in graph.consumers(node.name))
-    return out

@@ -21,14 +21,19 @@ from .dtypes import TARGETS
 from .errors import InputError
 from .functions import kept, paint_library, rules_for, split_keep
 from .ir import Graph
-from .library import check_call_types, direct_call_feeders
+from .library import check_call_types
 from .report import Report
-from .rewrite import rewrite
+from .rewrite import Target, rewrite
 from .rules import RuleSet, load_rules
 from .signatures import strip_graph_defaults, with_defaults
 from .training import HINTS, add_loss_scaling, scale_config
 
 DEVICES = {"gpu": "GPU", "cpu": "CPU"}
+# The least matrix intensity (FLOPs per element moved, costs.matrix_intensity) worth 16 bits,
+# by (target, device). bfloat16 on a CPU: an isolated bfloat16 MatMul between casts breaks even
+# at about 50 on AVX512-BF16 (BENCHMARKS.md "Small matrix ops"). Elsewhere 0, as grappler:
+# float16 on a CPU is for checking numbers, not speed, and GPUs were not measured (none here).
+DEFAULT_MIN_INTENSITY = {("bfloat16", "cpu"): 64.0}
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Options:
     loss_scale: str | None = None          # "dynamic", "none" or a number; None: by target
     loss_scale_options: dict = field(default_factory=dict)
     fold_constants: bool = False           # fold Const-only float32 subgraphs first
+    min_matrix_intensity: float | None = None   # None: by device (DEFAULT_MIN_INTENSITY)
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -54,6 +60,16 @@ class Options:
             raise InputError(f"unknown target {self.target!r}: choose float16 or bfloat16")
         if self.device not in DEVICES:
             raise InputError(f"unknown device {self.device!r}: choose gpu or cpu")
+        if self.min_matrix_intensity is not None and not self.min_matrix_intensity >= 0:
+            raise InputError(f"--min-matrix-intensity must be 0 or more, not "
+                             f"{self.min_matrix_intensity!r}")
+
+    def painting_target(self) -> Target:
+        """The target painting works for: dtype, device type, least matrix intensity."""
+        least = self.min_matrix_intensity
+        if least is None:
+            least = DEFAULT_MIN_INTENSITY.get((self.target, self.device), 0.0)
+        return Target(self.target, DEVICES[self.device], float(least))
 
 
 def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
@@ -78,20 +94,20 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         graph_def = fold.fold_constants(graph_def, set(options.keep) | interface)
     filled, added = with_defaults(graph_def)
     graph = Graph.from_graph_def(filled)
-    keep = kept(interface=interface, direct_calls=direct_call_feeders(graph, filled.library),
-                user=split_keep(options.keep, graph, filled.library))
+    keep = kept(interface=interface, user=split_keep(options.keep, graph, filled.library))
+    calls = {f.signature.name: f.signature for f in filled.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
-    target, device = options.target, DEVICES[options.device]
-    work, report = rewrite(graph, main_rules, target=target, device=device, keep=keep,
-                           lowp_io=options.lowp_io)
-    config = scale_config(options.loss_scale, target, dict(options.loss_scale_options or {})) \
-        if loss_scaling else None
+    target = options.painting_target()
+    work, report = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
+                           calls=calls)
+    config = scale_config(options.loss_scale, options.target,
+                          dict(options.loss_scale_options or {})) if loss_scaling else None
     hints = {k: v for k, v in (options.loss_scale_options or {}).items() if k in HINTS}
     if config is not None and add_loss_scaling(work, meta, filled.library, config, hints, report):
         lint.lint(work, original=graph, rules=main_rules)
     out = work.to_graph_def(filled)
     strip_graph_defaults(out, added)
-    paint_library(out, rules, report, target=target, device=device, keep=options.keep,
+    paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
     meta.graph_def.CopyFrom(out)
     return meta, report

@@ -9,16 +9,19 @@ and the lint. Function libraries, loss scaling and file formats are the callers'
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Mapping
 
-from . import casts, lint
+from tensorflow.core.framework import op_def_pb2
+
+from . import casts, lint, upgrades
 from .dtypes import LOW_PRECISION, TARGETS
 from .errors import InputError
 from .ir import Graph
 from .paint import paint
 from .report import Report, build_report
 from .rules import RuleSet
-from .signatures import get_dtype, node_types, op_def
+from .signatures import get_dtype, node_types, op_def, set_call_signature
 
 log = logging.getLogger(__name__)
 
@@ -28,25 +31,45 @@ log = logging.getLogger(__name__)
 _SPARE_PORTS = 1 << 20
 
 
-def rewrite(graph: Graph, rules: RuleSet, *, target: str, device: str,
-            keep: Mapping[str, tuple[str, str]] | None = None,
-            lowp_io: bool = False) -> tuple[Graph, Report]:
-    """Convert ``graph`` to ``target`` (``"float16"``/``"bfloat16"``) for ``device``
-    (``"GPU"``/``"CPU"``); returns a new graph (the input is not changed) and the report.
+@dataclass(frozen=True)
+class Target:
+    """What a conversion aims at: the dtype (``"float16"``/``"bfloat16"``), the device type
+    unplaced nodes run on (``"GPU"``/``"CPU"``), and the least matrix work per element of data
+    moved (:func:`~amp_rewrite.costs.matrix_intensity`) worth moving to 16 bits (0: any)."""
+
+    dtype: str
+    device: str
+    min_intensity: float = 0.0
+
+
+def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
+            keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
+            calls: Mapping[str, op_def_pb2.OpDef] | None = None) -> tuple[Graph, Report]:
+    """Convert ``graph`` for ``target``; returns a new graph (the input is not changed) and the
+    report.
+
+    ``calls`` maps library function names to their signatures: a node whose op is one of them
+    (a direct call) is typed by the signature.
 
     ``keep`` maps nodes whose dtypes must not change to the ``(code, reason)`` they are kept
     for (see :func:`~amp_rewrite.paint.paint`).
     Raises :class:`InputError` for a graph TensorFlow would not import, :class:`LintError` if
     the result fails the lint (our bug).
     """
+    for node in graph.nodes():
+        if calls and node.op in calls:
+            set_call_signature(node, calls[node.op])
     check_input(graph)
     work = graph.copy()
+    upgraded = upgrades.upgrade(work, target.device)
     already = [n.name for n in work.nodes() if node_types(n) and
                any(get_dtype(n, a) in LOW_PRECISION for a in node_types(n).attrs)]
-    painting = paint(work, rules, target=TARGETS[target], device=device, keep=keep,
-                     lowp_io=lowp_io)
+    painting = paint(work, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
+                     lowp_io=lowp_io, min_intensity=target.min_intensity)
     stats = casts.apply_painting(work, painting)
-    report = build_report(work, graph, painting, target=target, device=device, rules=rules)
+    upgrades.restore(work, upgraded)
+    report = build_report(work, graph, painting, target=target.dtype, device=target.device,
+                          rules=rules)
     report.casts_added = stats.added
     report.casts_removed = stats.removed
     report.consts_converted = stats.consts
@@ -57,7 +80,7 @@ def rewrite(graph: Graph, rules: RuleSet, *, target: str, device: str,
     if already:
         report.warnings.append(f"the input already has {len(already)} low-precision nodes "
                                f"(e.g. {already[0]!r}); they are left as they are")
-    lint.lint(work, original=graph, rules=rules, only=stats.lint_scope(work))
+    lint.lint(work, original=graph, rules=rules, only=stats.lint_scope(work) | set(upgraded))
     for w in report.warnings:
         log.warning(w)
     return work, report

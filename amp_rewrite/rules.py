@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tensorflow.python.framework.versions import VERSION as TF_VERSION
+
 from .dtypes import TARGETS
 from .errors import RuleError
 from .signatures import all_op_names
@@ -268,13 +270,30 @@ def _level(src: _Source, data: dict, rules: RuleSet) -> None:
 
 
 def _painting(src: _Source, data: dict, rules: RuleSet) -> None:
+    """``[painting]`` settings: true, false, or ``"tensorflow"`` (as the installed TensorFlow's
+    grappler pass does for this target, see :func:`grappler_default`)."""
     painting = data.get("painting", {})
     if not isinstance(painting, dict):
         raise src.fail("[painting] must be a table", "painting")
     for key, value in painting.items():
-        if key not in _PAINTING_KEYS or not isinstance(value, bool):
-            raise src.fail(f"[painting] {key} is not a known true/false setting", key)
-        setattr(rules, key, value)
+        if key not in _PAINTING_KEYS or not (isinstance(value, bool) or value == "tensorflow"):
+            raise src.fail(f"[painting] {key} is not a known setting (true, false or "
+                           "\"tensorflow\")", key)
+        setattr(rules, key, grappler_default(key, rules.target) if value == "tensorflow" else value)
+
+
+def grappler_default(key: str, target: str) -> bool:
+    """What grappler's pass of the installed TensorFlow does for ``key`` on ``target``.
+
+    ``infer_follows_allow``: grappler paints an infer op fed directly by an allow op (and by
+    no deny op) in its bfloat16 mode since TensorFlow 2.8; TensorFlow 2.21 does it in its CUDA
+    float16 mode too (checked by running 2.21's pass; the published source before it limits the
+    step to bfloat16 mode, and the exact release that lifted the limit was not pinned down, so
+    versions before 2.21 are taken to be bfloat16-only).
+    """
+    if key == "infer_follows_allow":
+        return target == "bfloat16" or tuple(int(p) for p in TF_VERSION.split(".")[:2]) >= (2, 21)
+    raise KeyError(key)
 
 
 def _overrides(src: _Source, data: dict) -> list[NodeRule]:

@@ -123,6 +123,24 @@ def _layout(op: str, counts: tuple[int, ...]) -> NodeTypes:
                      tuple(p for a in od.output_arg for p in ports(a)), tuple(attrs))
 
 
+_CALL = "signatures.call"   # node.meta key: the library function a direct call calls
+
+
+def set_call_signature(node: Node, signature: op_def_pb2.OpDef) -> None:
+    """Type ``node``, a direct call of a library function (its op is the function's name, so
+    TensorFlow's registry does not know it), by the function's signature: every port has the
+    fixed dtype of its argument, and the node has no type attribute to change. Casts then sit
+    at the call, as grappler puts them."""
+    ports = lambda args: tuple(PortType(None, fixed=a.type) for a in args)  # noqa: E731
+    node.meta[_CACHE] = NodeTypes(ports(signature.input_arg), ports(signature.output_arg), ())
+    node.meta[_CALL] = signature.name
+
+
+def called_function(node: Node) -> str | None:
+    """The library function a direct call node calls (see :func:`set_call_signature`), or None."""
+    return node.meta.get(_CALL)
+
+
 def invalidate(node: Node) -> None:
     """Forget the cached port mapping of ``node``: call after changing a number or list attr
     (``N``, ``dtypes`` ...) that decides how many ports it has."""

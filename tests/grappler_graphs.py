@@ -1,11 +1,16 @@
 """The graphs of TensorFlow's own AMP tests (tensorflow/python/grappler/auto_mixed_precision_test.py),
-rebuilt with the public API, and a runner for grappler's pass in its oneDNN bfloat16 mode."""
+rebuilt with the public API, more graphs where grappler's choices are worth matching (pinned
+devices, v1 batch norm, TensorLists, direct function calls, infer ops after allow ops), and
+runners for grappler's pass: its oneDNN bfloat16 mode, and its CUDA float16 mode on a virtual
+GPU (grappler's own cluster description of an Ampere GPU; no GPU is needed to paint)."""
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.core.protobuf import config_pb2, device_properties_pb2, rewriter_config_pb2
+from tensorflow.python.framework import function as v1_function
+from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import tf_optimizer
 
 v1 = tf.compat.v1
@@ -110,6 +115,26 @@ def multi_paths():
 
 def grappler_bfloat16(graph_def, fetch_nodes):
     """Run only grappler's auto_mixed_precision (oneDNN bfloat16 mode) on ``graph_def``."""
+    return _grappler(graph_def, fetch_nodes, "auto_mixed_precision_onednn_bfloat16", None)
+
+
+def grappler_float16(graph_def, fetch_nodes):
+    """Run only grappler's auto_mixed_precision in its CUDA float16 mode, on a virtual cluster
+    with one Ampere GPU (compute capability 8.0), so unplaced nodes count as on the GPU."""
+    cpu = device_properties_pb2.DeviceProperties(type="CPU", frequency=2000, num_cores=2)
+    gpu = device_properties_pb2.DeviceProperties(type="GPU", vendor="NVIDIA")
+    gpu.environment["architecture"] = "8.0"
+    gpu.environment["cuda"] = "12050"
+    gpu.environment["cudnn"] = "9000"
+    cluster = gcluster.Cluster(devices=[
+        device_properties_pb2.NamedDevice(name="/job:localhost/replica:0/task:0/device:CPU:0",
+                                          properties=cpu),
+        device_properties_pb2.NamedDevice(name="/job:localhost/replica:0/task:0/device:GPU:0",
+                                          properties=gpu)])
+    return _grappler(graph_def, fetch_nodes, "auto_mixed_precision", cluster)
+
+
+def _grappler(graph_def, fetch_nodes, switch: str, cluster):
     g = tf.Graph()
     with g.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
@@ -118,7 +143,7 @@ def grappler_bfloat16(graph_def, fetch_nodes):
         meta = v1.train.export_meta_graph(graph=g)
     config = config_pb2.ConfigProto()
     rw = config.graph_options.rewrite_options
-    rw.auto_mixed_precision_onednn_bfloat16 = rewriter_config_pb2.RewriterConfig.ON
+    setattr(rw, switch, rewriter_config_pb2.RewriterConfig.ON)
     rw.min_graph_nodes = -1
     rw.disable_model_pruning = True  # keep Identity nodes so both sides name the same nodes
     off = rewriter_config_pb2.RewriterConfig.OFF
@@ -128,7 +153,128 @@ def grappler_bfloat16(graph_def, fetch_nodes):
                 "pin_to_host_optimization", "implementation_selector",
                 "common_subgraph_elimination"):
         setattr(rw, opt, off)
-    return tf_optimizer.OptimizeGraph(config, meta)
+    return tf_optimizer.OptimizeGraph(config, meta, cluster=cluster)
+
+
+# ----------------------------------------------------------------- more graphs
+def _weights4():
+    return tf.constant(np.random.default_rng(9).uniform(-0.5, 0.5, (4, 4)).astype(np.float32))
+
+
+def pinned(device: str):
+    """x -> MatMul pinned to ``device`` -> Relu -> MatMul -> out: grappler processes only
+    nodes on its target device, and paints around the pinned one."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [4, 4], name="input")
+        h = tf.matmul(x, _weights4(), name="mm0")
+        with tf.device(device):
+            h = tf.matmul(h, _weights4(), name="pinned")
+        h = tf.nn.relu(h, name="relu")
+        h = tf.matmul(h, _weights4(), name="mm2")
+        tf.identity(h, name="output")
+    return g.as_graph_def(), {"input:0": np.ones((4, 4))}
+
+
+def conv_bn_v1():
+    """conv -> FusedBatchNorm (v1, training) -> relu -> conv, and its gradients (FusedBatchNormGrad v1)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = _input([2, 8, 8, 4])
+        y = _conv2d(x, _weight([3, 3, 4, 8]))
+        bn = tf.raw_ops.FusedBatchNorm(x=y, scale=_weight([8]), offset=_weight([8]),
+                                       mean=tf.constant([], tf.float32),
+                                       variance=tf.constant([], tf.float32), is_training=True,
+                                       name="bn")[0]
+        z = _conv2d(tf.nn.relu(bn, name="relu"), _weight([3, 3, 8, 8]))
+        out = tf.identity(z, name="output")
+        tf.identity(tf.gradients(out, [x])[0], name="grad_output")
+    return g.as_graph_def(), {}
+
+
+def _list_base():
+    x = v1.placeholder(tf.float32, [4, 4], name="input")
+    return x, _weights4(), tf.constant([4], tf.int32), tf.constant(0)
+
+
+def tensorlist(case: str):
+    """TensorList graphs (names as in grappler's behaviour notes): A a MatMul into a list read
+    back into a MatMul; B a MatMul into a list stacked to the output; C a graph input into a list
+    read by a MatMul; D handles through Identity, Reshape, ExpandDims, ConcatLists,
+    PushBackBatch and Unpack; E a list whose handle is a graph input; G a deny op (Exp) into a
+    list; I Reserve/SetItem/Length/Resize/Stack."""
+    R = tf.raw_ops
+    g = tf.Graph()
+    with g.as_default():
+        x, w, es, i0 = _list_base()
+        f32 = tf.float32
+        if case in "ABDI":
+            m1 = tf.matmul(x, w, name="m1")
+        if case == "A":
+            h = R.TensorListFromTensor(tensor=m1, element_shape=es, name="fromtensor")
+            it = R.TensorListGetItem(input_handle=h, index=i0, element_shape=es, element_dtype=f32)
+            out = tf.matmul(tf.reshape(it, [1, 4]), w, name="m2")
+        elif case == "B":
+            h = R.TensorListFromTensor(tensor=m1, element_shape=es, name="fromtensor")
+            out = R.TensorListStack(input_handle=h, element_shape=es, element_dtype=f32, name="stack")
+        elif case == "C":
+            h = R.TensorListFromTensor(tensor=x, element_shape=es, name="fromtensor")
+            st = R.TensorListStack(input_handle=h, element_shape=es, element_dtype=f32, name="stack")
+            out = tf.matmul(st, w, name="m2")
+        elif case == "D":
+            h1 = tf.identity(R.TensorListFromTensor(tensor=m1, element_shape=es, name="ft1"), name="hid")
+            h2 = R.TensorListFromTensor(tensor=x, element_shape=es, name="ft2")
+            cat = R.TensorListConcatLists(input_a=tf.reshape(h1, [1]), input_b=tf.expand_dims(h2, 0),
+                                          element_dtype=f32, name="concatlists")
+            pb = R.TensorListPushBackBatch(input_handles=cat, tensor=tf.reshape(x, [1, 4, 4]),
+                                           name="pushbackbatch")
+            st = R.TensorListStack(input_handle=tf.unstack(pb, num=1)[0], element_shape=es,
+                                   element_dtype=f32, name="stack")
+            out = tf.matmul(tf.reshape(st, [-1, 4]), w, name="m2")
+        elif case == "E":
+            hp = v1.placeholder(tf.variant, [], name="handle_input")
+            h = R.TensorListSetItem(input_handle=hp, index=i0, item=tf.matmul(x, w, name="m1"))
+            it = R.TensorListGetItem(input_handle=h, index=i0, element_shape=es, element_dtype=f32)
+            out = tf.matmul(tf.reshape(it, [1, 4]), w, name="m2")
+        elif case == "G":
+            h = R.TensorListFromTensor(tensor=tf.exp(x, name="exp"), element_shape=es, name="ft")
+            st = R.TensorListStack(input_handle=h, element_shape=es, element_dtype=f32, name="stack")
+            tf.identity(tf.matmul(tf.add(st, x, name="add"), w, name="m2"), name="output2")
+            it = R.TensorListGetItem(input_handle=h, index=i0, element_shape=es, element_dtype=f32)
+            out = tf.matmul(tf.reshape(it, [1, 4]), w, name="m3")
+        elif case == "I":
+            r = R.TensorListReserve(element_shape=es, num_elements=4, element_dtype=f32, name="reserve")
+            h = R.TensorListSetItem(input_handle=r, index=i0, item=tf.reshape(m1, [-1])[:4],
+                                    name="setitem")
+            h2 = R.TensorListResize(input_handle=h, size=R.TensorListLength(input_handle=h), name="resize")
+            out = R.TensorListStack(input_handle=h2, element_shape=es, element_dtype=f32, name="stack")
+        tf.identity(out, name="output")
+    return g.as_graph_def(), {}
+
+
+def direct_call():
+    """MatMul -> a Defun call (the node's op is the function's name) -> MatMul."""
+    g = tf.Graph()
+    with g.as_default():
+        @v1_function.Defun(tf.float32)
+        def half_relu(h):
+            return tf.nn.relu(h) * 0.5
+
+        x = v1.placeholder(tf.float32, [4, 4], name="input")
+        y = half_relu(tf.matmul(x, _weights4(), name="m1"))
+        tf.identity(tf.matmul(y, _weights4(), name="m2"), name="output")
+    return g.as_graph_def(), {}
+
+
+def infer_chain():
+    """MatMul -> BiasAdd -> Sigmoid -> AddV2 -> output: infer ops right after an allow op."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [4, 4], name="input")
+        h = tf.nn.bias_add(tf.matmul(x, _weights4(), name="m1"), tf.ones([4]), name="bias")
+        h = tf.add(tf.sigmoid(h, name="sigmoid"), x, name="add")
+        tf.identity(h, name="output")
+    return g.as_graph_def(), {}
 
 
 def lowp_nodes(graph_def, names) -> set[str]:

@@ -32,21 +32,22 @@ def _bn_net():
 def test_folding_removes_the_casts_of_constant_islands():
     gd, feeds = _bn_net()
     ref = graphs.run(gd, feeds, ["out:0"])[0]
-    plain, plain_report = convert(gd, target="bfloat16", device="cpu")
-    folded, report = convert(gd, target="bfloat16", device="cpu", fold_constants=True)
+    plain, plain_report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
+    folded, report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0, fold_constants=True)
     assert report.summary()["casts_added"] < plain_report.summary()["casts_added"] - 4
     assert not [n for n in folded.node if n.op == "Rsqrt"]        # computed offline, in float32
     assert {"x", "out"} <= {n.name for n in folded.node}  # the interface keeps its names
     err_plain = graphs.rel_l2(graphs.run(plain, feeds, ["out:0"])[0], ref)
     err_folded = graphs.rel_l2(graphs.run(folded, feeds, ["out:0"])[0], ref)
     assert err_folded <= err_plain * 1.05 + 1e-4 and err_folded < 2e-2
-    again, _ = convert(gd, target="bfloat16", device="cpu", fold_constants=True)
+    again, _ = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0, fold_constants=True)
     assert again.SerializeToString(deterministic=True) == folded.SerializeToString(deterministic=True)
 
 
 def test_kept_nodes_survive_folding():
     gd, feeds = _bn_net()
-    folded, report = convert(gd, target="bfloat16", device="cpu", fold_constants=True, keep=["conv1"])
+    folded, report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0,
+                             fold_constants=True, keep=["conv1"])
     node = next(n for n in folded.node if n.name == "conv1")
     assert node.op == "Conv2D" and node.attr["T"].type == tf.float32.as_datatype_enum
 
@@ -63,7 +64,8 @@ def test_cli_flag(tmp_path, capsys):
     gd, _ = _bn_net()
     src = tmp_path / "bn.pb"
     src.write_bytes(gd.SerializeToString())
-    assert main([str(src), "-o", str(tmp_path / "plain.pb"), "--target", "bfloat16", "--device", "cpu"]) == 0
+    assert main([str(src), "-o", str(tmp_path / "plain.pb"), "--target", "bfloat16", "--device", "cpu",
+                 "--min-matrix-intensity", "0"]) == 0
     plain = capsys.readouterr().out
     assert main([str(src), "-o", str(tmp_path / "folded.pb"), "--target", "bfloat16", "--device",
                  "cpu", "--fold-constants"]) == 0

@@ -65,7 +65,7 @@ def test_functional_while_body_matmul_is_painted_and_casts_leave_the_loop():
     gd, feeds, fetches = graphs.functional_while()
     ref = graphs.run(gd, feeds, fetches)
     for target in ("float16", "bfloat16"):
-        new, report = convert(gd, target=target, device=DEVICE[target])
+        new, report = convert(gd, target=target, device=DEVICE[target], min_matrix_intensity=0)
         loop = [n for n in new.node if n.op in ("While", "StatelessWhile")][0]
         body = _library(new)[loop.attr["body"].func.name]
         assert [nd.attr["T"].type for nd in _nodes(body, "MatMul")] == [LOWP[target]]
@@ -83,7 +83,7 @@ def test_functional_while_body_matmul_is_painted_and_casts_leave_the_loop():
 @pytest.mark.parametrize("target", ["float16", "bfloat16"])
 def test_if_case_and_calls_bodies_are_painted(control_flow, target):
     gd, ref = control_flow
-    new, report = convert(gd, target=target, device=DEVICE[target])
+    new, report = convert(gd, target=target, device=DEVICE[target], min_matrix_intensity=0)
     lib = _library(new)
     matmuls = [nd for f in lib.values() for nd in _nodes(f, "MatMul")]
     assert len(matmuls) == 5 and {nd.attr["T"].type for nd in matmuls} == {LOWP[target]}
@@ -113,13 +113,13 @@ def test_only_reachable_functions_are_painted(control_flow):
     orphan.CopyFrom(layer)
     orphan.signature.name = "orphan_layer"
     assert "orphan_layer" not in reachable(gd.node, gd.library)
-    new, _ = convert(gd, target="bfloat16", device="cpu")
+    new, _ = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert _library(new)["orphan_layer"] == orphan  # left exactly as it was
 
 
 def test_call_type_check_finds_a_while_that_disagrees_with_its_body():
     gd, _, _ = graphs.functional_while()
-    new, _ = convert(gd, target="bfloat16", device="cpu")
+    new, _ = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert check_call_types(new) == []
     loop = [n for n in new.node if n.op in ("While", "StatelessWhile")][0]
     loop.attr["T"].list.type[-1] = types_pb2.DT_DOUBLE
@@ -149,7 +149,7 @@ def test_callee_with_two_different_needs_is_specialized(target):
     ref = graphs.run(gd, _feeds(), ["out:0"])
     calls = [n for n in gd.node if n.op in CALLS]
     assert len(calls) == 2 and calls[0].attr["f"].func.name == calls[1].attr["f"].func.name
-    new, report = convert(gd, target=target, device=DEVICE[target])
+    new, report = convert(gd, target=target, device=DEVICE[target], min_matrix_intensity=0)
     lib = _library(new)
     by_input = {}
     for n in new.node:
@@ -171,12 +171,14 @@ def test_callee_with_two_different_needs_is_specialized(target):
     # the report counts exactly the casts the output holds (the input had none)
     held = sum(nd.op == "Cast" for nd in new.node) + sum(len(_nodes(f, "Cast")) for f in lib.values())
     assert held == report.summary()["casts_added"] > 0
-    again, second = convert(new, target=target, device=DEVICE[target])  # idempotent
+    again, second = convert(new, target=target, device=DEVICE[target], min_matrix_intensity=0)  # idempotent
     assert again.SerializeToString(deterministic=True) == new.SerializeToString(deterministic=True)
     assert second.summary()["casts_added"] == 0
 
 
-def test_direct_function_calls_keep_float32_neighbours_and_run():
+def test_direct_function_calls_are_typed_by_their_signature_and_cast_at_the_call():
+    """As grappler does: the call (its op is the function's name) keeps the dtypes its signature
+    declares; its neighbours are painted, with a cast to float32 before it and back after."""
     w1, w2, _ = _weights(seed=3)
     g = tf.Graph()
     with g.as_default():
@@ -190,10 +192,16 @@ def test_direct_function_calls_keep_float32_neighbours_and_run():
         tf.matmul(z, tf.constant(w1), name="mm3")
         tf.identity(tf.nn.relu(z), name="out")
     gd = g.as_graph_def()
+    call = next(n.name for n in gd.node if n.op == half_relu.name)
     ref = graphs.run(gd, _feeds(), ["out:0"])
-    new, _ = convert(gd, target="bfloat16", device="cpu")
-    dtypes = {name: d["T"] for name, d in graphs.dtypes_of(new).items() if name.startswith("mm")}
-    assert dtypes["mm1"] == dtypes["mm2"] == "float32"  # next to a call with no OpDef
+    new, report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
+    nodes = {n.name: n for n in new.node}
+    assert nodes["mm1"].attr["T"].type == nodes["mm2"].attr["T"].type == types_pb2.DT_BFLOAT16
+    assert report.node(call).code == "function_call" and nodes[call].op == half_relu.name
+    feeder = nodes[nodes[call].input[0]]
+    assert feeder.op == "Cast" and feeder.attr["DstT"].type == types_pb2.DT_FLOAT
+    reader = nodes[nodes["mm2"].input[0]]
+    assert reader.op == "Cast" and reader.input[0] == call
     assert graphs.rel_l2(graphs.run(new, _feeds(), ["out:0"])[0], ref[0]) <= TOL["bfloat16"]
 
 
@@ -202,7 +210,7 @@ def test_graph_def_file_with_a_library_converts_through_convert_file(tmp_path):
     src = tmp_path / "loop.pb"
     src.write_bytes(gd.SerializeToString())
     out = tmp_path / "loop_amp.pb"
-    convert_file(src, out, target="bfloat16", device="cpu")
+    convert_file(src, out, target="bfloat16", device="cpu", min_matrix_intensity=0)
     new = tf.compat.v1.GraphDef()
     new.ParseFromString(out.read_bytes())
     matmuls = [nd for f in new.library.function for nd in _nodes(f, "MatMul")]
@@ -227,7 +235,7 @@ def test_a_while_output_nothing_reads_keeps_float32():
     fetch = reader.input[0]
     gd.node.remove(reader)
     ref = graphs.run(gd, _feeds(), [fetch])
-    new, _ = convert(gd, target="bfloat16", device="cpu")
+    new, _ = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
     loop = next(n for n in new.node if n.op in ("While", "StatelessWhile"))
     assert loop.attr["T"].list.type[int(fetch.split(":")[1])] == types_pb2.DT_FLOAT
     body = _library(new)[loop.attr["body"].func.name]

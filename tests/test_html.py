@@ -81,6 +81,7 @@ def _render(page: Path) -> _Dom:
 def test_convert_html_report_renders(tmp_path):
     out, page, js = tmp_path / "cnn.pb", tmp_path / "report.html", tmp_path / "report.json"
     assert cli.main([str(EXAMPLE), "-o", str(out), "--target", "bfloat16", "--device", "cpu",
+                     "--min-matrix-intensity", "0",
                      "--html", str(page), "--report", str(js), "-q"]) == 0
     report = json.loads(js.read_text())
     dom = _render(page)
@@ -113,6 +114,7 @@ def test_verify_html_report_renders(tmp_path):
 def test_tensorboard_event_holds_the_converted_graph(tmp_path):
     out, logdir = tmp_path / "cnn.pb", tmp_path / "tb"
     assert cli.main([str(EXAMPLE), "-o", str(out), "--target", "bfloat16", "--device", "cpu",
+                     "--min-matrix-intensity", "0",
                      "--tensorboard", str(logdir), "-q"]) == 0
     (event_file,) = logdir.glob("events.out.tfevents.*")
     graphs = []

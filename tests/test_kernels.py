@@ -25,7 +25,7 @@ def _conv_macs(batch):
 @needs_bf16_units
 def test_bfloat16_cnn_convolutions_run_on_16bit_units(tmp_path):
     conv = tmp_path / "cnn_bf16.pb"
-    convert_file(EXAMPLE, conv, target="bfloat16", device="cpu")
+    convert_file(EXAMPLE, conv, target="bfloat16", device="cpu", min_matrix_intensity=0)
     code = cli.main(["kernels", str(conv), "--device", "cpu", "--shape", f"images={BATCH},8,8,1",
                      "--json", str(tmp_path / "k.json"), "-q"])
     assert code == 0
@@ -66,7 +66,7 @@ def test_float16_alignment_lists_dims_not_multiple_of_8(tmp_path):
     # the first conv reads 1 channel; the last MatMul has 10 classes; the rest are 32/64/128/1024
     assert found == {"Conv2D:C=1", "MatMul:N=10"}
     bf16 = tmp_path / "cnn_bf16.pb"
-    convert_file(EXAMPLE, bf16, target="bfloat16", device="cpu")
+    convert_file(EXAMPLE, bf16, target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert misaligned_dims(bf16) == []   # only float16 nodes are Tensor Core candidates
 
 
@@ -102,7 +102,8 @@ def test_savedmodel_signature_runs_on_16bit_units(tmp_path):
 
     net = Net()
     tf.saved_model.save(net, str(tmp_path / "fp32"), signatures=net.__call__)
-    convert_file(tmp_path / "fp32", tmp_path / "bf16", target="bfloat16", device="cpu")
+    convert_file(tmp_path / "fp32", tmp_path / "bf16", target="bfloat16", device="cpu",
+                 min_matrix_intensity=0)
     report = kernel_report(tmp_path / "bf16", device="cpu", shapes={"images": (2, 16, 16, 3)})
     (conv,) = [k for k in report.kernels if k.kind == "convolution"]
     assert conv.sixteen_bit and conv.macs == 2 * 16 * 16 * 16 * 3 * 9

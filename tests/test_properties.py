@@ -38,7 +38,7 @@ def test_random_graphs_convert_lint_run_and_match(layers, batch, width, seed, ta
     event(f"{len(layers)} layers")
     gd, feeds, fetches = random_graphs.build(layers, batch, width, seed)
     ref = graphs.run(gd, feeds, fetches)[0]
-    new, report = convert(gd, target=target, device=DEVICE[target])
+    new, report = convert(gd, target=target, device=DEVICE[target], min_matrix_intensity=0)
 
     assert lint.lint_problems(Graph.from_graph_def(new)) == []
     nodes = list(new.node)
@@ -93,7 +93,7 @@ def test_mutated_files_fail_only_with_input_errors(source, edits, target):
     mutated = _mutate(data, edits)
     try:
         model, _ = convert_model(load.parse(mutated, Path(name)),
-                                 Options(target=target, device=DEVICE[target]))
+                                 Options(target=target, device=DEVICE[target], min_matrix_intensity=0))
     except InputError as exc:
         event("refused")
         # an InputError, not a LintError: a broken input is the user's problem, said in one line
@@ -152,7 +152,7 @@ def test_structurally_broken_graphs_fail_only_with_input_errors(source, edits, t
     for idx, kind, value in edits:
         _edit_node(gd, idx, kind, value)
     try:
-        new, _ = convert(gd, target=target, device=DEVICE[target])
+        new, _ = convert(gd, target=target, device=DEVICE[target], min_matrix_intensity=0)
     except InputError as exc:
         event("refused")
         assert "\n" not in str(exc)

@@ -31,7 +31,8 @@ def test_python_api_block_runs(tmp_path, monkeypatch):
     assert (tmp_path / "cnn_amp.pb").stat().st_size > 0
 
 
-@pytest.mark.parametrize("extra", [[], ["--target", "bfloat16", "--device", "cpu"]])
+@pytest.mark.parametrize("extra", [[], ["--target", "bfloat16", "--device", "cpu",
+                                         "--min-matrix-intensity", "0"]])
 def test_convert_command_on_bundled_example(tmp_path, capsys, extra):
     out = tmp_path / "cnn_amp.pb"
     report = tmp_path / "r.json"

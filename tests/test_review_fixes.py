@@ -75,7 +75,7 @@ def test_splat_const_stays_a_splat():
         tf.identity(tf.matmul(x, w), name="out")
     gd = g.as_graph_def()
     for target, device in (("float16", "gpu"), ("bfloat16", "cpu")):
-        new, report = convert(gd, target=target, device=device)
+        new, report = convert(gd, target=target, device=device, min_matrix_intensity=0)
         assert report.consts_converted == ["w"]
         assert new.ByteSize() < gd.ByteSize() + 1000   # not 512*512 values
         feeds = {"x:0": np.ones((2, 512), np.float32)}
@@ -219,7 +219,7 @@ def test_splat_listing_several_values_is_not_expanded():
     feeds = {"x:0": np.ones((2, 4), np.float32)}
     ref = graphs.run(gd, feeds, ["out:0"])[0]
     for target, device in (("float16", "gpu"), ("bfloat16", "cpu")):
-        new, report = convert(gd, target=target, device=device)
+        new, report = convert(gd, target=target, device=device, min_matrix_intensity=0)
         w_new = next(n for n in new.node if n.name == "w").attr["value"].tensor
         assert not w_new.tensor_content and len(w_new.half_val) == 2
         np.testing.assert_allclose(graphs.run(new, feeds, ["out:0"])[0], ref)

@@ -187,4 +187,8 @@ def test_default_lists_are_valid_and_disjoint():
                 assert op not in seen, f"{op} in {seen.get(op)} and {name}"
                 seen[op] = name
     assert load_rules("bfloat16", env={}).infer_follows_allow
-    assert not load_rules("float16", env={}).infer_follows_allow
+    # float16 follows the installed TensorFlow's grappler: on from TensorFlow 2.21
+    from amp_rewrite.rules import TF_VERSION, grappler_default
+    on = tuple(int(p) for p in TF_VERSION.split(".")[:2]) >= (2, 21)
+    assert load_rules("float16", env={}).infer_follows_allow is on
+    assert grappler_default("infer_follows_allow", "float16") is on

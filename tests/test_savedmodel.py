@@ -80,7 +80,7 @@ def keras_export(tmp_path_factory):
 def test_keras_export_converts_serves_and_keeps_weights(keras_export, target, tmp_path):
     src, x, want = keras_export
     out = tmp_path / "amp"
-    report = convert_file(src, out, target=target, device=DEVICE[target])
+    report = convert_file(src, out, target=target, device=DEVICE[target], min_matrix_intensity=0)
     loaded = tf.saved_model.load(str(out))
     served = loaded.serve(tf.constant(x)).numpy()
     signed = list(loaded.signatures["serving_default"](tf.constant(x)).values())[0].numpy()
@@ -114,7 +114,7 @@ def test_keras_functions_round_trip_through_the_ir_losslessly(keras_export):
 def test_saved_model_cli_reads_the_output(keras_export, tmp_path):
     src, _, _ = keras_export
     out = tmp_path / "amp"
-    convert_file(src, out, target="bfloat16", device="cpu")
+    convert_file(src, out, target="bfloat16", device="cpu", min_matrix_intensity=0)
     cli = Path(sys.executable).with_name("saved_model_cli")
     done = subprocess.run([str(cli), "show", "--dir", str(out), "--all"], capture_output=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
@@ -157,7 +157,7 @@ def _bodies(path, op, attrs):
 def test_module_while_and_cond_bodies_are_painted(loop_module, target, tmp_path):
     src, x, want = loop_module
     out = tmp_path / "amp"
-    convert_file(src, out, target=target, device=DEVICE[target])
+    convert_file(src, out, target=target, device=DEVICE[target], min_matrix_intensity=0)
     loop_bodies = _bodies(out, "While", ["body"])
     branches = _bodies(out, "If", ["then_branch"])
     assert loop_bodies and branches
@@ -213,9 +213,9 @@ def test_existing_output_needs_force_and_is_replaced_whole(loop_module, tmp_path
     (out / "saved_model.pb").write_bytes(b"old")
     (out / "stale.txt").write_text("left from before")
     with pytest.raises(InputError):
-        convert_file(src, out, target="bfloat16", device="cpu")
+        convert_file(src, out, target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert sorted(p.name for p in out.iterdir()) == ["saved_model.pb", "stale.txt"]
-    convert_file(src, out, target="bfloat16", device="cpu", force=True)
+    convert_file(src, out, target="bfloat16", device="cpu", min_matrix_intensity=0, force=True)
     assert not (out / "stale.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["amp"]  # no temporary folders left
     got = tf.saved_model.load(str(out)).signatures["serving_default"](x=tf.constant(x))["y"]
@@ -241,7 +241,7 @@ def test_output_inside_the_input_is_refused(loop_module):
     src, _, _ = loop_module
     before = sorted(p.name for p in src.iterdir())
     with pytest.raises(InputError):
-        convert_file(src, src / "amp", target="bfloat16", device="cpu")
+        convert_file(src, src / "amp", target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert sorted(p.name for p in src.iterdir()) == before
 
 
@@ -293,7 +293,7 @@ def _train(loaded, x, y, steps):
 def test_train_step_round_trip_in_bfloat16_trains(train_module, tmp_path):
     src, x, y = train_module
     out = tmp_path / "amp"
-    convert_file(src, out, target="bfloat16", device="cpu")
+    convert_file(src, out, target="bfloat16", device="cpu", min_matrix_intensity=0)
     train_fn = [f for name, f in functions_of(out).items() if "train" in name and
                 any(nd.name.startswith("gradient_tape/") for nd in f.node_def)]
     assert train_fn
@@ -357,7 +357,7 @@ def test_weights_over_2_gib_convert_load_and_run(big_dirs):
     del module
     weights = sum(p.stat().st_size for p in (src / "variables").iterdir())
     assert weights > 2**31
-    report = convert_file(src, out, target="bfloat16", device="cpu")
+    report = convert_file(src, out, target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert report.summary()["matrix_converted"] == 1
     assert (out / "saved_model.pb").stat().st_size < 2**20
     assert sum(p.stat().st_size for p in (out / "variables").iterdir()) == weights
@@ -428,7 +428,7 @@ def test_tf1_saved_model_with_train_and_serve_meta_graphs(tmp_path):
     with pytest.raises(UnsupportedGraphError):  # float16 training needs loss scaling
         convert_file(src, out, target="float16")
     assert not out.exists()
-    report = convert_file(src, out, target="bfloat16", device="cpu")
+    report = convert_file(src, out, target="bfloat16", device="cpu", min_matrix_intensity=0)
     saved = loader_impl.parse_saved_model(str(out))
     assert len(saved.meta_graphs) == 2
     for meta in saved.meta_graphs:

@@ -14,7 +14,7 @@ DEVICE = {"float16": "gpu", "bfloat16": "cpu"}
 def test_training_graph_trains_like_fp32(target):
     gd, feeds, fetches = graphs.training_mlp()
     ref = graphs.train_losses(gd, feeds, fetches, 20)
-    converted, report = convert(gd, target=target, device=DEVICE[target])
+    converted, report = convert(gd, target=target, device=DEVICE[target], min_matrix_intensity=0)
     got = graphs.train_losses(converted, feeds, fetches, 20)
     assert np.all(np.isfinite(got))
     assert got[-1] < 0.7 * got[0]                      # it learns

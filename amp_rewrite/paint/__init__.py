@@ -5,8 +5,10 @@ in the order :func:`paint` runs them, each in its own module:
 
 0. :mod:`.state`: variables, non-float32 types, ``keep_fp32`` overrides and the graph's
    interface are blocked;
-1-5. :mod:`.propagation`: allow ops, deny propagation, infer/clear ops between allow ops,
-   infer ops after allow ops (rule ``infer_follows_allow``), allow spreading through clear ops;
+1-5. :mod:`.propagation`: allow ops (those with too little matrix work to pay for their casts
+   are no seeds, see :mod:`amp_rewrite.costs`), deny propagation, infer/clear ops (and small
+   allow ops) between allow ops, infer ops after allow ops (rule ``infer_follows_allow``), allow
+   spreading through clear ops;
 6. :mod:`.overrides`: ``force_lowp`` overrides;
 7. :mod:`.agreement`: v1 loop back edges and TensorList clusters agree on one dtype;
 8. :mod:`.feeders`: Casts, Consts (and with ``lowp_io`` Placeholders) that only feed low
@@ -36,14 +38,18 @@ __all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "pa
 
 
 def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
-          keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False) -> Painting:
+          keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
+          min_intensity: float = 0.0) -> Painting:
     """Decide the precision of every (node, type attribute) of ``graph``; the graph is not changed.
 
     ``keep`` maps the names of nodes whose dtypes must not change to ``(code, reason)``, the
     decision they get (``user_keep`` for ``--keep``, ``interface`` for signature tensors ...).
+    An allow op whose matrix intensity (:func:`~amp_rewrite.costs.matrix_intensity`) is known
+    and under ``min_intensity`` is no seed: it follows its neighbours instead (code ``cost``
+    when it stays float32).
     """
     s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),
-                   lowp_io=lowp_io)
+                   lowp_io=lowp_io, min_intensity=min_intensity)
     s.block_fixed()
     seed_allow(s)
     propagate_deny(s)

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from ..ops import MERGE_OPS, NEXT_ITERATION_OPS
-from ..signatures import TypeAttr, node_types
+from ..ops import FUNCTIONAL_OPS, MERGE_OPS, NEXT_ITERATION_OPS, PLACEHOLDER_OPS
+from ..signatures import TypeAttr, called_function
 from .decisions import Decision
 from .state import PaintState
 from .typegraph import ELEMENT_DTYPE
@@ -38,32 +38,46 @@ def agree_loops(s: PaintState) -> None:
 
 
 def agree_tensorlists(s: PaintState) -> None:
-    """A list whose ops are all painted (and whose handle does not escape) paints its
-    creators too; any other list keeps every op float32."""
+    """All ops of one list share its element dtype, as grappler forces them: if one is painted
+    and none is reached by deny or cannot be painted, and no handle crosses the graph's
+    boundary, the whole list is painted; if one is painted but the list cannot follow, none is."""
     tg = s.tg
-    for members, escapes in tg.clusters:
+    for members, passed in tg.clusters:
         idxs = [tg.index[(m, ELEMENT_DTYPE)] for m in members if (m, ELEMENT_DTYPE) in tg.index]
-        if not idxs:
+        painted = [i for i in idxs if i in s.allow]
+        if not painted:
+            continue   # nothing to agree on: each op keeps its own reason
+        escape = next((n for n in passed if _boundary(s, n)), None)
+        unsafe = next((i for i in idxs if i in s.deny_parent or s.cat[i] == "deny"
+                       or (i not in s.allow and not s.free(i))), None)
+        if escape is None and unsafe is None:
+            source = tg.items[painted[0]][0]
+            for i in idxs:
+                if i not in s.allow:
+                    s.allow[i] = Decision(True, "tensorlist_match", f"op of a TensorList whose "
+                                          f"ops run in {s.tname}", (source,))
             continue
-        creators = [i for i in idxs if not _has_element_port(s, i)]
-        others = [i for i in idxs if i not in creators]
-        if (not escapes and others and all(i in s.allow for i in others)
-                and all(s.free(i) for i in creators)):
-            for i in creators:
-                s.allow[i] = Decision(True, "tensorlist_match",
-                                      f"creates a TensorList whose elements are {s.tname}",
-                                      (tg.items[others[0]][0],))
-            continue
-        if escapes:
-            why = "the TensorList handle leaves through an op that is not a TensorList op"
+        if escape is not None:
+            why = (f"the TensorList handle crosses the graph's boundary at `{escape}` "
+                   f"({s.graph.node(escape).op})")
+            via = (escape,)
         else:
-            out = [tg.items[i][0] for i in others if i not in s.allow] or [tg.items[idxs[0]][0]]
-            why = f"TensorList op `{out[0]}` of the same list stays float32"
+            culprit = tg.items[unsafe][0]
+            why = f"TensorList op `{culprit}` of the same list stays float32"
+            via = (culprit,)
         for i in idxs:
             s.allow.pop(i, None)
-            s.blocked[i] = Decision(False, "tensorlist_float32", why)
+            s.blocked[i] = Decision(False, "tensorlist_float32", why, via)
 
 
-def _has_element_port(s: PaintState, idx: int) -> bool:
-    types = node_types(s.node_of(idx))
-    return any(p.attr == ELEMENT_DTYPE for p in types.inputs + types.outputs)
+# where a TensorList handle leaves what this graph decides: other graphs' code reads the list
+_SOURCE_SINK = frozenset({"_Arg", "_Retval", "OptionalFromValue", "OptionalGetValue"}) | PLACEHOLDER_OPS
+
+
+def _boundary(s: PaintState, name: str) -> bool:
+    """Whether a handle passing ``name`` leaves the graph: an input or output of the graph or a
+    function, a call or functional control flow (grappler does not stop at While/If, whose
+    bodies it paints apart: a list painted outside and not inside fails at run time)."""
+    node = s.graph.node(name)
+    return (node.op in _SOURCE_SINK or node.op in FUNCTIONAL_OPS or name in s.interface
+            or called_function(node) is not None or not s.graph.consumers(name))

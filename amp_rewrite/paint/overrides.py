@@ -43,7 +43,6 @@ def force_overrides(s: PaintState) -> None:
 _REFUSED = {
     "interface": "its dtypes are the graph's interface (--lowp-io lets inputs and outputs go)",
     "user_keep": "--keep holds its dtypes",
-    "direct_call": "a direct call of a library function has no OpDef to type its ports",
 }
 
 

@@ -7,7 +7,7 @@ op on no list. Nodes without type attributes get a node-level code.
 
 from __future__ import annotations
 
-from ..signatures import device_type, node_types
+from ..signatures import called_function, device_type, node_types
 from .decisions import Decision, Painting
 from .state import PaintState
 
@@ -19,7 +19,11 @@ def record(s: PaintState) -> Painting:
         result.decisions[key] = decided if decided is not None else why_not(s, idx)
     for name, node in s.nodes.items():
         types = node_types(node)
-        if types is None:
+        if called_function(node) is not None:
+            result.node_codes[name] = Decision(False, "function_call", f"direct call of library "
+                                               f"function {node.op!r}: its signature fixes its "
+                                               "dtypes, so casts sit at the call")
+        elif types is None:
             result.node_codes[name] = Decision(False, "unknown_op",
                                                f"op {node.op!r} is not registered with TensorFlow "
                                                "(custom op or function): left as it is")
@@ -36,6 +40,8 @@ def why_not(s: PaintState, idx: int) -> Decision:
     if cat in ("allow", "infer", "clear") and not s.kernel_ok(idx):
         return Decision(False, "no_kernel", f"{cat} op, but TensorFlow has no {s.tname} kernel "
                         f"for {node.op} on {device_type(node, s.device)}")
+    if idx in s.small:
+        return s.small[idx]
     if cat == "deny":
         return Decision(False, "deny_list", "deny op: unsafe in low precision")
     if idx in s.deny_parent:

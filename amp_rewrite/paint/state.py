@@ -23,9 +23,10 @@ class PaintState:
     """One painting in progress (see the module doc)."""
 
     def __init__(self, graph: Graph, rules: RuleSet, *, target: int, device: str,
-                 keep: Mapping[str, tuple[str, str]], lowp_io: bool):
+                 keep: Mapping[str, tuple[str, str]], lowp_io: bool, min_intensity: float = 0.0):
         self.graph, self.rules, self.target, self.device = graph, rules, target, device
-        self.lowp_io = lowp_io
+        self.lowp_io, self.min_intensity = lowp_io, min_intensity
+        self.small: dict[int, Decision] = {}   # allow items too small to seed, with why
         self.tname = TARGET_NAMES.get(target, dtype_name(target))
         order = graph.topological_order()
         self.nodes: dict[str, Node] = {name: graph.node(name) for name in order}
@@ -58,12 +59,19 @@ class PaintState:
         return self.nodes[self.items[idx][0]]
 
     def block_fixed(self) -> None:
-        """Block what no rule may paint: state, non-float32 types, user keeps, the interface."""
+        """Block what no rule may paint: state, nodes placed on another device type than the
+        conversion's (grappler processes only nodes on its target device), non-float32 types,
+        user keeps, the interface."""
         holds_state = {name: _holds_state(node) for name, node in self.nodes.items()}
         for idx, (name, attr) in enumerate(self.items):
             node = self.nodes[name]
             rule = self.rules.node_rule(name)
-            if holds_state[name]:
+            placed = device_type(node, self.device)
+            if self.device not in placed:   # XLA_CPU counts as CPU, as in grappler
+                self.blocked[idx] = Decision(False, "other_device", f"placed on {node.device}, "
+                                             f"not on the {self.device} the conversion is for: "
+                                             "left as it is")
+            elif holds_state[name]:
                 self.blocked[idx] = Decision(False, "variable", "variable op: master weights stay float32")
             elif get_dtype(node, attr) != FLOAT:
                 self.blocked[idx] = Decision(False, "not_float32", f"type {attr} is "

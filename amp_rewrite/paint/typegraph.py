@@ -7,9 +7,9 @@ its readers (their ``element_dtype``), which no data edge joins directly.
 
 from __future__ import annotations
 
-from ..dtypes import VARIANT
+from ..dtypes import FLOAT, VARIANT
 from ..ir import Graph
-from ..ops import VARIANT_PASSTHROUGH, is_tensorlist_op
+from ..ops import is_tensorlist_op
 from ..signatures import TypeAttr, node_types, output_dtype
 from .decisions import TNode
 
@@ -87,8 +87,10 @@ class TypeGraph:
                         self.add_edge(w, r)
 
 
-def tensorlist_clusters(graph: Graph) -> list[tuple[list[str], bool]]:
-    """Groups of TensorList ops joined by DT_VARIANT edges; ``escapes`` if a handle leaves them."""
+def tensorlist_clusters(graph: Graph) -> list[tuple[list[str], list[str]]]:
+    """Groups of float32 TensorList ops whose handles meet, through any op that carries a
+    DT_VARIANT (Identity, Reshape, Pack, ConcatLists, loop plumbing ...), as grappler follows
+    them: ``(the TensorList ops, the other nodes the handles pass)``."""
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -106,11 +108,9 @@ def tensorlist_clusters(graph: Graph) -> list[tuple[list[str], bool]]:
         groups.setdefault(find(name), []).append(name)
     out = []
     for members in groups.values():
-        lists = [m for m in members if "element_dtype" in graph.node(m).attr]
-        if not lists:
-            continue
-        escapes = any(graph.node(m).op not in VARIANT_PASSTHROUGH and "element_dtype" not in
-                      graph.node(m).attr and not is_tensorlist_op(graph.node(m).op)
-                      for m in members)
-        out.append((lists, escapes))
+        lists = [m for m in members if is_tensorlist_op(graph.node(m).op)
+                 and "element_dtype" in graph.node(m).attr
+                 and graph.node(m).attr["element_dtype"].type == FLOAT]
+        if lists:
+            out.append((lists, [m for m in members if not is_tensorlist_op(graph.node(m).op)]))
     return out

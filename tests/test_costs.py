@@ -1,0 +1,100 @@
+"""Small matrix ops stay float32 on a CPU: matrix intensity from weight shapes, and painting
+that keeps an op float32 only where doing so saves casts."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import training_graphs
+from amp_rewrite import convert, convert_file
+from amp_rewrite.costs import matrix_intensity
+from amp_rewrite.ir import Graph
+from amp_rewrite.load import load
+from amp_rewrite.ops import MATRIX_OPS
+
+v1 = tf.compat.v1
+BF16 = tf.bfloat16.as_datatype_enum
+
+
+def chain(widths, batch=None):
+    """x -> MatMul(w0) -> relu -> MatMul(w1) -> ... with weights of the given widths."""
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        h = v1.placeholder(tf.float32, [batch, widths[0]], name="x")
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            w = tf.constant(r.normal(0, 0.1, (a, b)).astype(np.float32))
+            h = tf.nn.relu(tf.matmul(h, w, name=f"mm{i}"), name=f"relu{i}")
+        tf.identity(h, name="out")
+    return g.as_graph_def()
+
+
+def test_matrix_intensity_from_weights_filters_and_updates():
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 8, 8, 4], name="x")
+        tf.nn.conv2d(x, tf.constant(np.zeros([3, 3, 4, 32], np.float32)), 1, "SAME", name="conv")
+        tf.nn.depthwise_conv2d(x, tf.constant(np.zeros([3, 3, 4, 1], np.float32)), [1, 1, 1, 1],
+                               "SAME", name="dw")
+        tf.matmul(v1.placeholder(tf.float32, [None, 64]),
+                  tf.constant(np.zeros([64, 256], np.float32)), name="mm")
+    graph = Graph.from_graph_def(g.as_graph_def())
+    got = {n: matrix_intensity(graph, graph.node(n)) for n in ("conv", "mm")}
+    assert got["mm"] == pytest.approx(2 * 64 * 256 / (64 + 256))
+    assert got["conv"] == pytest.approx(2 * 9 * 4 * 32 / (4 + 32))
+    dw = next(n for n in graph.nodes() if n.op == "DepthwiseConv2dNative")
+    assert matrix_intensity(graph, dw) == pytest.approx(2 * 9 * 1 / 2)
+
+
+def test_weight_gradients_take_the_intensity_of_the_weight_they_update():
+    graph = Graph.from_graph_def(training_graphs.build("mlp", "adam").graph_def)
+    forward = {n.name: matrix_intensity(graph, n) for n in graph.nodes()
+               if n.op in MATRIX_OPS and not n.name.startswith("gradients")}
+    grads = [n for n in graph.nodes() if n.op in MATRIX_OPS and n.name.startswith("gradients")]
+    assert forward and grads and None not in forward.values()
+    assert all(matrix_intensity(graph, n) in forward.values() for n in grads)
+
+
+def test_small_matmuls_stay_float32_on_a_cpu_and_say_why():
+    gd = chain([32, 32, 32, 32])
+    _, report = convert(gd, target="bfloat16", device="cpu")
+    mms = [report.node(f"mm{i}") for i in range(3)]
+    assert all(n.precision == "float32" and n.code == "cost" for n in mms)
+    assert report.summary()["casts_added"] == 0
+    # the knob at 0 paints them as grappler would; float16 and GPUs do by default
+    for kwargs in ({"target": "bfloat16", "device": "cpu", "min_matrix_intensity": 0},
+                   {"target": "float16", "device": "cpu"}, {"target": "bfloat16", "device": "gpu"}):
+        _, painted = convert(gd, **kwargs)
+        assert all(painted.node(f"mm{i}").precision != "float32" for i in range(3))
+
+
+def test_wide_matmuls_are_painted_and_a_small_one_between_them_follows():
+    _, report = convert(chain([256, 256, 16, 256, 256]), target="bfloat16", device="cpu")
+    assert report.node("mm0").code == "allow_list" and report.node("mm3").code == "allow_list"
+    # mm1 (256x16) and mm2 (16x256) are small, but lie between 16-bit ops: float32 there would
+    # add casts, not save them
+    assert {report.node("mm1").code, report.node("mm2").code} == {"between_allow"}
+
+
+def test_a_small_training_graph_stays_float32_forward_and_backward(tmp_path):
+    """The MLP's widths are 64 and 10 (intensities 64 and 17): at a bar of 100, the forward
+    MatMuls and their gradients alike stay float32, so no island of casts is left."""
+    src = tmp_path / "train.meta"
+    src.write_bytes(training_graphs.build("mlp", "adam").SerializeToString())
+    report = convert_file(src, tmp_path / "bf16.meta", target="bfloat16", device="cpu",
+                          min_matrix_intensity=100)
+    matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
+    assert matrix and all(n.precision == "float32" and n.code == "cost" for n in matrix)
+    out = load(tmp_path / "bf16.meta").graph_def
+    assert not any(n.op == "Cast" and n.name.endswith("amp_bfloat16") for n in out.node)
+
+
+def test_cli_knob(tmp_path, capsys):
+    from amp_rewrite.cli import main
+    src = tmp_path / "m.pb"
+    src.write_bytes(chain([32, 32]).SerializeToString())
+    assert main([str(src), "-o", str(tmp_path / "a.pb"), "--target", "bfloat16", "--device", "cpu",
+                 "--min-matrix-intensity", "16"]) == 0
+    mm = next(n for n in load(tmp_path / "a.pb").graph_def.node if n.op == "MatMul")
+    assert mm.attr["T"].type == BF16
+    assert main([str(src), "-o", str(tmp_path / "b.pb"), "--min-matrix-intensity", "-1"]) == 2
