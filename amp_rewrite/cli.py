@@ -66,9 +66,9 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="fold Const-only float32 subgraphs before painting (graphs without "
                         "variables): fewer casts, one rounding per folded value")
     p.add_argument("--min-matrix-intensity", type=float, metavar="X",
-                   help="least matrix work (FLOPs per element an op reads and writes) worth 16 "
-                        "bits; smaller MatMul/Conv ops stay float32 unless they sit between "
-                        "16-bit ones (default 64 for bfloat16 on cpu, else 0)")
+                   help="least matrix work (FLOPs per element an op reads and writes) the "
+                        "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
+                        "float32 (default 128 for bfloat16 on cpu, else 0)")
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")

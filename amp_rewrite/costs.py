@@ -6,8 +6,8 @@ FLOPs per output pixel, for about cin elements read and cout written. Their rati
 element moved (:func:`matrix_intensity`), does not depend on the batch, so it is known before
 running. Where it is small the op is memory-bound: the casts around it and its low-precision
 neighbours cost more than the 16-bit matrix unit saves (measured on an AVX512-BF16 CPU, an
-isolated float32 MatMul between casts breaks even at about 50; see BENCHMARKS.md "Small
-matrix ops").
+isolated bfloat16 MatMul between casts breaks even near 50; see BENCHMARKS.md "Small matrix
+ops").
 
 A weight is a Const, a variable read, or what an op's output updates (a weight gradient
 feeds the variable's update); other shapes are not inferred (None: unknown).

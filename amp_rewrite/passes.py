@@ -29,11 +29,13 @@ from .signatures import strip_graph_defaults, with_defaults
 from .training import HINTS, add_loss_scaling, scale_config
 
 DEVICES = {"gpu": "GPU", "cpu": "CPU"}
-# The least matrix intensity (FLOPs per element moved, costs.matrix_intensity) worth 16 bits,
-# by (target, device). bfloat16 on a CPU: an isolated bfloat16 MatMul between casts breaks even
-# at about 50 on AVX512-BF16 (BENCHMARKS.md "Small matrix ops"). Elsewhere 0, as grappler:
-# float16 on a CPU is for checking numbers, not speed, and GPUs were not measured (none here).
-DEFAULT_MIN_INTENSITY = {("bfloat16", "cpu"): 64.0}
+# The least matrix intensity (FLOPs per element moved, costs.matrix_intensity) an island's
+# biggest matrix op needs for the island to go to 16 bits, by (target, device). bfloat16 on a
+# CPU (AVX512-BF16, BENCHMARKS.md): an isolated bfloat16 MatMul between casts breaks even near
+# 50 and gains 1.34x at 128, while a training step whose widest layer is 64 lost 5%; 128 keeps
+# such models float32. Elsewhere 0, as grappler: float16 on a CPU is for checking numbers, not
+# speed, and GPUs could not be measured here.
+DEFAULT_MIN_INTENSITY = {("bfloat16", "cpu"): 128.0}
 
 
 @dataclass

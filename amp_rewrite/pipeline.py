@@ -96,7 +96,7 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
     ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
     float32 subgraphs first (graphs without variables); ``min_matrix_intensity`` is the least
-    matrix work per element moved that goes to 16 bits (None: 64 for bfloat16 on CPU, else 0;
+    matrix work per element moved that a 16-bit island needs (None: 128 for bfloat16 on CPU, else 0;
     README "Small matrix ops stay float32"). Painting and casts only: loss scaling needs the
     MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
     """

@@ -5,10 +5,10 @@ in the order :func:`paint` runs them, each in its own module:
 
 0. :mod:`.state`: variables, non-float32 types, ``keep_fp32`` overrides and the graph's
    interface are blocked;
-1-5. :mod:`.propagation`: allow ops (those with too little matrix work to pay for their casts
-   are no seeds, see :mod:`amp_rewrite.costs`), deny propagation, infer/clear ops (and small
-   allow ops) between allow ops, infer ops after allow ops (rule ``infer_follows_allow``), allow
-   spreading through clear ops;
+1-5. :mod:`.propagation`: allow ops, deny propagation, infer/clear ops between allow ops,
+   infer ops after allow ops (rule ``infer_follows_allow``), allow spreading through clear ops;
+5b. :mod:`.islands`: a painted island whose matrix ops are all too small to pay for its casts
+   goes back to float32 (``min_intensity``, bfloat16 on a CPU);
 6. :mod:`.overrides`: ``force_lowp`` overrides;
 7. :mod:`.agreement`: v1 loop back edges and TensorList clusters agree on one dtype;
 8. :mod:`.feeders`: Casts, Consts (and with ``lowp_io`` Placeholders) that only feed low
@@ -28,6 +28,7 @@ from ..rules import RuleSet
 from .agreement import agree_loops, agree_tensorlists
 from .decisions import LOWP_CODES, Decision, Painting, TNode
 from .feeders import paint_feeders
+from .islands import drop_cheap_islands
 from .overrides import force_overrides
 from .propagation import (paint_between_allow, paint_infer_after_allow, propagate_deny, seed_allow,
                           spread_through_clear)
@@ -44,9 +45,9 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
 
     ``keep`` maps the names of nodes whose dtypes must not change to ``(code, reason)``, the
     decision they get (``user_keep`` for ``--keep``, ``interface`` for signature tensors ...).
-    An allow op whose matrix intensity (:func:`~amp_rewrite.costs.matrix_intensity`) is known
-    and under ``min_intensity`` is no seed: it follows its neighbours instead (code ``cost``
-    when it stays float32).
+    A painted island whose matrix ops all have a known intensity
+    (:func:`~amp_rewrite.costs.matrix_intensity`) under ``min_intensity`` stays float32 (code
+    ``cost``).
     """
     s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),
                    lowp_io=lowp_io, min_intensity=min_intensity)
@@ -57,6 +58,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     if rules.infer_follows_allow:
         paint_infer_after_allow(s)
     spread_through_clear(s)
+    drop_cheap_islands(s)
     force_overrides(s)
     agree_loops(s)
     agree_tensorlists(s)

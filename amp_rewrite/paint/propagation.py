@@ -8,11 +8,12 @@
    op and by no deny op is painted;
 5. :func:`spread_through_clear`: allow spreads both ways through clear ops, but never into a
    read of a ref variable.
+
+Then :mod:`.islands` drops what is too small to pay for its casts (bfloat16 on a CPU).
 """
 
 from __future__ import annotations
 
-from ..costs import matrix_intensity
 from .decisions import Decision
 from .state import PaintState
 
@@ -20,32 +21,14 @@ _MATRIX_HINT = {"GPU": "Tensor Cores", "CPU": "AMX/AVX512 matrix units"}
 
 
 def seed_allow(s: PaintState) -> None:
-    """Step 1: allow ops (every op but Const and Cast at level ``unsafe_force_all``), but those
-    whose matrix work per element moved is known and under ``min_intensity``: they are kept
-    apart in ``small`` and follow their neighbours (step 3)."""
+    """Step 1: allow ops (every op but Const and Cast at level ``unsafe_force_all``)."""
     force_all = s.rules.level == "unsafe_force_all"
     unit = _MATRIX_HINT.get(s.device, s.device)
     for idx, (name, _) in enumerate(s.items):
         listed = s.cat[idx] == "allow"
-        if not (listed or (force_all and s.nodes[name].op not in ("Const", "Cast"))) or not s.free(idx):
-            continue
-        small = _too_small(s, name) if listed else None
-        if small is not None:
-            s.small[idx] = small
-            continue
-        text = f"allow op: runs in {s.tname} on {unit}" if listed else "level unsafe_force_all"
-        s.allow[idx] = Decision(True, "allow_list", text)
-
-
-def _too_small(s: PaintState, name: str) -> Decision | None:
-    if s.min_intensity <= 0:
-        return None
-    intensity = matrix_intensity(s.graph, s.nodes[name])
-    if intensity is None or intensity >= s.min_intensity:
-        return None
-    return Decision(False, "cost", f"allow op with {intensity:.0f} FLOPs per element it reads and "
-                    f"writes, under {s.min_intensity:g} (--min-matrix-intensity): on its own, "
-                    f"its casts and {s.tname} neighbours would cost more than the matrix unit saves")
+        if (listed or (force_all and s.nodes[name].op not in ("Const", "Cast"))) and s.free(idx):
+            text = f"allow op: runs in {s.tname} on {unit}" if listed else "level unsafe_force_all"
+            s.allow[idx] = Decision(True, "allow_list", text)
 
 
 def propagate_deny(s: PaintState) -> None:
@@ -72,17 +55,15 @@ def _reached(s: PaintState, idx: int, parent: int | None, root: int) -> None:
 
 
 def paint_between_allow(s: PaintState) -> None:
-    """Step 3: infer and clear items (and allow items too small to seed: keeping them float32
-    there would add casts, not save them) reachable downstream of one allow item and upstream
-    of another are painted, naming both."""
+    """Step 3: infer and clear items reachable downstream of one allow item and upstream of
+    another are painted, naming both."""
     cat, allow = s.cat, s.allow
     downstream: dict[int, int] = {}
     roots = sorted(allow)
     s.tg.dfs(roots, "out",
              lambda i, root: i == root or (i not in downstream and i not in allow
                                            and i not in s.deny_parent
-                                           and (cat[i] in ("clear", "infer") or i in s.small)
-                                           and s.free(i)),
+                                           and cat[i] in ("clear", "infer") and s.free(i)),
              lambda i, parent, root: downstream.setdefault(i, root))
     upstream_of_allow: set[int] = set()
 

@@ -40,8 +40,6 @@ def why_not(s: PaintState, idx: int) -> Decision:
     if cat in ("allow", "infer", "clear") and not s.kernel_ok(idx):
         return Decision(False, "no_kernel", f"{cat} op, but TensorFlow has no {s.tname} kernel "
                         f"for {node.op} on {device_type(node, s.device)}")
-    if idx in s.small:
-        return s.small[idx]
     if cat == "deny":
         return Decision(False, "deny_list", "deny op: unsafe in low precision")
     if idx in s.deny_parent:

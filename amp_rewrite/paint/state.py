@@ -26,7 +26,6 @@ class PaintState:
                  keep: Mapping[str, tuple[str, str]], lowp_io: bool, min_intensity: float = 0.0):
         self.graph, self.rules, self.target, self.device = graph, rules, target, device
         self.lowp_io, self.min_intensity = lowp_io, min_intensity
-        self.small: dict[int, Decision] = {}   # allow items too small to seed, with why
         self.tname = TARGET_NAMES.get(target, dtype_name(target))
         order = graph.topological_order()
         self.nodes: dict[str, Node] = {name: graph.node(name) for name in order}

@@ -1,0 +1,63 @@
+"""After the list-driven steps: low-precision islands too small to pay for their casts go back.
+
+An island is a connected group of painted items (joined where data flows between them). Its
+worth is its biggest matrix op's intensity (FLOPs per element it moves, from its weight's
+shape: :func:`amp_rewrite.costs.matrix_intensity`): where that is known for every matrix op of
+the island and under ``min_intensity``, the island's casts and 16-bit elementwise ops cost more
+than its matrix work saves, and the whole island stays float32 (code ``cost``). An island with
+one big matrix op keeps its small ones too: inside it they need no casts. Measured on a CPU
+(BENCHMARKS.md "Small matrix ops", "Training step"); off (0) by default elsewhere.
+"""
+
+from __future__ import annotations
+
+from ..costs import matrix_intensity
+from ..ops import MATRIX_OPS
+from .decisions import Decision
+from .state import PaintState
+
+
+def drop_cheap_islands(s: PaintState) -> None:
+    if s.min_intensity <= 0:
+        return
+    seen: set[int] = set()
+    for start in sorted(s.allow):
+        if start in seen:
+            continue
+        island = _island(s, start)
+        seen |= island
+        worth = _worth(s, island)
+        if worth is None or worth >= s.min_intensity:
+            continue
+        text = (f"in a {s.tname} island whose biggest matrix op does {worth:.0f} FLOPs per "
+                f"element it moves, under {s.min_intensity:g} (--min-matrix-intensity): its "
+                "casts and 16-bit neighbours would cost more than its matrix work saves")
+        for idx in island:
+            s.allow.pop(idx)
+            s.blocked[idx] = Decision(False, "cost", text)
+
+
+def _island(s: PaintState, start: int) -> set[int]:
+    island, stack = {start}, [start]
+    while stack:
+        idx = stack.pop()
+        for nbr in s.tg.fanin[idx] | s.tg.fanout[idx]:
+            if nbr in s.allow and nbr not in island:
+                island.add(nbr)
+                stack.append(nbr)
+    return island
+
+
+def _worth(s: PaintState, island: set[int]) -> float | None:
+    """The largest intensity of the island's matrix ops; None if one of them is unknown (or
+    it has none: it was painted for another reason, an override say)."""
+    best = None
+    for name in {s.items[i][0] for i in island}:
+        node = s.nodes[name]
+        if node.op not in MATRIX_OPS:
+            continue
+        intensity = matrix_intensity(s.graph, node)
+        if intensity is None:
+            return None
+        best = intensity if best is None else max(best, intensity)
+    return best
