@@ -1,7 +1,9 @@
 """``amp-rewrite bench ORIG CONVERTED``: median latency and throughput of both, side by side.
 
 Both models are loaded into the same process, warmed up, then timed interleaved (ABBA order,
-so drift in clock speed or caches falls on both alike) on the same inputs. The speed-up is the
+so drift in clock speed or caches falls on both alike) on the same inputs, computing the
+outputs verify compares (:func:`amp_rewrite.runner.open_pair`: a training graph's forward
+outputs and unscaled gradients, never a variable update). The speed-up is the
 original's median latency over the converted one's; throughput is the batch (the first input's
 leading dimension) over the median latency.
 """

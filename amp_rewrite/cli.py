@@ -129,12 +129,28 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         _model_flags(p)
         p.add_argument("--samples", type=int, default=1, metavar="N",
                        help="random input sets to run (default 1; ignored with --inputs)")
-        p.add_argument("--rtol", type=float, help="relative tolerance (default by the converted "
-                       "graph's dtype: bfloat16 0.05, float16 0.01)")
-        p.add_argument("--atol", type=float, help="absolute tolerance (default bfloat16 0.01, "
-                       "float16 0.001)")
+        p.add_argument("--check", action="append", default=[],
+                       choices=["rel_l2", "top1", "allclose", "max_abs"],
+                       help="how to judge each output (repeatable; default rel_l2 and top1, "
+                       "plus each check whose threshold is given)")
+        p.add_argument("--rel-l2", type=float, metavar="X", help="largest relative L2 error "
+                       "||conv-orig||/||orig|| per output (default by the converted graph's "
+                       "dtype: float16 0.01, bfloat16 0.05)")
+        p.add_argument("--grad-rel-l2", type=float, metavar="X", help="the same for the "
+                       "gradients a training graph's outputs include (default 0.1; 1e-5 when "
+                       "nothing is 16-bit)")
+        p.add_argument("--top1", type=float, metavar="X", help="least share of rows whose "
+                       "argmax agrees, on outputs that are batches of scores (default 0.99; "
+                       "near-ties count as agreeing)")
+        p.add_argument("--rtol", type=float, help="allclose check: relative tolerance per "
+                       "element (default float16 0.01, bfloat16 0.05)")
+        p.add_argument("--atol", type=float, help="allclose check: absolute tolerance per "
+                       "element (default float16 0.001, bfloat16 0.01)")
+        p.add_argument("--max-abs", type=float, metavar="X",
+                       help="max_abs check: largest absolute error (no default)")
         p.add_argument("--per-node", action="store_true",
-                       help="rank the tensors of both graphs by the error each adds")
+                       help="rank the tensors inside both models (a SavedModel's function "
+                       "bodies included) by the error each adds")
         p.add_argument("--top", type=int, default=10, metavar="N",
                        help="tensors to list with --per-node (default 10)")
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")

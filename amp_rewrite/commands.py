@@ -82,7 +82,10 @@ def rules(args) -> int:
 def verify(args) -> int:
     result = verify_mod.verify(args.original, args.converted, inputs=args.inputs,
                                samples=args.samples, shapes=parse_shapes(args.shape),
-                               rtol=args.rtol, atol=args.atol, nodes=args.per_node,
+                               checks=args.check, rel_l2=args.rel_l2,
+                               grad_rel_l2=args.grad_rel_l2, top1=args.top1,
+                               rtol=args.rtol, atol=args.atol, max_abs=args.max_abs,
+                               nodes=args.per_node,
                                signature=args.signature, outputs=args.output,
                                checkpoint=args.checkpoint)
     if not args.quiet:

@@ -210,15 +210,30 @@ def _list(title: str, items) -> str:
 
 
 def _verify(v: dict) -> str:
+    failed = v.get("failed", {})
     verdict = "within tolerance" if v["ok"] else "OUT OF TOLERANCE"
-    parts = [f'<h2>Verify: <span class="{"ok" if v["ok"] else "fail"}">{verdict}</span></h2>',
-             f"<p>{v['samples']} sample(s); an element is within tolerance when "
-             f"|converted − original| ≤ {v['atol']:g} + {v['rtol']:g}·|original|.</p>",
-             _table(("output", "max abs error", "relative L2", "out of tolerance (%)", "elements",
-                     "non-finite", "ok"),
-                    [(o["name"], o["max_abs"], o["rel_l2"], 100 * o["out_of_tolerance"],
-                      o["elements"], o["nonfinite"], "yes" if o["ok"] else "NO")
-                     for o in v["outputs"]], "verify")]
+    if failed:
+        verdict += ": " + "; ".join(f"{name} fails {', '.join(c)}" for name, c in failed.items())
+    described = {
+        "rel_l2": lambda c: f"relative L2 error ≤ {c['threshold']:g}"
+                            + (f" (gradients ≤ {c['gradients']:g})" if "gradients" in c else ""),
+        "top1": lambda c: f"top-1 agreement ≥ {100 * c['threshold']:g}% on outputs that are "
+                          "batches of scores (near-ties count as agreeing)",
+        "allclose": lambda c: f"every element within {c['atol']:g} + {c['rtol']:g}·|original|",
+        "max_abs": lambda c: f"largest absolute error ≤ {c['threshold']:g}"}
+    # a result written before checks existed held only the per-element tolerance
+    checks = v.get("checks") or [{"check": "allclose", "rtol": v["rtol"], "atol": v["atol"]}]
+    rows = [(o["name"] + (f" (vs {o['converted']})" if o.get("converted") else ""),
+             o["max_abs"], o["rel_l2"], "–" if o.get("top1") is None else 100 * o["top1"],
+             100 * o["out_of_tolerance"], o["elements"], o["nonfinite"],
+             ", ".join(o.get("failed", [])) or "–", "yes" if o["ok"] else "NO")
+            for o in v["outputs"]]
+    parts = [f'<h2>Verify: <span class="{"ok" if v["ok"] else "fail"}">{escape(verdict)}</span></h2>',
+             f"<p>{v['samples']} sample(s); checks ({escape(v.get('dtype', 'float32'))} defaults "
+             "unless given): " + escape("; ".join(described[c["check"]](c) for c in checks)) + ".</p>",
+             _table(("output", "max abs error", "relative L2", "top-1 agreement (%)",
+                     "outside atol+rtol·|x| (%)", "elements", "non-finite", "failed checks", "ok"),
+                    rows, "verify")]
     if v.get("nodes"):
         parts.append(f"<h3>Per node: the {min(len(v['nodes']), 50)} tensors adding the most error "
                      f"(of {v['nodes_compared']} compared)</h3>")

@@ -2,30 +2,58 @@
 
 A :class:`Runner` wraps a GraphDef or MetaGraphDef (imported into a v1 Session) or a
 SavedModel signature (loaded with ``tf.saved_model.load``) behind the same small interface:
-``inputs`` (name, dtype, shape), ``outputs`` (names), ``run(feeds)`` and ``callable()``.
-Inputs are named as the user sees them: signature keys for MetaGraphs and SavedModels,
-placeholder names for GraphDefs. Random inputs follow each input's dtype and shape; unknown
-dimensions come from ``shapes`` (``--shape name=2,8,8,1``) or default to 1 with a warning.
+``inputs`` (name, dtype, shape), ``outputs`` (names), ``callable()`` and ``trace()`` (the
+tensors inside, for ``verify --per-node``). Inputs are named as the user sees them: signature
+keys for MetaGraphs and SavedModels, placeholder names for GraphDefs; a placeholder nothing
+reads (the ``unused_control_flow_input`` placeholders ``convert_variables_to_constants_v2``
+leaves) is no input: it needs no data. Random inputs follow each input's dtype and shape;
+unknown dimensions come from ``shapes`` (``--shape name=2,8,8,1``) or default to 1 with a
+warning.
+
+A runner never writes a variable. A graph runner imports a private copy of the graph in which
+the control edges leaving a variable write (and everything that runs after one) are dropped, so
+a tensor that only *waits* on an update (the gradients of a graph built under
+``control_dependencies(UPDATE_OPS)``) computes as if the update had not run, and a tensor that
+*reads* a written value is never fetched (:meth:`GraphRunner.fetchable`). Stateful random ops
+without a seed get one derived from their name in that copy, so an original and its conversion
+draw the same numbers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
-from dataclasses import dataclass
+import re
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from tensorflow.core.framework import graph_pb2
 
-from .dtypes import BOOL, FLOATING
+from .dtypes import BOOL, FLOATING, VARIANT
 from .errors import InputError
-from .load import SAVED_MODEL_FILES, load
-from .ops import ENTER_OPS, EXIT_OPS, MERGE_OPS, NOT_OUTPUTS, SWITCH_OPS, is_variable_write
+from .ir import Graph as IRGraph
+from .load import SAVED_MODEL_FILES, Model, load
+from .ops import (CALL_OPS, CASE_OPS, ENTER_OPS, EXIT_OPS, FUNCTIONAL_OPS, IF_OPS, MERGE_OPS,
+                  NOT_OUTPUTS, SAVER_OPS, SWITCH_OPS, VARIABLE_CREATORS, WHILE_OPS, is_variable_write)
+from .training import FETCH, SCOPE
+from .training.detect import backprop_scope, find_backprop
 
 log = logging.getLogger(__name__)
+
+#: what loss scaling names the nodes it adds (amp_rewrite/training/scaling.py): the seed times
+#: the scale, and a gradient divided by it in float32 (README "Training graphs and loss scaling")
+SCALED_SUFFIX = "/amp_scaled"
+UNSCALED_SUFFIX = "/amp_unscaled"
+#: a function the conversion specialized for one call site (``f_amp1``) is ``f`` to verify
+_SPECIALIZED = re.compile(r"_amp\d+$")
+#: a While that a replay steps through more often than this is refused (a cond that never ends)
+_MAX_ITERATIONS = 100_000
 
 
 @dataclass(frozen=True)
@@ -36,6 +64,29 @@ class InputSpec:
     tensor: str
     dtype: int                        # types_pb2 enum
     shape: tuple[int | None, ...] | None  # None: unknown rank
+
+
+@dataclass
+class TensorInfo:
+    """A tensor :meth:`Runner.trace` records: its op, dtype (``float16`` ...), the tensors it
+    is computed from (its op's inputs; for a function argument, what its callers passed; for a
+    call's result, what its callee returned) and its place in execution order. Float tensors
+    come with values; variant tensors (TensorLists) without, so that an error can be followed
+    through the list a loop fills."""
+
+    op: str
+    dtype: str
+    sources: set[str] = field(default_factory=set)
+    order: int = 0
+
+
+@dataclass
+class Trace:
+    """One run's float tensors: name -> the values it took (one per execution: a loop body's
+    tensors take one per iteration), and what each tensor (float or variant) is."""
+
+    values: dict[str, list[np.ndarray]]
+    info: dict[str, TensorInfo]
 
 
 def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -154,10 +205,21 @@ class Runner:
 
     inputs: list[InputSpec]
     outputs: list[str]
+    #: the outputs (by this runner's names) that are gradients, not results of the forward pass
+    gradients: frozenset[str] = frozenset()
 
     def callable(self) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
         """A function from feeds (by input name) to the outputs, in ``self.outputs`` order."""
         raise NotImplementedError
+
+    def trace(self, feeds: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> Trace:
+        """One run recording the float tensors inside the model (``names`` of them, where the
+        runner needs to be told which: see :meth:`comparable`)."""
+        raise NotImplementedError
+
+    def comparable(self) -> list[str] | None:
+        """The tensors :meth:`trace` can record, or None when a trace finds them itself."""
+        return None
 
     def close(self) -> None:
         pass
@@ -173,57 +235,114 @@ class GraphRunner(Runner):
     """A GraphDef or MetaGraphDef imported into its own graph and Session.
 
     Variables (MetaGraphs) are restored from ``checkpoint`` when one is given, else run through
-    their initializers; :meth:`variable_values` / :meth:`load_variables` copy them between two
-    runners so an original and its conversion compute with the same weights.
+    their initializers (``initialize=False`` leaves that to :func:`share_weights`);
+    :meth:`variable_values` / :meth:`load_variables` copy them between two runners so an
+    original and its conversion compute with the same weights.
     """
 
-    def __init__(self, model, signature: str | None = None, outputs: Sequence[str] = (),
-                 checkpoint: str | None = None):
+    def __init__(self, model: Model, signature: str | None = None, outputs: Sequence[str] = (),
+                 checkpoint: str | None = None, *, initialize: bool = True):
         import tensorflow as tf
         v1 = tf.compat.v1
         init_devices()
         self.model = model
+        self.path = model.path
         self.graph = tf.Graph()
-        saver = None
+        graph_def = _private_copy(model.graph_def)
+        self._saver = None
         with self.graph.as_default():
             if model.meta_graph is not None:
                 meta = type(model.meta_graph)()
                 meta.CopyFrom(model.meta_graph)
-                meta.graph_def.CopyFrom(model.graph_def)
-                saver = v1.train.import_meta_graph(meta, clear_devices=True)
+                meta.graph_def.CopyFrom(graph_def)
+                self._saver = v1.train.import_meta_graph(meta, clear_devices=True)
             else:
-                tf.graph_util.import_graph_def(_without_devices(model.graph_def), name="")
+                tf.graph_util.import_graph_def(graph_def, name="")
         self.has_signature = bool(model.meta_graph is not None and model.meta_graph.signature_def)
         self.inputs, default_outputs = self._endpoints(signature)
-        self.outputs = [_tensor_name(o) for o in outputs] or default_outputs
-        for name in self.outputs:
-            self.tensor(name)  # a bad --output name fails here, with the name
+        if not (outputs or default_outputs):
+            raise InputError(f"{self.path}: no graph outputs found; name them with --output")
+        self.outputs = default_outputs
+        self.set_outputs(outputs or default_outputs)
         self.session = v1.Session(graph=self.graph)
-        self._init_variables(saver, checkpoint)
+        if initialize:
+            self.initialize(checkpoint)
+        elif checkpoint:
+            raise ValueError("a checkpoint is restored by initialize()")
+
+    # -- structure -----------------------------------------------------------------------------
+    @functools.cached_property
+    def _ops(self):
+        return self.graph.get_operations()
+
+    @functools.cached_property
+    def _read(self) -> set[str]:
+        """Names of the ops something reads (along a data or a control edge)."""
+        return {t.op.name for op in self._ops for t in op.inputs} | {
+            c.name for op in self._ops for c in op.control_inputs}
+
+    @functools.cached_property
+    def _after_writes(self) -> set[str]:
+        """Ops that run only after a variable write (the writes included)."""
+        return _reach(self._ops, {op.name for op in self._ops if is_variable_write(op.type)},
+                      control=True)
+
+    @functools.cached_property
+    def _hidden(self) -> set[str]:
+        ops = self._ops
+        # a loop's Switch leads to its Exit, a cond's to its Merge
+        return (_reach(ops, {op.name for op in ops if op.type in ENTER_OPS}, EXIT_OPS)
+                | _reach(ops, {op.name for op in ops if op.type in SWITCH_OPS}, MERGE_OPS | EXIT_OPS)
+                | self._after_writes)
 
     # -- endpoints ---------------------------------------------------------------------------
     def _endpoints(self, signature: str | None):
-        import tensorflow as tf
         sigs = self.model.meta_graph.signature_def if self.model.meta_graph is not None else {}
         if sigs:
             key = signature or ("serving_default" if "serving_default" in sigs else sorted(sigs)[0])
             if key not in sigs:
-                raise InputError(f"{self.model.path}: no signature {key!r} "
+                raise InputError(f"{self.path}: no signature {key!r} "
                                  f"(has: {', '.join(sorted(sigs))})")
             sig = sigs[key]
             inputs = [self._spec(k, info.name) for k, info in sorted(sig.inputs.items())]
             return inputs, [info.name for _, info in sorted(sig.outputs.items())]
         if signature:
-            raise InputError(f"{self.model.path}: has no signatures; drop --signature")
-        ops = self.graph.get_operations()
-        inputs = [self._spec(op.name, op.outputs[0].name) for op in ops if op.type == "Placeholder"]
-        read = {t.op.name for op in ops for t in op.inputs} | {
-            c.name for op in ops for c in op.control_inputs}
-        outs = [t.name for op in ops if op.name not in read and op.type not in NOT_OUTPUTS
+            raise InputError(f"{self.path}: has no signatures; drop --signature")
+        placeholders = [op for op in self._ops if op.type == "Placeholder"]
+        # a placeholder nothing reads needs no value (convert_variables_to_constants_v2 leaves
+        # dozens of them, of variant and unknown-rank types no random data could fill)
+        unread = [op.name for op in placeholders if op.name not in self._read]
+        if unread:
+            log.info("%d placeholders nothing reads are not inputs: %s", len(unread),
+                     ", ".join(unread[:5]) + (" ..." if len(unread) > 5 else ""))
+        inputs = [self._spec(op.name, op.outputs[0].name) for op in placeholders
+                  if op.name in self._read]
+        return inputs, self._forward_outputs()
+
+    def _forward_outputs(self) -> list[str]:
+        """The float outputs of the forward pass: tensors of ops that no op outside a backprop
+        scope reads, themselves outside one and outside the loss-scale state, that a fetch can
+        reach without a variable write and that do not only set variables up."""
+        def forward(op) -> bool:
+            return backprop_scope(op.name) is None and not op.name.startswith(f"{SCOPE}/")
+        read = {t.op.name for op in self._ops if forward(op) for t in op.inputs} | {
+            c.name for op in self._ops if forward(op) for c in op.control_inputs}
+        setup = self.setup_ops()
+        return [t.name for op in self._ops
+                if forward(op) and op.name not in read and op.type not in NOT_OUTPUTS
+                and op.name not in self._hidden and op.name not in setup
                 for t in op.outputs if t.dtype.as_datatype_enum in FLOATING]
-        if not outs:
-            raise InputError(f"{self.model.path}: no graph outputs found; name them with --output")
-        return inputs, outs
+
+    def set_outputs(self, names: Sequence[str]) -> None:
+        """Compare ``names``: each must exist and be computed before any variable write."""
+        names = [_tensor_name(n) for n in names]
+        for name in names:
+            op = self.tensor(name).op
+            if op.name in self._after_writes:
+                raise InputError(f"{self.path}: {name} is computed after a variable write "
+                                 f"({op.type}): fetching it would change the variables; compare "
+                                 "a tensor computed before the updates")
+        self.outputs = names
 
     def _spec(self, name: str, tensor_name: str) -> InputSpec:
         t = self.tensor(tensor_name)
@@ -234,41 +353,130 @@ class GraphRunner(Runner):
         try:
             return self.graph.get_tensor_by_name(_tensor_name(name))
         except (KeyError, ValueError):
-            raise InputError(f"{self.model.path}: no tensor named {name!r}") from None
+            raise InputError(f"{self.path}: no tensor named {name!r}") from None
+
+    # -- training graphs -------------------------------------------------------------------------
+    def unscaled_gradients(self) -> dict[str, str]:
+        """Gradient tensor -> the tensor holding its unscaled value, in a loss-scaled graph: each
+        ``<gradient>/amp_unscaled`` node divides a gradient by the scale, in float32. The
+        gradient it reads may be a cast the conversion added (``<tensor>/amp_float``,
+        ``<tensor>/amp_float32``): the key is the tensor cast, which the original graph holds
+        under the same name. Empty for a graph without loss scaling."""
+        found = {}
+        for op in self._ops:
+            if not op.name.endswith(UNSCALED_SUFFIX) or op.type != "RealDiv":
+                continue
+            source = op.inputs[0]
+            while source.op.type == "Cast" and source.op.name.rsplit("/", 1)[-1].startswith("amp_"):
+                source = source.op.inputs[0]
+            found[source.name] = op.outputs[0].name
+        return found
+
+    def gradient_tensors(self) -> list[str]:
+        """The gradients a training graph feeds its updates, as the converter finds them
+        (README "Training graphs and loss scaling"); empty for a graph that does not train or
+        whose backward pass cannot be told without hints."""
+        try:
+            backprop = find_backprop(IRGraph.from_graph_def(self.model.graph_def))
+        except InputError as exc:
+            log.info("%s: gradients not compared: %s", self.path, exc)
+            return []
+        return [] if backprop is None else [f"{g.node}:{g.port}" for g in backprop.gradients]
+
+    @functools.cached_property
+    def _loss_scaled(self) -> tuple[set[str], str | None]:
+        """Tensors of a loss-scaled graph that hold ``scale x`` their true value (everything
+        the scaled seed reaches before a gradient is unscaled), and the scale's tensor."""
+        starts = {op.name for op in self._ops if op.name.endswith(SCALED_SUFFIX)}
+        if not starts:
+            return set(), None
+        stops = {op.name for op in self._ops if op.name.endswith(UNSCALED_SUFFIX)}
+        reached = _reach(self._ops, starts, stop_names=stops)
+        names = {t.name for op in self._ops if op.name in reached for t in op.outputs}
+        scale = FETCH["scale"]
+        try:
+            self.graph.get_tensor_by_name(scale)
+        except KeyError:
+            return names, None
+        return names, scale
 
     # -- variables ---------------------------------------------------------------------------
     def _variables(self):
-        return self.graph.get_collection("variables")
+        found = {}
+        for key in ("variables", "local_variables"):
+            for var in self.graph.get_collection(key):
+                found.setdefault(var.op.name, var)
+        return list(found.values())
 
-    def _init_variables(self, saver, checkpoint: str | None) -> None:
+    def initialize(self, checkpoint: str | None = None, skip: Mapping | set = ()) -> None:
+        """Restore the variables from ``checkpoint``, else run the initializers of those not
+        in ``skip`` (local variables, which checkpoints do not hold, always)."""
         import tensorflow as tf
+        variables = self._variables()
         if checkpoint:
-            if saver is None:
-                raise InputError(f"{self.model.path}: --checkpoint needs a MetaGraph with a saver")
+            if self._saver is None:
+                raise InputError(f"{self.path}: --checkpoint needs a MetaGraph with a saver")
             try:
                 with self.graph.as_default():
-                    saver.restore(self.session, checkpoint)
+                    self._saver.restore(self.session, checkpoint)
             except (tf.errors.OpError, ValueError) as exc:
                 raise InputError(f"{checkpoint}: cannot restore: {str(exc).splitlines()[0]}") from None
-        elif self._variables():
+            local = {v.op.name for v in self.graph.get_collection("local_variables")}
+            variables = [v for v in variables if v.op.name in local]
+        variables = [v for v in variables if v.op.name not in skip]
+        if variables:
             with self.graph.as_default():
-                init = tf.compat.v1.variables_initializer(self._variables())
-            self.session.run(init)
+                init = tf.compat.v1.variables_initializer(variables)
+            with run_errors(self.path):
+                self.session.run(init)
 
     def variable_values(self) -> dict[str, np.ndarray]:
         variables = self._variables()
-        return dict(zip((v.op.name for v in variables), self.session.run(variables)))
+        with run_errors(self.path):
+            return dict(zip((v.op.name for v in variables), self.session.run(variables)))
 
     def load_variables(self, values: Mapping[str, np.ndarray]) -> int:
         """Set the variables that ``values`` names; returns how many were set."""
         count = 0
-        with self.graph.as_default():
+        with self.graph.as_default(), run_errors(self.path):
             for var in self._variables():
                 if var.op.name in values:
                     # feeding the initial value works for ref and resource variables alike
                     self.session.run(var.initializer, {var.initial_value: values[var.op.name]})
                     count += 1
         return count
+
+    def setup_ops(self) -> set[str]:
+        """Ops that only set variables up: the initializers (a random initializer draws afresh
+        on every run, so its tensors mean nothing to compare), the saver's save and restore
+        ops, and every op whose results feed those alone."""
+        return self._setup
+
+    @functools.cached_property
+    def _setup(self) -> set[str]:
+        ops = self._ops
+        sinks = {v.initializer.name for v in self._variables() if v.initializer is not None}
+        # a GraphDef keeps no variables collection: TF1's initializer is "<variable>/Assign"
+        sinks |= {op.name for op in ops if is_variable_write(op.type) and op.inputs
+                  and op.inputs[0].op.type in VARIABLE_CREATORS
+                  and op.name == op.inputs[0].op.name + "/Assign"}
+        sinks |= _reach(ops, {op.name for op in ops if op.type in SAVER_OPS}, control=True)
+        readers: dict[str, set[str]] = {}
+        for op in ops:
+            for producer in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
+                readers.setdefault(producer, set()).add(op.name)
+        pending = {name: len(r) for name, r in readers.items()}
+        setup, stack = set(sinks), list(sinks)
+        while stack:
+            op = self.graph.get_operation_by_name(stack.pop())
+            for producer in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
+                if producer in setup:
+                    continue
+                pending[producer] -= 1
+                if pending[producer] == 0:
+                    setup.add(producer)
+                    stack.append(producer)
+        return setup
 
     # -- running -----------------------------------------------------------------------------
     def callable(self, fetches: Sequence[str] | None = None):
@@ -277,7 +485,7 @@ class GraphRunner(Runner):
         keys = [spec.name for spec in self.inputs]
 
         def call(feeds):
-            with run_errors(self.model.path):
+            with run_errors(self.path):
                 return [np.asarray(o) for o in fn(*[feeds[k] for k in keys])]
         return call
 
@@ -290,11 +498,79 @@ class GraphRunner(Runner):
     def fetchable(self) -> list[str]:
         """Tensors that can be fetched from outside without side effects: not inside a loop
         frame or a cond branch, and not after a variable write (fetching it would train)."""
-        ops = self.graph.get_operations()
-        writes = {op.type for op in ops if is_variable_write(op.type)}
-        hidden = (_reach(ops, ENTER_OPS, EXIT_OPS) | _reach(ops, SWITCH_OPS, MERGE_OPS)
-                  | _reach(ops, writes, set(), control=True))
-        return [t.name for op in ops if op.name not in hidden for t in op.outputs]
+        return [t.name for op in self._ops if op.name not in self._hidden for t in op.outputs]
+
+    def comparable(self) -> list[str]:
+        """The float tensors worth comparing: fetchable, not setting variables up, not the
+        loss-scale state (``amp_loss_scale/``), in topological order."""
+        setup = self.setup_ops()
+        order = self._order
+        names = [name for name in self.fetchable()
+                 if not name.startswith(f"{SCOPE}/") and name.rsplit(":", 1)[0] not in setup
+                 and self.graph.get_tensor_by_name(name).dtype.as_datatype_enum in FLOATING]
+        return sorted(names, key=lambda n: order.get(n.rsplit(":", 1)[0], 0))
+
+    def trace(self, feeds, names=None) -> Trace:
+        """``names`` (default :meth:`comparable`) fetched in one run (if TensorFlow refuses one
+        of them, each on its own, leaving out those that fail). In a loss-scaled graph the
+        tensors that hold scaled values are divided by the scale, so they compare with the
+        original's."""
+        import tensorflow as tf
+        names = list(self.comparable() if names is None else names)
+        scaled, scale = self._loss_scaled
+        wanted = names + ([scale] if scale and scaled.intersection(names) else [])
+        try:
+            fetched = dict(zip(wanted, self.fetch(feeds, wanted)))
+        except tf.errors.OpError:
+            log.info("fetching all tensors at once failed; fetching one at a time")
+            fetched = {}
+            for name in wanted:
+                try:
+                    fetched[name] = self.fetch(feeds, [name])[0]
+                except tf.errors.OpError:
+                    pass
+        values, info = {}, {}
+        for name in names:
+            if name not in fetched:
+                continue
+            value = fetched[name]
+            if name in scaled:
+                if scale not in fetched:
+                    continue
+                value = value.astype(np.float64) / np.float64(fetched[scale])
+            t = self.graph.get_tensor_by_name(name)
+            values[name] = [value]
+            info[name] = TensorInfo(t.op.type, t.dtype.name, {i.name for i in t.op.inputs},
+                                    self._order.get(t.op.name, 0))
+        info.update(self._variants)
+        return Trace(values, info)
+
+    @functools.cached_property
+    def _variants(self) -> dict[str, TensorInfo]:
+        return {t.name: TensorInfo(op.type, "variant", {i.name for i in op.inputs})
+                for op in self._ops for t in op.outputs if t.dtype.as_datatype_enum == VARIANT}
+
+    @functools.cached_property
+    def _order(self) -> dict[str, int]:
+        """Op name -> position in a topological order (loop back edges are skipped, not followed)."""
+        preds = {op.name: [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]
+                 for op in self._ops}
+        order: dict[str, int] = {}
+        for root in preds:
+            if root in order:
+                continue
+            stack, visiting = [(root, iter(preds[root]))], {root}
+            while stack:
+                name, pending = stack[-1]
+                nxt = next((p for p in pending if p not in order and p not in visiting), None)
+                if nxt is None:
+                    stack.pop()
+                    visiting.discard(name)
+                    order[name] = len(order)
+                else:
+                    visiting.add(nxt)
+                    stack.append((nxt, iter(preds[nxt])))
+        return order
 
     def close(self) -> None:
         self.session.close()
@@ -316,12 +592,13 @@ class SavedModelRunner(Runner):
         key = signature or ("serving_default" if "serving_default" in sigs else sorted(sigs)[0])
         if key not in sigs:
             raise InputError(f"{path}: no signature {key!r} (has: {', '.join(sorted(sigs))})")
-        self.path, self._loaded, self.fn = path, loaded, sigs[key]
+        self.path, self.key, self._loaded, self.fn = path, key, loaded, sigs[key]
         specs = self.fn.structured_input_signature[1]
         self.inputs = [InputSpec(k, k, s.dtype.as_datatype_enum,
                                  None if s.shape.rank is None else tuple(s.shape.as_list()))
                        for k, s in sorted(specs.items())]
         self.outputs = sorted(self.fn.structured_outputs)
+        self._tracer: _SignatureTracer | GraphRunner | None = None
 
     def callable(self):
         import tensorflow as tf
@@ -331,6 +608,307 @@ class SavedModelRunner(Runner):
                 result = self.fn(**{k: tf.constant(feeds[k]) for k in (s.name for s in self.inputs)})
                 return [result[k].numpy() for k in self.outputs]
         return call
+
+    def trace(self, feeds, names=None) -> Trace:
+        """Every float tensor of the signature's computation. A TF2 signature calls a library
+        function: its body, and the bodies of the functions it calls (While and If bodies,
+        PartitionedCalls), are run one at a time with the values their callers pass, and their
+        tensors are named ``function/node:port`` as the conversion report names nodes. A TF1
+        signature reads the MetaGraph's own nodes: they are fetched as in a graph file."""
+        if self._tracer is None:
+            self._tracer = self._make_tracer()
+        if isinstance(self._tracer, GraphRunner):
+            return self._tracer.trace(feeds)
+        trace = self._tracer.run(feeds)
+        self._check_replay(feeds, trace)
+        return trace
+
+    def _make_tracer(self):
+        model = load(self.path)
+        meta = _serving_meta_graph(model, self.key)
+        sig = meta.signature_def[self.key]
+        nodes = {n.name: n for n in meta.graph_def.node}
+        producers = {info.name.split(":")[0] for info in sig.outputs.values()}
+        call = nodes.get(next(iter(producers))) if len(producers) == 1 else None
+        if call is None or call.op not in CALL_OPS:
+            # a TF1 SavedModel: the signature's tensors are nodes of the MetaGraph
+            prefix = Path(self.path) / "variables" / "variables"
+            saved = meta.HasField("saver_def") and prefix.with_suffix(".index").exists()
+            return GraphRunner(Model(self.path, "metagraph", False, (meta,)), self.key,
+                               checkpoint=str(prefix) if saved else None)
+        return _SignatureTracer(self, meta, sig, call)
+
+    def _check_replay(self, feeds, trace: Trace) -> None:
+        # a body run on its own must give what the whole signature gives, or the tensors
+        # recorded are not the ones the signature computes (a random or stateful op inside)
+        expected = self.callable()(feeds)
+        for name, want, got in zip(self.outputs, expected, self._tracer.last_outputs):
+            numeric = want.dtype.kind in "biuf" or want.dtype.name == "bfloat16"
+            if want.shape != got.shape or (
+                    not np.allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                                    rtol=1e-4, atol=1e-6, equal_nan=True)
+                    if numeric else not np.array_equal(got, want)):
+                raise InputError(
+                    f"{self.path}: running signature {self.key!r} function by function does not "
+                    f"reproduce its output {name!r} (a random or stateful op in its functions?): "
+                    "--per-node cannot compare its function bodies")
+
+    def close(self) -> None:
+        if isinstance(self._tracer, GraphRunner):
+            self._tracer.close()
+
+
+def _serving_meta_graph(model: Model, key: str):
+    """The MetaGraph ``tf.saved_model.load`` reads: the only one, else the ``serve`` one."""
+    graphs = list(model.meta_graphs)
+    if len(graphs) > 1:
+        graphs = [m for m in graphs if "serve" in m.meta_info_def.tags] or graphs
+    for meta in graphs:
+        if key in meta.signature_def:
+            return meta
+    raise InputError(f"{model.path}: no MetaGraph holds signature {key!r}")
+
+
+class _SignatureTracer:
+    """Replays a TF2 signature function body by body (see :meth:`SavedModelRunner.trace`)."""
+
+    def __init__(self, runner: SavedModelRunner, meta, sig, call):
+        self.path = runner.path
+        self.functions = _FunctionReplay(meta.graph_def.library, runner.path)
+        self.top = call.attr["f"].func.name
+        data = [i for i in call.input if not i.startswith("^")]
+        captured = list(runner.fn.captured_inputs)
+        by_tensor = {info.name: key for key, info in sig.inputs.items()}
+        user = [by_tensor.get(_tensor_name(i)) for i in data[:len(data) - len(captured)]]
+        fdef = self.functions.defs.get(self.top)
+        if fdef is None or None in user or len(fdef.signature.input_arg) != len(data):
+            raise InputError(f"{self.path}: signature {runner.key!r}: cannot match its call of "
+                             f"{self.top!r} to the signature's inputs; --per-node cannot run it")
+        self.user_keys, self.captured = user, captured
+        self.functions.refuse_writes(self.top)
+        self.last_outputs: list[np.ndarray] = []
+        self._output_keys = sorted(sig.outputs)
+        self._output_ports = [int(sig.outputs[k].name.split(":")[1]) for k in self._output_keys]
+
+    def run(self, feeds) -> Trace:
+        import tensorflow as tf
+        args = [tf.constant(feeds[k]) for k in self.user_keys] + self.captured
+        trace = Trace({}, {})
+        with run_errors(self.path):
+            results = self.functions.run(self.top, args, trace)
+        self.last_outputs = [results[p].numpy() for p in self._output_ports]
+        return trace
+
+
+class _FunctionReplay:
+    """Runs the functions of a library one body at a time, eagerly: each body is imported as a
+    graph (``function_def_to_graph_def``) and pruned to a function that returns every tensor of
+    the body; the call ops inside are then replayed with the values they were given, a While
+    iteration by iteration, an If or Case along the branch taken. The functions are registered
+    under a prefix of this replay's own, so an original and its conversion (same function
+    names, different bodies) live side by side."""
+
+    _instances = itertools.count()
+
+    def __init__(self, library, path):
+        self.path = path
+        self.defs = {f.signature.name: f for f in library.function}
+        self.prefix = f"amp_replay{next(self._instances)}_"
+        self.library = graph_pb2.GraphDef().library
+        for fdef in library.function:
+            self.library.function.add().CopyFrom(self._renamed(fdef))
+        self._compiled: dict[str, _Body] = {}
+
+    def _renamed(self, fdef):
+        out = type(fdef)()
+        out.CopyFrom(fdef)
+        out.signature.name = self.prefix + fdef.signature.name
+        for nd in out.node_def:
+            if nd.op in self.defs:
+                nd.op = self.prefix + nd.op
+            for value in nd.attr.values():
+                if value.HasField("func") and value.func.name in self.defs:
+                    value.func.name = self.prefix + value.func.name
+                elif value.HasField("list"):
+                    for func in value.list.func:
+                        if func.name in self.defs:
+                            func.name = self.prefix + func.name
+        return out
+
+    def _callees(self, name: str) -> set[str]:
+        found = set()
+        for nd in self.defs[name].node_def:
+            if nd.op in self.defs:
+                found.add(nd.op)
+            for value in nd.attr.values():
+                if value.HasField("func"):
+                    found.add(value.func.name)
+                elif value.HasField("list"):
+                    found.update(f.name for f in value.list.func)
+        return found & set(self.defs)
+
+    def refuse_writes(self, top: str) -> None:
+        """A body replayed on its own runs its ops a second time: refuse variable writes."""
+        seen, stack = set(), [top]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            writes = [nd.name for nd in self.defs[name].node_def if is_variable_write(nd.op)]
+            if writes:
+                raise InputError(f"{self.path}: function {name!r} writes variables ({writes[0]}): "
+                                 "replaying it for --per-node would change them")
+            stack.extend(self._callees(name))
+
+    def _body(self, name: str) -> "_Body":
+        if name not in self._compiled:
+            self._compiled[name] = _Body(name, self.defs[name], self._renamed(self.defs[name]),
+                                         self.library)
+        return self._compiled[name]
+
+    def run(self, name: str, args: list, trace: Trace) -> list:
+        """Run function ``name`` on ``args`` (eager tensors), recording its tensors into
+        ``trace`` and replaying its calls; returns its results."""
+        body = self._body(name)
+        key = _SPECIALIZED.sub("", name)
+        results, recorded, call_inputs = body.run(args)
+        for tensor, value in recorded:
+            self._record(trace, f"{key}/{tensor.name}", tensor.op.type, tensor.dtype.name, value,
+                         {f"{key}/{t.name}" for t in tensor.op.inputs})
+        for tensor in body.variants:
+            self._record(trace, f"{key}/{tensor.name}", tensor.op.type, "variant", None,
+                         {f"{key}/{t.name}" for t in tensor.op.inputs})
+        for op, inputs in call_inputs:
+            self._replay(key, op, inputs, trace)
+        return results
+
+    def _record(self, trace: Trace, name: str, op: str, dtype: str, value, sources: set[str]):
+        if value is not None:
+            trace.values.setdefault(name, []).append(value.numpy())
+        info = trace.info.get(name)
+        if info is None:
+            trace.info[name] = TensorInfo(op, dtype, set(sources), len(trace.info))
+        else:
+            info.sources |= sources
+
+    def _replay(self, caller: str, op, inputs: list, trace: Trace) -> None:
+        passed = [f"{caller}/{t.name}" for t in op.inputs]
+        outputs = [f"{caller}/{t.name}" for t in op.outputs]
+        if op.type in CALL_OPS:
+            callee = self._name(op.get_attr("f").name)
+            self._enter(callee, inputs, passed, trace)
+            self._link(trace, outputs, self._rets(callee))
+        elif op.type in IF_OPS or op.type in CASE_OPS:
+            if op.type in IF_OPS:
+                branches = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
+                value = inputs[0].numpy()
+                taken = 0 if (bool(value) if value.ndim == 0 else value.size > 0) else 1
+            else:
+                branches = [f.name for f in op.get_attr("branches")]
+                index = int(inputs[0].numpy())
+                taken = index if 0 <= index < len(branches) else len(branches) - 1
+            branches = [self._name(b) for b in branches]
+            self._enter(branches[taken], inputs[1:], passed[1:], trace)
+            for branch in branches:
+                self._link(trace, outputs, self._rets(branch))
+        elif op.type in WHILE_OPS:
+            cond, body = self._name(op.get_attr("cond").name), self._name(op.get_attr("body").name)
+            values, sources = list(inputs), passed
+            for _ in range(_MAX_ITERATIONS):
+                (go,) = self._enter(cond, values, sources, trace)[:1]
+                if not bool(go.numpy()):
+                    break
+                values = self._enter(body, values, sources, trace)
+                sources = self._rets(body)
+            else:
+                raise InputError(f"{self.path}: a While over {body!r} ran {_MAX_ITERATIONS} "
+                                 "iterations while replaying it for --per-node")
+            self._link(trace, outputs, self._rets(body))
+            self._link(trace, outputs, [[s] for s in passed])
+
+    def _name(self, renamed: str) -> str:
+        return renamed[len(self.prefix):] if renamed.startswith(self.prefix) else renamed
+
+    def _enter(self, callee: str, values: list, sources: list, trace: Trace) -> list:
+        """Run ``callee``; its float arguments are recorded, computed from ``sources``."""
+        body = self._body(callee)
+        key = _SPECIALIZED.sub("", callee)
+        for arg, value, source in zip(body.args, values, sources):
+            given = set(source) if isinstance(source, list) else {source}
+            if arg.dtype.as_datatype_enum in FLOATING:
+                self._record(trace, f"{key}/{arg.name}", "_Arg", arg.dtype.name, value, given)
+            elif arg.dtype.as_datatype_enum == VARIANT:
+                self._record(trace, f"{key}/{arg.name}", "_Arg", "variant", None, given)
+        return self.run(callee, values, trace)
+
+    def _rets(self, name: str) -> list[list[str]]:
+        key = _SPECIALIZED.sub("", name)
+        return [[f"{key}/{t.name}"] for t in self._body(name).rets]
+
+    @staticmethod
+    def _link(trace: Trace, outputs: list[str], sources: list[list[str]]) -> None:
+        """A call's outputs are computed from what its callee returned."""
+        for name, found in zip(outputs, sources):
+            if name in trace.info:
+                trace.info[name].sources |= set(found)
+
+
+class _Body:
+    """One function body made runnable: a pruned function of its arguments that returns its
+    results, every float tensor inside, and the inputs of each call op inside."""
+
+    def __init__(self, name: str, fdef, renamed, library):
+        import tensorflow as tf
+        from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+        scratch = tf.Graph()
+        with scratch.as_default():
+            # converting checks that the functions the body's attrs name exist: register them
+            holder = tf.compat.v1.GraphDef()
+            holder.library.CopyFrom(library)
+            tf.graph_util.import_graph_def(holder, name="")
+            graph_def, flat = function_def_to_graph_def(renamed)
+        graph_def.library.CopyFrom(library)
+
+        def _import():
+            tf.graph_util.import_graph_def(graph_def, name="")
+
+        wrapped = tf.compat.v1.wrap_function(_import, [])
+        g = wrapped.graph
+        self.args = [g.get_tensor_by_name(f"{a.name}:0") for a in fdef.signature.input_arg]
+        rets = [fdef.ret[o.name] for o in fdef.signature.output_arg]
+        self.rets = [g.get_tensor_by_name(flat.get(r, f"{r}:0")) for r in rets]
+        args = {t.name for t in self.args}
+        ops = g.get_operations()
+        self.recorded = [t for op in ops if op.type != "Placeholder" for t in op.outputs
+                         if t.dtype.as_datatype_enum in FLOATING]
+        self.variants = [t for op in ops if op.type != "Placeholder" for t in op.outputs
+                         if t.dtype.as_datatype_enum == VARIANT]
+        # sorted by name: the original and the conversion replay their calls in the same order
+        self.calls = sorted((op for op in ops if op.type in FUNCTIONAL_OPS), key=lambda op: op.name)
+        fetches: list = []
+        index: dict[str, int] = {}
+        for t in self.rets + self.recorded + [t for op in self.calls for t in op.inputs]:
+            if t.name not in args and t.name not in index:
+                index[t.name] = len(fetches)
+                fetches.append(t)
+        self._index = index
+        self._arg_position = {t.name: i for i, t in enumerate(self.args)}
+        self._fn = wrapped.prune(feeds=self.args, fetches=fetches) if fetches else None
+        self.name = name
+
+    def run(self, args: list):
+        """Results, (tensor, value) of every float tensor, (call op, input values) per call."""
+        values = list(self._fn(*args)) if self._fn is not None else []
+
+        def value(t):
+            if t.name in self._arg_position:
+                return args[self._arg_position[t.name]]
+            return values[self._index[t.name]]
+        results = [value(t) for t in self.rets]
+        recorded = [(t, value(t)) for t in self.recorded]
+        calls = [(op, [value(t) for t in op.inputs]) for op in self.calls]
+        return results, recorded, calls
 
 
 @contextlib.contextmanager
@@ -360,42 +938,85 @@ def _reason(exc: Exception) -> str:
 
 
 def open_model(path: str | os.PathLike, *, signature: str | None = None, outputs: Sequence[str] = (),
-               checkpoint: str | None = None) -> Runner:
-    """A :class:`Runner` for a GraphDef / MetaGraphDef file or a SavedModel directory."""
+               checkpoint: str | None = None, initialize: bool = True) -> Runner:
+    """A :class:`Runner` for a GraphDef / MetaGraphDef file or a SavedModel directory
+    (``initialize=False``: a graph's variables are left for :func:`share_weights`)."""
     path = Path(path)
     if path.is_dir() or path.name in SAVED_MODEL_FILES:
         folder = path if path.is_dir() else path.parent
         if outputs or checkpoint:
             raise InputError(f"{folder}: --output and --checkpoint apply to graph files, not SavedModels")
         return SavedModelRunner(folder, signature)
-    return GraphRunner(load(path), signature, outputs, checkpoint)
+    return GraphRunner(load(path), signature, outputs, checkpoint, initialize=initialize)
 
 
 @contextlib.contextmanager
 def open_pair(original, converted, *, signature: str | None = None, outputs: Sequence[str] = (),
               checkpoint: str | None = None):
     """An original and its conversion, ready to compare: the same inputs and number of outputs,
-    and the same weights (a checkpoint is restored into the original, whose variable values
-    are then copied into the converted graph, which may hold extra state such as a loss scale)."""
+    and the same weights (a checkpoint is restored into the original, or its initializers run,
+    once; its variable values are then copied into the converted graph, whose own extra state,
+    such as a loss scale, is initialized).
+
+    Without ``outputs``, a graph file without signatures compares the original's forward
+    outputs (see :meth:`GraphRunner._forward_outputs`) and, for a training graph, its
+    gradients: in a loss-scaled conversion the original's gradient against the converted
+    graph's unscaled one (``<gradient node>/amp_unscaled:0``). An output named with ``outputs``
+    that the conversion scales is compared unscaled too.
+    """
+    chosen = bool(outputs)
     with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a:
         if not outputs and isinstance(a, GraphRunner) and not a.has_signature:
             # the converted graph keeps node names; its own "nodes nothing reads" would also
             # list what the conversion added (loss-scale state and such)
             outputs = a.outputs
-        with open_model(converted, signature=signature, outputs=outputs) as b:
+        with open_model(converted, signature=signature, outputs=outputs, initialize=False) as b:
+            if isinstance(b, GraphRunner):
+                _pair_gradients(a, b, chosen)
             check_same_interface(a, b)
             share_weights(a, b)
             yield a, b
 
 
+def _pair_gradients(a: Runner, b: GraphRunner, chosen: bool) -> None:
+    """Point the converted graph's outputs at unscaled gradients; add the gradients of a
+    training graph to the default outputs."""
+    unscaled = b.unscaled_gradients()
+    if not isinstance(a, GraphRunner):
+        return
+    grads = list(unscaled) if unscaled else a.gradient_tensors()
+    if not (a.has_signature or chosen):
+        fetchable_a, fetchable_b = set(a.fetchable()), set(b.fetchable())
+        added = [g for g in grads if g in fetchable_a and unscaled.get(g, g) in fetchable_b
+                 and g not in a.outputs]
+        a.set_outputs(a.outputs + added)
+        b.outputs = list(a.outputs)
+    a.gradients = frozenset(set(grads) & set(a.outputs))
+    mapped = [unscaled.get(name, name) for name in b.outputs]
+    if mapped != b.outputs:
+        log.info("comparing %d gradients unscaled (<gradient>%s:0)",
+                 sum(m != n for m, n in zip(mapped, b.outputs)), UNSCALED_SUFFIX)
+    b.set_outputs(mapped)
+    b.gradients = frozenset(unscaled.get(g, g) for g in a.gradients)
+
+
 def share_weights(original: Runner, converted: Runner) -> None:
     """Give ``converted`` the variable values of ``original`` (variables keep their names and
-    dtypes through conversion), so random initializers cannot make the two differ."""
-    if isinstance(original, GraphRunner) and isinstance(converted, GraphRunner):
-        values = original.variable_values()
-        if values:
-            n = converted.load_variables(values)
-            log.info("copied %d of %d variables into the converted graph", n, len(values))
+    dtypes through conversion), so random initializers cannot make the two differ; variables
+    only the converted graph has (its loss-scale state) are initialized, each once."""
+    if not isinstance(converted, GraphRunner):
+        return
+    values = original.variable_values() if isinstance(original, GraphRunner) else {}
+    if values:
+        n = converted.load_variables(values)
+        log.info("copied %d of %d variables into the converted graph", n, len(values))
+    own = [v.op.name for v in converted._variables()
+           if v.op.name not in values and not v.op.name.startswith(f"{SCOPE}/")]
+    if own:
+        log.warning("%d variables of the converted graph are not in the original (%s): they run "
+                    "their own initializers, so the two may compute with different weights",
+                    len(own), ", ".join(own[:3]) + (" ..." if len(own) > 3 else ""))
+    converted.initialize(skip=values)
 
 
 def check_same_interface(a: Runner, b: Runner) -> None:
@@ -411,28 +1032,75 @@ def _tensor_name(name: str) -> str:
     return name if ":" in name else f"{name}:0"
 
 
-def _without_devices(graph_def):
-    # a graph saved on a GPU machine names devices this one lacks; placement is TF's job here
+def _private_copy(graph_def):
+    """The graph as a runner imports it: devices cleared (a graph saved on a GPU machine names
+    devices this one lacks; placement is TF's job here), seeds given to unseeded random ops,
+    and the control edges that make a fetch run a variable write dropped (module docstring)."""
     out = type(graph_def)()
     out.CopyFrom(graph_def)
     for node in out.node:
         node.device = ""
+        seeds = node.attr.get("seed"), node.attr.get("seed2")
+        if None not in seeds and not node.op.startswith("Stateless") and \
+                seeds[0].i == 0 and seeds[1].i == 0:
+            # seed 0 and seed2 0 mean "draw a new seed": two graphs would differ
+            node.attr["seed2"].i = zlib.crc32(node.name.encode()) % (2**31 - 1) + 1
+    _drop_write_edges(out)
     return out
 
 
-def _reach(ops, starts: set[str], ends: set[str], control: bool = False) -> set[str]:
-    """Names of the ops reachable forward from an op whose type is in ``starts`` without
-    passing an op whose type is in ``ends`` (along control edges too if ``control``)."""
+def _drop_write_edges(graph_def) -> None:
+    """Drop the control edges out of every variable write and every node after one, but those
+    into a NoOp (a group such as the saver's ``restore_all`` or an init op runs its writes that
+    way) and those inside v1 loops and conds (their frames are built of control edges)."""
+    ops = {n.name: n.op for n in graph_def.node}
+    readers: dict[str, list[tuple[str, bool]]] = {}
+    for n in graph_def.node:
+        for text in n.input:
+            readers.setdefault(text.lstrip("^").split(":")[0], []).append((n.name, text[:1] == "^"))
+
+    def reach(starts, ends=frozenset(), control=True):
+        seen, stack = set(), list(starts)
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            stack.extend(reader for reader, is_control in readers.get(name, ())
+                         if ops.get(reader) not in ends and (control or not is_control))
+        return seen
+    after = reach([n.name for n in graph_def.node if is_variable_write(n.op)])
+    if not after:
+        return
+    frames = (reach([n.name for n in graph_def.node if n.op in ENTER_OPS], EXIT_OPS, control=False)
+              | reach([n.name for n in graph_def.node if n.op in SWITCH_OPS], MERGE_OPS | EXIT_OPS,
+                      control=False))
+    for n in graph_def.node:
+        if n.op == "NoOp" or n.name in frames:
+            continue
+        kept = [i for i in n.input if not (i.startswith("^") and i[1:] in after and i[1:] not in frames)]
+        if len(kept) != len(n.input):
+            del n.input[:]
+            n.input.extend(kept)
+
+
+def _reach(ops, starts: set[str], ends=frozenset(), control: bool = False,
+           stop_names=frozenset()) -> set[str]:
+    """Names of the ops reachable forward from the ops named ``starts`` without passing an op
+    whose type is in ``ends`` or whose name is in ``stop_names`` (along control edges too if
+    ``control``)."""
     consumers: dict[str, list] = {}
     for op in ops:
         for producer in [t.op for t in op.inputs] + (list(op.control_inputs) if control else []):
             consumers.setdefault(producer.name, []).append(op)
     seen: set[str] = set()
-    stack = [op for op in ops if op.type in starts]
+    stack = [op for op in ops if op.name in starts]
     while stack:
         op = stack.pop()
         if op.name in seen:
             continue
         seen.add(op.name)
-        stack.extend(c for c in consumers.get(op.name, ()) if c.type not in ends)
+        stack.extend(c for c in consumers.get(op.name, ())
+                     if c.type not in ends and c.name not in stop_names)
     return seen
+

@@ -1,13 +1,31 @@
 """``amp-rewrite verify ORIG CONVERTED``: how far the converted graph's numbers moved, and where.
 
 Both models run on the same inputs (an ``.npz`` file, or random data from the inputs' dtypes
-and shapes, ``--samples`` sets of it). For each output we report the largest absolute error,
-the relative L2 error and the share of elements outside ``|conv - orig| <= atol + rtol*|orig|``;
-a non-finite value where the original is finite counts as an infinite error. ``--per-node``
-fetches every tensor that exists in both graphs and ranks them by the error each *adds* over
-its inputs (its relative L2 error minus the largest of its inputs'), so the first tensor that
-diverges, such as an op overflowing float16, comes first. Exit code 1 when an output is out of
-tolerance.
+and shapes, ``--samples`` sets of it). Each output is measured (largest absolute error,
+relative L2 error, share of elements outside ``|conv - orig| <= atol + rtol*|orig|``, and for
+a classifier-shaped output the top-1 agreement; a non-finite value where the original is finite
+counts as an infinite error) and judged by the checks in force, each with its threshold:
+
+* ``rel_l2``: ``||conv - orig||_2 / ||orig||_2`` at most ``--rel-l2`` (default by the
+  converted graph's lowest float dtype: float16 1e-2, bfloat16 5e-2, float32 1e-5); for the
+  gradients among a training graph's outputs at most ``--grad-rel-l2`` (default 1e-1);
+* ``top1``: on a rank-2 float output whose last dimension is over 1 (a batch of scores), the
+  share of rows whose argmax agrees at least ``--top1`` (default 0.99). A row whose original
+  scores for the two classes involved differ by no more than the ``rel_l2`` bound times the
+  row's L2 norm is a near-tie, within the error ``rel_l2`` accepts: it counts as agreeing;
+* ``allclose``: every element within ``atol + rtol*|orig|`` (``--rtol``/``--atol``; defaults
+  float16 0.01/0.001, bfloat16 0.05/0.01, float32 1e-5/1e-6);
+* ``max_abs``: the largest absolute error at most ``--max-abs`` (no default).
+
+Without ``--check``, ``rel_l2`` and ``top1`` are in force, plus any check whose threshold is
+given. The result names, for each output, which check failed.
+
+``--per-node`` compares the tensors inside both models and ranks them by the error each
+*adds* over the tensors it is computed from (its relative L2 error minus the largest of
+theirs), so the first tensor that diverges, such as an op overflowing float16, comes first.
+Graph files compare every float tensor a fetch reaches without running a variable write;
+SavedModels the tensors of their signature's function bodies (see
+:meth:`amp_rewrite.runner.SavedModelRunner.trace`). Exit code 1 when an output fails a check.
 """
 
 from __future__ import annotations
@@ -19,30 +37,128 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .dtypes import BFLOAT16, FLOAT, FLOATING, HALF
+from .dtypes import BFLOAT16, FLOAT, HALF, TARGET_NAMES
 from .errors import InputError
 from .runner import (GraphRunner, Runner, check_same_interface, concrete_shape, load_inputs,
                      open_pair, random_inputs)
 
 log = logging.getLogger(__name__)
 
-# default (rtol, atol) by the lowest float dtype found in the converted graph
-TOLERANCES = {
-    BFLOAT16: (5e-2, 1e-2),   # 8-bit mantissa: ~0.4% per rounding, compounding
-    HALF: (1e-2, 1e-3),       # 11-bit mantissa
-    FLOAT: (1e-5, 1e-6),
-}
+#: every check, and those in force without --check
+CHECKS = ("rel_l2", "top1", "allclose", "max_abs")
+DEFAULT_CHECKS = ("rel_l2", "top1")
+
+# Defaults by the lowest float dtype of the converted graph. rel_l2: healthy conversions
+# measure below (float16 logits: the README's ResNet50 1.2e-3 and MobileNetV2 7.0e-3, a digits
+# CNN exported from Keras 2.7e-4, the tests' Keras CNN+LSTM+attention export 6e-4; bfloat16:
+# ResNet50 1.0e-2, MobileNetV2 4.3e-2, the digits CNN 2.0e-3, the Keras export 5.5e-3), while
+# a real fault (an overflow, a deny op in low precision) gives inf or errors of order 1.
+REL_L2 = {BFLOAT16: 5e-2, HALF: 1e-2, FLOAT: 1e-5}
+# Gradients (of a training graph's outputs) move more: a ReLU whose input sits near zero
+# flips its mask in low precision, and the backward pass sums such flips. Healthy conversions
+# of the tests' training graphs (MLP, CNN with batch norm; SGD, Adam; digits and random data)
+# measure up to 2.6e-2 (float16) and 2.8e-2 (bfloat16); a broken one gives about 1 (gradients
+# flushed to zero, a scale not undone) or inf.
+GRAD_REL_L2 = {BFLOAT16: 1e-1, HALF: 1e-1, FLOAT: 1e-5}
+#: (rtol, atol) of the allclose check
+ALLCLOSE = {BFLOAT16: (5e-2, 1e-2), HALF: (1e-2, 1e-3), FLOAT: (1e-5, 1e-6)}
+TOP1 = 0.99
+_FLAGS = {"rel_l2": "--rel-l2/--grad-rel-l2", "top1": "--top1", "max_abs": "--max-abs",
+          "allclose": "--rtol/--atol"}
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """The checks in force and every threshold (``dtype``: what the defaults were chosen for;
+    ``chosen``: the checks came from ``--check``)."""
+
+    checks: tuple[str, ...]
+    dtype: str
+    rel_l2: float
+    top1: float
+    grad_rel_l2: float
+    rtol: float
+    atol: float
+    max_abs: float | None = None
+    chosen: bool = False
+
+    def thresholds(self) -> list[dict]:
+        """One entry per check in force: its name and threshold(s)."""
+        out = []
+        for check in self.checks:
+            if check == "allclose":
+                out.append({"check": check, "rtol": self.rtol, "atol": self.atol})
+            elif check == "rel_l2":
+                out.append({"check": check, "threshold": self.rel_l2,
+                            "gradients": self.grad_rel_l2})
+            else:
+                out.append({"check": check, "threshold": getattr(self, check)})
+        return out
+
+    def describe(self) -> str:
+        parts = {"rel_l2": f"rel_l2 <= {self.rel_l2:g} (gradients {self.grad_rel_l2:g})",
+                 "top1": f"top1 >= {100 * self.top1:g}% (classifier outputs; near-ties agree)",
+                 "allclose": f"allclose |conv - orig| <= {self.atol:g} + {self.rtol:g}*|orig|",
+                 "max_abs": f"max_abs <= {self.max_abs:g}" if self.max_abs is not None else ""}
+        return ", ".join(parts[c] for c in self.checks)
+
+
+def criteria(dtype: int = FLOAT, checks: Sequence[str] = (), *, rel_l2: float | None = None,
+             grad_rel_l2: float | None = None, top1: float | None = None,
+             rtol: float | None = None, atol: float | None = None,
+             max_abs: float | None = None) -> Criteria:
+    """The checks and thresholds in force for a converted model whose lowest float dtype is
+    ``dtype``: ``checks`` (``--check``) or the defaults plus each check a threshold is given
+    for. A threshold out of range, or given for a check not chosen, is an InputError."""
+    for check in checks:
+        if check not in CHECKS:
+            raise InputError(f"--check {check}: unknown check (choose from {', '.join(CHECKS)})")
+    for flag, value, high in (("--rel-l2", rel_l2, None), ("--grad-rel-l2", grad_rel_l2, None),
+                              ("--top1", top1, 1.0),
+                              ("--rtol", rtol, None), ("--atol", atol, None),
+                              ("--max-abs", max_abs, None)):
+        if value is not None and not (value >= 0 and (high is None or value <= high)
+                                      and math.isfinite(value)):
+            bound = "between 0 and 1" if high else "a finite number >= 0"
+            raise InputError(f"{flag} {value:g}: must be {bound}")
+    given = {"rel_l2": rel_l2 is not None or grad_rel_l2 is not None, "top1": top1 is not None,
+             "allclose": rtol is not None or atol is not None, "max_abs": max_abs is not None}
+    if checks:
+        chosen = tuple(dict.fromkeys(checks))
+        for check, is_given in given.items():
+            # rel_l2's bound also sets the top-1 near-tie margin, so it may come alone
+            if is_given and check not in chosen and not (check == "rel_l2" and "top1" in chosen):
+                raise InputError(f"{_FLAGS[check]} is the threshold of --check {check}, which is "
+                                 f"not among the checks chosen ({', '.join(chosen)}); add "
+                                 f"--check {check} or drop {_FLAGS[check]}")
+    else:
+        chosen = DEFAULT_CHECKS + tuple(c for c in ("allclose", "max_abs") if given[c])
+    if "max_abs" in chosen and max_abs is None:
+        raise InputError("--check max_abs needs --max-abs X: an absolute error has no default "
+                         "(it depends on the outputs' scale)")
+    d_rtol, d_atol = ALLCLOSE.get(dtype, ALLCLOSE[FLOAT])
+    return Criteria(chosen, TARGET_NAMES.get(dtype, "float32"),
+                    REL_L2.get(dtype, REL_L2[FLOAT]) if rel_l2 is None else rel_l2,
+                    TOP1 if top1 is None else top1,
+                    GRAD_REL_L2.get(dtype, GRAD_REL_L2[FLOAT]) if grad_rel_l2 is None else grad_rel_l2,
+                    d_rtol if rtol is None else rtol, d_atol if atol is None else atol,
+                    max_abs, bool(checks))
 
 
 class ErrorStats:
-    """Errors of one tensor accumulated over samples (relative L2 over all of them together)."""
+    """Errors of one tensor accumulated over samples (relative L2 over all of them together),
+    and for a batch of scores (rank 2, last dimension over 1) the top-1 agreement, where a row
+    is a near-tie when the original's scores of the two classes differ by at most ``tie``
+    times the row's L2 norm."""
 
-    def __init__(self, rtol: float, atol: float):
-        self.rtol, self.atol = rtol, atol
+    def __init__(self, rtol: float, atol: float, tie: float = 0.0):
+        self.rtol, self.atol, self.tie = rtol, atol, tie
         self.diff_sq = self.ref_sq = self.max_abs = 0.0
         self.out_of_tol = self.total = self.nonfinite = 0
+        self.rows = self.agree = self.ties = 0
+        self.classifier = True
 
-    def update(self, ref: np.ndarray, out: np.ndarray) -> None:
+    def update(self, ref: np.ndarray, out: np.ndarray, top1: bool = True) -> None:
         ref = np.asarray(ref, np.float64)
         out = np.asarray(out, np.float64)
         if ref.shape != out.shape:
@@ -59,6 +175,22 @@ class ErrorStats:
         close = np.isclose(out, ref, rtol=self.rtol, atol=self.atol, equal_nan=True)
         self.out_of_tol += int(np.count_nonzero(~close))
         self.total += ref.size
+        self.classifier = self.classifier and top1 and ref.ndim == 2 and ref.shape[1] > 1
+        if self.classifier:
+            self._top1(ref, out)
+
+    def _top1(self, ref: np.ndarray, out: np.ndarray) -> None:
+        rows = np.arange(ref.shape[0])
+        want = np.argmax(np.where(np.isnan(ref), -np.inf, ref), axis=1)
+        got = np.argmax(np.where(np.isnan(out), -np.inf, out), axis=1)
+        usable = np.isfinite(out).all(axis=1)   # a row gone non-finite never agrees
+        agree = usable & (want == got)
+        norm = np.sqrt(np.sum(np.where(np.isfinite(ref), ref * ref, 0.0), axis=1))
+        gap = ref[rows, want] - ref[rows, got]
+        tie = usable & ~agree & (gap <= self.tie * norm)
+        self.rows += ref.shape[0]
+        self.agree += int(np.count_nonzero(agree))
+        self.ties += int(np.count_nonzero(tie))
 
     @property
     def rel_l2(self) -> float:
@@ -77,8 +209,21 @@ class ErrorStats:
         return self.out_of_tol / self.total if self.total else 0.0
 
     @property
-    def ok(self) -> bool:
-        return self.out_of_tol == 0 and self.nonfinite == 0
+    def top1(self) -> float | None:
+        """Rows whose argmax agrees or that are near-ties, as a share; None: not scores."""
+        if not (self.classifier and self.rows):
+            return None
+        return (self.agree + self.ties) / self.rows
+
+
+@dataclass
+class CheckResult:
+    """One check of one output: what was measured, the threshold, the verdict."""
+
+    check: str
+    value: float
+    threshold: float
+    ok: bool
 
 
 @dataclass
@@ -86,10 +231,18 @@ class OutputError:
     name: str
     max_abs: float
     rel_l2: float
-    out_of_tolerance: float     # share of elements, 0..1
+    out_of_tolerance: float     # share of elements outside atol + rtol*|orig|, 0..1
     elements: int
     nonfinite: int
     ok: bool
+    top1: float | None = None   # share of rows agreeing (near-ties included); None: not scores
+    rows: int = 0
+    top1_disagree: int = 0      # rows whose argmax moved, near-ties not counted
+    top1_ties: int = 0
+    kind: str = "output"        # "output", or "gradient" (compared unscaled where scaled)
+    converted: str = ""         # the converted model's tensor compared, where its name differs
+    checks: list[CheckResult] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -106,8 +259,7 @@ class VerifyResult:
     """What ``verify`` found; ``to_dict`` is what the HTML report shows."""
 
     samples: int
-    rtol: float
-    atol: float
+    criteria: Criteria
     outputs: list[OutputError]
     nodes: list[NodeError] = field(default_factory=list)
     nodes_compared: int = 0
@@ -116,19 +268,33 @@ class VerifyResult:
     def ok(self) -> bool:
         return all(o.ok for o in self.outputs)
 
+    @property
+    def rtol(self) -> float:
+        return self.criteria.rtol
+
+    @property
+    def atol(self) -> float:
+        return self.criteria.atol
+
+    def failures(self) -> dict[str, list[str]]:
+        """Output -> the checks it failed (outputs that pass are left out)."""
+        return {o.name: list(o.failed) for o in self.outputs if o.failed}
+
     def to_dict(self) -> dict:
-        return {"samples": self.samples, "rtol": self.rtol, "atol": self.atol, "ok": self.ok,
+        c = self.criteria
+        return {"samples": self.samples, "dtype": c.dtype, "checks": c.thresholds(),
+                "checks_chosen": c.chosen, "rel_l2": c.rel_l2, "grad_rel_l2": c.grad_rel_l2,
+                "top1": c.top1,
+                "rtol": c.rtol, "atol": c.atol, "max_abs": c.max_abs,
+                "ok": self.ok, "failed": self.failures(),
                 "outputs": [asdict(o) for o in self.outputs],
                 "nodes": [asdict(n) for n in self.nodes], "nodes_compared": self.nodes_compared}
 
 
-def default_tolerance(runner: Runner) -> tuple[float, float]:
-    """(rtol, atol) suited to the lowest-precision float dtype the model computes in."""
+def lowest_dtype(runner: Runner) -> int:
+    """The lowest-precision float dtype the model computes in (bfloat16, float16, float32)."""
     found = _dtypes_in(runner)
-    for dtype in (BFLOAT16, HALF):
-        if dtype in found:
-            return TOLERANCES[dtype]
-    return TOLERANCES[FLOAT]
+    return next((d for d in (BFLOAT16, HALF) if d in found), FLOAT)
 
 
 def _dtypes_in(runner: Runner) -> set[int]:
@@ -158,49 +324,109 @@ def feed_sets(runner: Runner, inputs: str | None, samples: int, shapes: Mapping,
 
 
 def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping],
-                    rtol: float, atol: float) -> list[OutputError]:
-    """Run both models on every feed set and compare their outputs, position by position."""
+                    crit: Criteria) -> list[OutputError]:
+    """Run both models on every feed set, compare their outputs position by position and
+    judge each by the checks in force."""
     check_same_interface(original, converted)
     run_a, run_b = original.callable(), converted.callable()
-    stats = [ErrorStats(rtol, atol) for _ in original.outputs]
+    stats = [ErrorStats(crit.rtol, crit.atol, crit.rel_l2) for _ in original.outputs]
+    gradients = [name in original.gradients for name in original.outputs]
     for feed in feeds:
-        for name, s, a, b in zip(original.outputs, stats, run_a(feed), run_b(feed)):
+        for name, s, grad, a, b in zip(original.outputs, stats, gradients, run_a(feed), run_b(feed)):
             try:
-                s.update(a, b)
+                s.update(a, b, top1=not grad)   # a weight gradient is no batch of scores
             except ValueError as exc:
                 raise InputError(f"output {name}: the converted model gives {exc} (--output "
                                  "picks the outputs to compare)") from None
-    return [OutputError(name, s.max_abs_error, s.rel_l2, s.share, s.total, s.nonfinite, s.ok)
-            for name, s in zip(original.outputs, stats)]
+    out = [_judge(name, other, s, grad, crit) for name, other, s, grad
+           in zip(original.outputs, converted.outputs, stats, gradients)]
+    if crit.chosen and "top1" in crit.checks and all(o.top1 is None for o in out):
+        raise InputError("--check top1: no output is a batch of scores (a rank-2 float output "
+                         "whose last dimension is over 1); pick one with --output or choose "
+                         "another --check")
+    return out
 
 
-def per_node(original: GraphRunner, converted: GraphRunner, feeds: Sequence[Mapping],
-             rtol: float, atol: float) -> tuple[list[NodeError], int]:
-    """Every float tensor present in both graphs, ranked by the error it adds over its inputs.
+def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria) -> OutputError:
+    checks = []
+    for check in crit.checks:
+        if check == "rel_l2":
+            bound = crit.grad_rel_l2 if gradient else crit.rel_l2
+            checks.append(CheckResult(check, s.rel_l2, bound, s.rel_l2 <= bound))
+        elif check == "max_abs":
+            checks.append(CheckResult(check, s.max_abs_error, crit.max_abs,
+                                      s.max_abs_error <= crit.max_abs))
+        elif check == "allclose":
+            checks.append(CheckResult(check, s.share, 0.0, s.out_of_tol == 0 and s.nonfinite == 0))
+        elif check == "top1" and s.top1 is not None:
+            checks.append(CheckResult(check, s.top1, crit.top1, s.top1 >= crit.top1))
+    failed = [c.check for c in checks if not c.ok]
+    return OutputError(name, s.max_abs_error, s.rel_l2, s.share, s.total, s.nonfinite,
+                       not failed, s.top1, s.rows if s.top1 is not None else 0,
+                       s.rows - s.agree - s.ties if s.top1 is not None else 0,
+                       s.ties if s.top1 is not None else 0,
+                       "gradient" if gradient else "output", other if other != name else "",
+                       checks, failed)
+
+
+def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
+             crit: Criteria) -> tuple[list[NodeError], int]:
+    """Every float tensor present in both models, ranked by the error it adds over the
+    tensors it is computed from.
 
     Returns the ranking (largest added error first, earlier tensors first among equals) and
-    how many tensors were compared.
+    how many tensors were compared. A tensor whose shape or number of executions differs
+    between the two (the conversion changed it) is left out.
     """
-    names = _common_tensors(original, converted)
-    stats = {n: ErrorStats(rtol, atol) for n in names}
+    if isinstance(original, GraphRunner) != isinstance(converted, GraphRunner):
+        raise InputError("--per-node needs two models of the same kind (two graph files or two "
+                         "SavedModel directories)")
+    names = None
+    if isinstance(original, GraphRunner):
+        theirs = set(converted.comparable())
+        names = [n for n in original.comparable() if n in theirs]
+    stats: dict[str, ErrorStats] = {}
+    info, dtypes, dropped = {}, {}, set()
     for feed in feeds:
-        for name, a, b in zip(names, _fetch(original, feed, names), _fetch(converted, feed, names)):
-            if a is None or b is None or name not in stats:
-                stats.pop(name, None)
+        ta, tb = original.trace(feed, names), converted.trace(feed, names)
+        for name, va in ta.values.items():
+            vb = tb.values.get(name)
+            if name in dropped or vb is None:
                 continue
+            s = stats.setdefault(name, ErrorStats(crit.rtol, crit.atol, crit.rel_l2))
             try:
-                stats[name].update(a, b)
-            except ValueError:  # the conversion changed this tensor's shape: not comparable
+                if len(va) != len(vb):
+                    raise ValueError("executed a different number of times")
+                for a, b in zip(va, vb):
+                    s.update(a, b, top1=False)
+            except ValueError:  # the conversion changed this tensor: not comparable
+                dropped.add(name)
                 stats.pop(name)
-    order = _topological_order(original)
+        info.update(ta.info)
+        dtypes.update({name: i.dtype for name, i in tb.info.items()})
     ranked = []
     for name, s in stats.items():
-        t = original.graph.get_tensor_by_name(name)
-        inputs = [stats[i.name].rel_l2 for i in t.op.inputs if i.name in stats]
-        ranked.append(NodeError(name, t.op.type, _dtype_name(converted, name), s.rel_l2,
-                                _added(s.rel_l2, max(inputs, default=0.0))))
-    ranked.sort(key=lambda n: (-n.added, order.get(n.tensor.rsplit(":", 1)[0], 0)))
+        inherited = [stats[i].rel_l2 for i in _float_sources(name, info, stats)]
+        ranked.append(NodeError(name, info[name].op, dtypes.get(name, info[name].dtype),
+                                s.rel_l2, _added(s.rel_l2, max(inherited, default=0.0))))
+    ranked.sort(key=lambda n: (-n.added, info[n.tensor].order))
     return ranked, len(stats)
+
+
+def _float_sources(name: str, info: Mapping, stats: Mapping) -> set[str]:
+    """The compared tensors ``name`` is computed from, looking through variant tensors (a
+    TensorList carries the floats pushed into it to the ones read out of it)."""
+    found, seen, stack = set(), {name}, list(info[name].sources)
+    while stack:
+        source = stack.pop()
+        if source in seen:
+            continue
+        seen.add(source)
+        if source in stats:
+            found.add(source)
+        elif source in info and info[source].dtype == "variant":
+            stack.extend(info[source].sources)
+    return found
 
 
 def _added(err: float, inherited: float) -> float:
@@ -209,92 +435,44 @@ def _added(err: float, inherited: float) -> float:
     return max(err - inherited, 0.0)
 
 
-def _common_tensors(original: GraphRunner, converted: GraphRunner) -> list[str]:
-    theirs = set(converted.fetchable())
-    names = []
-    for name in original.fetchable():
-        if name not in theirs:
-            continue
-        a = original.graph.get_tensor_by_name(name).dtype.as_datatype_enum
-        b = converted.graph.get_tensor_by_name(name).dtype.as_datatype_enum
-        if a in FLOATING and b in FLOATING:
-            names.append(name)
-    return names
-
-
-def _fetch(runner: GraphRunner, feed: Mapping, names: list[str]) -> list[np.ndarray | None]:
-    """All tensors in one run; if TensorFlow refuses one of them, each on its own (None on failure)."""
-    import tensorflow as tf
-    try:
-        return runner.fetch(feed, names)
-    except tf.errors.OpError:
-        log.info("fetching all tensors at once failed; fetching one at a time")
-    out = []
-    for name in names:
-        try:
-            out.append(runner.fetch(feed, [name])[0])
-        except tf.errors.OpError:
-            out.append(None)
-    return out
-
-
-def _dtype_name(runner: GraphRunner, name: str) -> str:
-    return runner.graph.get_tensor_by_name(name).dtype.name
-
-
-def _topological_order(runner: GraphRunner) -> dict[str, int]:
-    """Op name -> position in a topological order (loop back edges are skipped, not followed)."""
-    ops = runner.graph.get_operations()
-    preds = {op.name: [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]
-             for op in ops}
-    order: dict[str, int] = {}
-    for root in preds:
-        if root in order:
-            continue
-        stack, visiting = [(root, iter(preds[root]))], {root}
-        while stack:
-            name, pending = stack[-1]
-            nxt = next((p for p in pending if p not in order and p not in visiting), None)
-            if nxt is None:
-                stack.pop()
-                visiting.discard(name)
-                order[name] = len(order)
-            else:
-                visiting.add(nxt)
-                stack.append((nxt, iter(preds[nxt])))
-    return order
-
-
 def verify(original_path, converted_path, *, inputs: str | None = None, samples: int = 1,
-           shapes: Mapping | None = None, rtol: float | None = None, atol: float | None = None,
-           nodes: bool = False, signature: str | None = None, outputs: Sequence[str] = (),
+           shapes: Mapping | None = None, checks: Sequence[str] = (),
+           rel_l2: float | None = None, grad_rel_l2: float | None = None,
+           top1: float | None = None, rtol: float | None = None,
+           atol: float | None = None, max_abs: float | None = None, nodes: bool = False,
+           signature: str | None = None, outputs: Sequence[str] = (),
            checkpoint: str | None = None) -> VerifyResult:
     """Compare two models on the same inputs (see the module docstring)."""
     if samples < 1:
         raise InputError("--samples must be at least 1")
+    thresholds = dict(rel_l2=rel_l2, grad_rel_l2=grad_rel_l2, top1=top1, rtol=rtol, atol=atol,
+                      max_abs=max_abs)
+    criteria(FLOAT, checks, **thresholds)  # flag mistakes answer before the models load
     with open_pair(original_path, converted_path, signature=signature, outputs=outputs,
                    checkpoint=checkpoint) as (a, b):
-        d_rtol, d_atol = default_tolerance(b)
-        rtol = d_rtol if rtol is None else rtol
-        atol = d_atol if atol is None else atol
+        crit = criteria(lowest_dtype(b), checks, **thresholds)
         feeds = feed_sets(a, inputs, samples, shapes or {})
-        result = VerifyResult(len(feeds), rtol, atol, compare_outputs(a, b, feeds, rtol, atol))
+        result = VerifyResult(len(feeds), crit, compare_outputs(a, b, feeds, crit))
         if nodes:
-            if not (isinstance(a, GraphRunner) and isinstance(b, GraphRunner)):
-                raise InputError("--per-node needs graph files (GraphDef or MetaGraph), "
-                                 "not SavedModel directories")
-            result.nodes, result.nodes_compared = per_node(a, b, feeds, rtol, atol)
+            result.nodes, result.nodes_compared = per_node(a, b, feeds, crit)
     return result
 
 
 def format_result(result: VerifyResult, top: int = 10) -> str:
-    lines = [f"{result.samples} sample(s), tolerance |conv - orig| <= {result.atol:g} + "
-             f"{result.rtol:g} * |orig|"]
-    width = max(len(o.name) for o in result.outputs)
-    for o in result.outputs:
-        lines.append(f"{o.name:<{width}}  max abs {o.max_abs:.3g}  rel L2 {o.rel_l2:.3g}  "
-                     f"out of tolerance {100 * o.out_of_tolerance:.2f}% of {o.elements}  "
-                     + ("ok" if o.ok else "FAIL"))
+    c = result.criteria
+    lines = [f"{result.samples} sample(s); checks ({c.dtype} defaults unless given): {c.describe()}"]
+    labels = [o.name + ("" if not o.converted else " (unscaled)" if o.converted.endswith(
+        "/amp_unscaled:0") else f" (vs {o.converted})") for o in result.outputs]
+    width = max(map(len, labels))
+    for o, label in zip(result.outputs, labels):
+        parts = [f"max abs {o.max_abs:.3g}", f"rel L2 {o.rel_l2:.3g}"]
+        if o.top1 is not None:
+            parts.append(f"top1 {100 * o.top1:.2f}% of {o.rows} rows ({o.top1_disagree} moved, "
+                         f"{o.top1_ties} near-ties)")
+        if "allclose" in c.checks:
+            parts.append(f"outside atol+rtol*|orig| {100 * o.out_of_tolerance:.2f}% of {o.elements}")
+        verdict = "ok" if o.ok else "FAIL: " + ", ".join(o.failed)
+        lines.append(f"{label:<{width}}  " + "  ".join(parts) + f"  {verdict}")
     if result.nodes:
         shown = result.nodes[:top]
         lines.append(f"per node: {len(shown)} of {result.nodes_compared} tensors, by error added "
@@ -303,5 +481,10 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
         for i, n in enumerate(shown, 1):
             lines.append(f"{i:>3}. {n.tensor:<{w}}  {n.op:<16} {n.dtype:<9} added {n.added:.3g}  "
                          f"total {n.rel_l2:.3g}")
-    lines.append("verdict: " + ("within tolerance" if result.ok else "OUT OF TOLERANCE"))
+    if result.ok:
+        lines.append("verdict: within tolerance")
+    else:
+        failed = "; ".join(f"{name} fails {', '.join(checks)}"
+                           for name, checks in result.failures().items())
+        lines.append(f"verdict: OUT OF TOLERANCE ({failed})")
     return "\n".join(lines)
