@@ -193,6 +193,12 @@ class Runner:
         """The tensors :meth:`trace` can record, or None when a trace finds them itself."""
         return None
 
+    def decision_shares(self) -> frozenset[str]:
+        """The outputs that are shares of yes/no decisions (an accuracy: the mean of a cast
+        ``Equal(ArgMax(...), labels)``), which move by whole decisions, not by rounding; empty
+        where the runner cannot see the graph."""
+        return frozenset()
+
     def close(self) -> None:
         pass
 
@@ -315,6 +321,9 @@ class GraphRunner(Runner):
                                  f"({op.type}): fetching it would change the variables; compare "
                                  "a tensor computed before the updates")
         self.outputs = names
+
+    def decision_shares(self) -> frozenset[str]:
+        return frozenset(name for name in self.outputs if _is_decision_share(self.tensor(name)))
 
     def _spec(self, name: str, tensor_name: str) -> InputSpec:
         t = self.tensor(tensor_name)
@@ -546,6 +555,23 @@ class GraphRunner(Runner):
 
     def close(self) -> None:
         self.session.close()
+
+
+def _is_decision_share(tensor) -> bool:
+    """Whether every float path into ``tensor`` runs ``Mean``/``Identity`` ops back to a cast
+    of a bool, through at least one ``Mean``: a value in [0, 1] that counts decisions."""
+    import tensorflow as tf
+    stack, means = [tensor], 0
+    while stack:
+        t = stack.pop()
+        op = t.op
+        if op.type == "Cast" and t.dtype.is_floating and op.inputs[0].dtype == tf.bool:
+            continue
+        if op.type not in ("Mean", "Identity") or not t.dtype.is_floating:
+            return False
+        means += op.type == "Mean"
+        stack.append(op.inputs[0])    # Mean's other input holds the axes
+    return means > 0
 
 
 class SavedModelRunner(Runner):

@@ -13,6 +13,10 @@ counts as an infinite error) and judged by the checks in force, each with its th
   share of rows whose argmax agrees at least ``--top1`` (default 0.99). A row whose original
   scores for the two classes involved differ by no more than the ``rel_l2`` bound times the
   row's L2 norm is a near-tie, within the error ``rel_l2`` accepts: it counts as agreeing;
+  An output that is a share of yes/no decisions (an accuracy, the mean of a cast
+  ``Equal(ArgMax(...), labels)``) moves by whole decisions, not by rounding: it is judged by
+  ``top1`` alone (unless ``--check rel_l2`` is chosen), its agreement being at least
+  ``1 - |conv - orig|``, the share of decisions that cannot have moved;
 * ``allclose``: every element within ``atol + rtol*|orig|`` (``--rtol``/``--atol``; defaults
   float16 0.01/0.001, bfloat16 0.05/0.01, float32 1e-5/1e-6);
 * ``max_abs``: the largest absolute error at most ``--max-abs`` (no default).
@@ -157,6 +161,7 @@ class ErrorStats:
         self.out_of_tol = self.total = self.nonfinite = 0
         self.rows = self.agree = self.ties = 0
         self.classifier = True
+        self.decisions = False   # a share of yes/no decisions (see the module docstring)
 
     def update(self, ref: np.ndarray, out: np.ndarray, top1: bool = True) -> None:
         ref = np.asarray(ref, np.float64)
@@ -210,7 +215,10 @@ class ErrorStats:
 
     @property
     def top1(self) -> float | None:
-        """Rows whose argmax agrees or that are near-ties, as a share; None: not scores."""
+        """Rows whose argmax agrees or that are near-ties, as a share; for a share of decisions
+        the least share that cannot have moved; None: neither."""
+        if self.decisions:
+            return max(0.0, 1.0 - self.max_abs_error) if self.total else None
         if not (self.classifier and self.rows):
             return None
         return (self.agree + self.ties) / self.rows
@@ -331,6 +339,9 @@ def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping
     run_a, run_b = original.callable(), converted.callable()
     stats = [ErrorStats(crit.rtol, crit.atol, crit.rel_l2) for _ in original.outputs]
     gradients = [name in original.gradients for name in original.outputs]
+    shares = original.decision_shares()
+    for name, s in zip(original.outputs, stats):
+        s.decisions = name in shares
     for feed in feeds:
         for name, s, grad, a, b in zip(original.outputs, stats, gradients, run_a(feed), run_b(feed)):
             try:
@@ -351,6 +362,8 @@ def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria)
     checks = []
     for check in crit.checks:
         if check == "rel_l2":
+            if s.decisions and "top1" in crit.checks and not crit.chosen:
+                continue    # a decision moving is no rounding error: top1 judges it
             bound = crit.grad_rel_l2 if gradient else crit.rel_l2
             checks.append(CheckResult(check, s.rel_l2, bound, s.rel_l2 <= bound))
         elif check == "max_abs":
@@ -466,7 +479,9 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
     width = max(map(len, labels))
     for o, label in zip(result.outputs, labels):
         parts = [f"max abs {o.max_abs:.3g}", f"rel L2 {o.rel_l2:.3g}"]
-        if o.top1 is not None:
+        if o.top1 is not None and not o.rows:
+            parts.append(f"decisions agree >= {100 * o.top1:.2f}% (a share of decisions)")
+        elif o.top1 is not None:
             parts.append(f"top1 {100 * o.top1:.2f}% of {o.rows} rows ({o.top1_disagree} moved, "
                          f"{o.top1_ties} near-ties)")
         if "allclose" in c.checks:

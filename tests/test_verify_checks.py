@@ -124,3 +124,47 @@ def test_top1_counts_near_ties_as_agreeing_and_judges_small_batches(classifier):
     stats = ErrorStats(1e-2, 1e-3, tie=1e-2)
     stats.update(orig, out)
     assert stats.top1 == 0.75 and stats.nonfinite == 1 and stats.rel_l2 == np.inf
+
+
+def _accuracy_graph(path, weights, shift):
+    """A linear classifier of 200 digits, ``weights`` and a per-sample ``shift`` of its scores
+    as constants, and its accuracy as the one output: the mean of a cast
+    ``Equal(ArgMax(scores), labels)``."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [200, 64], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [200], name="y")
+        scores = tf.matmul(x, tf.constant(weights)) + tf.constant(shift)
+        hits = tf.equal(tf.argmax(scores, 1, output_type=tf.int32), y)
+        tf.identity(tf.reduce_mean(tf.cast(hits, tf.float32)), name="accuracy")
+    path.write_bytes(g.as_graph_def().SerializeToString())
+
+
+def test_an_accuracy_is_judged_by_the_decisions_that_moved(tmp_path):
+    """An accuracy moves by whole samples: one digit of 200 flipping moves a ~0.1 accuracy by
+    ~5% relative (over the rel_l2 bound) yet 99.5% of the decisions agree: it passes; weights
+    that move many decisions fail top1."""
+    x, y = load_digits(return_X_y=True)
+    x, y = (x[:200] / 16.0).astype(np.float32), y[:200].astype(np.int32)
+    np.savez(tmp_path / "in.npz", x=x, y=y)
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(64, 10)).astype(np.float32)
+    none = np.zeros((200, 10), np.float32)
+    right = int(np.flatnonzero(np.argmax(x @ w, 1) == y)[0])
+    one_wrong = none.copy()
+    one_wrong[right, y[right]] = -1e4        # that sample's right class falls last
+    _accuracy_graph(tmp_path / "a.pb", w, none)
+    _accuracy_graph(tmp_path / "b.pb", w, one_wrong)
+    one = verify(tmp_path / "a.pb", tmp_path / "b.pb", inputs=str(tmp_path / "in.npz"))
+    (out,) = one.outputs
+    assert out.name == "accuracy:0" and out.rel_l2 > 1e-2 and out.rows == 0
+    assert out.max_abs == pytest.approx(1 / 200)
+    assert one.ok and [c.check for c in out.checks] == ["top1"]
+    assert out.top1 == pytest.approx(0.995)
+    _accuracy_graph(tmp_path / "c.pb", rng.normal(size=(64, 10)).astype(np.float32), none)
+    many = verify(tmp_path / "a.pb", tmp_path / "c.pb", inputs=str(tmp_path / "in.npz"))
+    assert not many.ok and many.failures() == {"accuracy:0": ["top1"]}
+    # rel_l2 chosen by name judges it as asked
+    asked = verify(tmp_path / "a.pb", tmp_path / "b.pb", inputs=str(tmp_path / "in.npz"),
+                   checks=["rel_l2"])
+    assert asked.failures() == {"accuracy:0": ["rel_l2"]}
