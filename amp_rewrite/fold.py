@@ -27,13 +27,27 @@ from .paint import interface_names
 
 log = logging.getLogger(__name__)
 
-# grappler passes that stay off: only constant folding runs
-_OTHER_PASSES = (
-    "layout_optimizer", "arithmetic_optimization", "remapping", "dependency_optimization",
-    "loop_optimization", "function_optimization", "shape_optimization", "memory_optimization",
-    "debug_stripper", "pin_to_host_optimization", "implementation_selector",
-    "common_subgraph_elimination", "auto_mixed_precision", "auto_mixed_precision_onednn_bfloat16",
+#: grappler's passes that a default session config runs (and those that paint)
+GRAPPLER_PASSES = (
+    "constant_folding", "layout_optimizer", "arithmetic_optimization", "remapping",
+    "dependency_optimization", "loop_optimization", "function_optimization", "shape_optimization",
+    "memory_optimization", "debug_stripper", "pin_to_host_optimization",
+    "implementation_selector", "common_subgraph_elimination", "auto_mixed_precision",
+    "auto_mixed_precision_onednn_bfloat16",
 )
+
+
+def grappler_alone(pass_name: str) -> config_pb2.ConfigProto:
+    """A session config that runs grappler's ``pass_name`` and no other pass, on graphs of any
+    size, keeping Identity nodes (so both sides of a comparison name the same nodes)."""
+    config = config_pb2.ConfigProto()
+    rw = config.graph_options.rewrite_options
+    for name in GRAPPLER_PASSES:
+        setattr(rw, name, rewriter_config_pb2.RewriterConfig.OFF)
+    setattr(rw, pass_name, rewriter_config_pb2.RewriterConfig.ON)
+    rw.min_graph_nodes = -1
+    rw.disable_model_pruning = True
+    return config
 
 
 def has_variables(graph_def: graph_pb2.GraphDef) -> bool:
@@ -54,14 +68,7 @@ def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.G
     meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_def)
     fetches = meta.collection_def["train_op"].node_list.value
     fetches.extend(preserve)
-    config = config_pb2.ConfigProto()
-    rw = config.graph_options.rewrite_options
-    rw.constant_folding = rewriter_config_pb2.RewriterConfig.ON
-    rw.min_graph_nodes = -1
-    rw.disable_model_pruning = True
-    off = rewriter_config_pb2.RewriterConfig.OFF
-    for name in _OTHER_PASSES:
-        setattr(rw, name, off)
+    config = grappler_alone("constant_folding")
     try:
         folded = tf_optimizer.OptimizeGraph(config, meta)
     except Exception as exc:  # grappler reports bad graphs as assorted C++ status errors

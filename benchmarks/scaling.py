@@ -36,10 +36,12 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2  # noqa: E402
+from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
+from benchmd import write_section  # noqa: E402
 from amp_rewrite import convert, hardware  # noqa: E402
+from amp_rewrite.fold import grappler_alone  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,17 +78,8 @@ def build(kind: str, blocks: int, seed: int = 0):
 def grappler_amp(graph_def, fetch: str):
     meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_def)
     meta.collection_def["train_op"].node_list.value.append(fetch)
-    config = config_pb2.ConfigProto()
-    rw = config.graph_options.rewrite_options
-    rw.auto_mixed_precision_onednn_bfloat16 = rewriter_config_pb2.RewriterConfig.ON
-    rw.min_graph_nodes = -1
-    off = rewriter_config_pb2.RewriterConfig.OFF
-    for name in ("constant_folding", "layout_optimizer", "arithmetic_optimization", "remapping",
-                 "dependency_optimization", "loop_optimization", "function_optimization",
-                 "shape_optimization", "memory_optimization", "debug_stripper",
-                 "pin_to_host_optimization", "implementation_selector",
-                 "common_subgraph_elimination"):
-        setattr(rw, name, off)
+    config = grappler_alone("auto_mixed_precision_onednn_bfloat16")
+    config.graph_options.rewrite_options.disable_model_pruning = False   # grappler's default
     return tf_optimizer.OptimizeGraph(config, meta)
 
 
@@ -164,16 +157,6 @@ def table(rows: list[dict], runs: int) -> str:
                          f"exponent {bt:.2f}), peak memory as nodes^{bm:.2f} (fit of log time and "
                          "log memory on log nodes; 1.00 is linear).")
     return "\n".join(lines) + "\n"
-
-
-def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
-    old = path.read_text()
-    start = old.find(SECTION)
-    if start < 0:
-        path.write_text(old.rstrip() + "\n\n" + text)
-        return
-    end = old.find("\n## ", start + len(SECTION))
-    path.write_text(old[:start] + text + (old[end + 1:] if end >= 0 else ""))
 
 
 def main() -> int:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, device_properties_pb2, rewriter_config_pb2
+from tensorflow.core.protobuf import device_properties_pb2
 from tensorflow.python.framework import function as v1_function
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import tf_optimizer
+
+from amp_rewrite.fold import grappler_alone
 
 v1 = tf.compat.v1
 LOWP = (tf.bfloat16.as_datatype_enum, tf.float16.as_datatype_enum)
@@ -141,18 +143,7 @@ def _grappler(graph_def, fetch_nodes, switch: str, cluster):
         for name in fetch_nodes:
             g.add_to_collection("train_op", g.get_operation_by_name(name))
         meta = v1.train.export_meta_graph(graph=g)
-    config = config_pb2.ConfigProto()
-    rw = config.graph_options.rewrite_options
-    setattr(rw, switch, rewriter_config_pb2.RewriterConfig.ON)
-    rw.min_graph_nodes = -1
-    rw.disable_model_pruning = True  # keep Identity nodes so both sides name the same nodes
-    off = rewriter_config_pb2.RewriterConfig.OFF
-    for opt in ("constant_folding", "layout_optimizer", "arithmetic_optimization", "remapping",
-                "dependency_optimization", "loop_optimization", "function_optimization",
-                "shape_optimization", "memory_optimization", "debug_stripper",
-                "pin_to_host_optimization", "implementation_selector",
-                "common_subgraph_elimination"):
-        setattr(rw, opt, off)
+    config = grappler_alone(switch)
     return tf_optimizer.OptimizeGraph(config, meta, cluster=cluster)
 
 
