@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmd import write_section  # noqa: E402
 from amp_rewrite.runner import parse_shapes  # noqa: E402
 from amp_rewrite.verify import verify  # noqa: E402
 
@@ -130,19 +131,6 @@ def section(results: list[dict]) -> str:
               "multiply-accumulates that oneDNN's verbose log shows on `avx512_core_bf16` or "
               "`amx` kernels (`amp-rewrite kernels`).", ""]
     return "\n".join(lines)
-
-
-def write_section(text: str) -> None:
-    """Replace only this script's section of BENCHMARKS.md (other sections belong to others)."""
-    path = ROOT / "BENCHMARKS.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end + 1:] if end >= 0 else "")
-    path.write_text(new)
 
 
 def main() -> int:

@@ -33,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
 
+from benchmd import write_section  # noqa: E402
 from amp_rewrite import hardware  # noqa: E402
 from amp_rewrite.load import Model  # noqa: E402
 from amp_rewrite.pipeline import Options, convert_model  # noqa: E402
@@ -69,12 +70,33 @@ def _cnn(x, var):
     return tf.matmul(h, var("out", (8 * 8 * 64, 10), 0.02))
 
 
-# title: (body, batch, learning rate)
-MODELS = {"wide MLP (1024-2048-2048-10), batch 512": (_wide_mlp, 512, 0.01),
-          "CNN (2x conv3x3 + fused BN + pool, 32x32x1), batch 128": (_cnn, 128, 0.001)}
+def _pixels(x):
+    """The 8x8 digit back from its 32x32 upsampling: 64 features, as the tests' models read."""
+    return tf.reshape(tf.nn.avg_pool2d(x, 4, 4, "VALID"), [-1, 64])
 
 
-def build(body, lr: float) -> tf.compat.v1.GraphDef:
+def _small_mlp(x, var):
+    """The tests' MLP (tests/training_graphs.py): 64-64-10."""
+    h = tf.nn.relu(tf.matmul(_pixels(x), var("w1", (64, 64), 0.15)) + var("b1", (64,), 0.0))
+    return tf.matmul(h, var("w2", (64, 10), 0.15)) + var("b2", (10,), 0.0)
+
+
+def _embedding(x, var):
+    """The tests' embedding bag: (pixel, intensity) embeddings summed; no matrix op at all."""
+    ids = tf.cast(tf.round(_pixels(x) * 16.0), tf.int32) + 17 * tf.range(64)
+    return tf.reduce_sum(tf.gather(var("emb", (64 * 17, 10), 0.01), ids), axis=1) + var("b", (10,), 0.0)
+
+
+# title: (body, batch, learning rate, optimizer)
+MODELS = {"wide MLP (1024-2048-2048-10), batch 512": (_wide_mlp, 512, 0.01, "momentum"),
+          "CNN (2x conv3x3 + fused BN + pool, 32x32x1), batch 128": (_cnn, 128, 0.001, "momentum"),
+          "small MLP (64-64-10, the tests' model), Adam, batch 64": (_small_mlp, 64, 0.01, "adam"),
+          "embedding bag (the tests' model), Adam, batch 64": (_embedding, 64, 0.01, "adam")}
+OPTIMIZERS = {"momentum": lambda lr: v1.train.MomentumOptimizer(lr, 0.9),
+              "adam": lambda lr: v1.train.AdamOptimizer(lr)}
+
+
+def build(body, lr: float, optimizer: str = "momentum") -> tf.compat.v1.GraphDef:
     rng = np.random.default_rng(0)
     g = tf.Graph()
     with g.as_default():
@@ -86,7 +108,7 @@ def build(body, lr: float) -> tf.compat.v1.GraphDef:
 
         logits = body(x, var)
         tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
-        v1.train.MomentumOptimizer(lr, 0.9).minimize(g.get_tensor_by_name("loss:0"), name="train")
+        OPTIMIZERS[optimizer](lr).minimize(g.get_tensor_by_name("loss:0"), name="train")
         v1.global_variables_initializer()
     return g.as_graph_def()
 
@@ -124,12 +146,13 @@ def time_round_robin(steps: dict, rounds: int, warmup: int) -> dict[str, list[fl
     return times
 
 
-def bench_model(title: str, body, batch: int, lr: float, rounds: int, warmup: int) -> dict:
+def bench_model(title: str, body, batch: int, lr: float, optimizer: str, rounds: int,
+                warmup: int) -> dict:
     images, labels = _digits(32)
     rng = np.random.default_rng(1)
     feeds = [{"x:0": images[idx], "y:0": labels[idx]}
              for idx in (rng.choice(len(images), batch, replace=False) for _ in range(warmup + rounds))]
-    fp32 = build(body, lr)
+    fp32 = build(body, lr, optimizer)
     bf16, report = to_bfloat16(fp32)
     sessions = {"fp32": session(fp32, False), "amp-rewrite": session(bf16, False),
                 "grappler": session(fp32, True)}
@@ -154,7 +177,7 @@ def bench_model(title: str, body, batch: int, lr: float, rounds: int, warmup: in
 def table(results: list[dict], rounds: int, warmup: int) -> str:
     lines = [
         f"{SECTION}\n",
-        "One training step (forward, backward, Momentum update), median of "
+        "One training step (forward, backward, optimizer update), median of "
         f"{rounds} steps after {warmup} warm-up steps, the three variants timed round-robin in one "
         f"process by `benchmarks/train_step.py` on {platform.machine()} with "
         f"{os.cpu_count()} cores ({hardware.describe()}), TensorFlow {tf.__version__}. "
@@ -179,26 +202,14 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
-    """Replace (or append) only the "## Training step" section of BENCHMARKS.md."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end:] if end >= 0 else "")
-    path.write_text(new)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
-    results = [bench_model(title, body, batch, lr, args.steps, args.warmup)
-               for title, (body, batch, lr) in MODELS.items()]
+    results = [bench_model(title, body, batch, lr, optimizer, args.steps, args.warmup)
+               for title, (body, batch, lr, optimizer) in MODELS.items()]
     text = table(results, args.steps, args.warmup)
     print(text)
     if args.write:
