@@ -32,6 +32,8 @@ class Model:
     ``kind`` is ``"graphdef"`` (one GraphDef, wrapped in a MetaGraphDef that holds nothing
     else), ``"metagraph"`` or ``"savedmodel"`` (a MetaGraphDef per tag set; ``saved_model`` is
     the parsed ``saved_model.pb``); ``text`` tells whether the file was protobuf text format.
+    ``added_variables`` (a converted SavedModel) maps an object of the root (``amp_loss_scale``)
+    to the variables it holds and their starting values, which saving adds to the checkpoint.
     """
 
     path: Path
@@ -39,6 +41,7 @@ class Model:
     text: bool
     meta_graphs: tuple[meta_graph_pb2.MetaGraphDef, ...]
     saved_model: saved_model_pb2.SavedModel | None = field(default=None, compare=False)
+    added_variables: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def of_graph_def(cls, graph_def: graph_pb2.GraphDef, path: str | os.PathLike = "<graph_def>",

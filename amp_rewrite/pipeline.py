@@ -24,7 +24,7 @@ from .report import Report
 from .rules import RuleSet
 from .files import check_container, same_file
 from .save import save
-from .training import scale_config, training_parts
+from .training import SCOPE, add_saved_model_loss_scaling, scale_config, training_parts
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,16 @@ def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     if saved:
         _refuse_saved_model_training(model, options)
         options = _without_folding(options)
-    converted, report = [], None
+    config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
+    converted, report, added = [], None, {}
     for meta in model.meta_graphs:
         new, sub = convert_graph(meta, options, rules=rules, loss_scaling=not saved)
+        if saved and config is not None:
+            state = add_saved_model_loss_scaling(new, config, sub)
+            if state is not None and added:
+                raise UnsupportedGraphError(f"{model.path}: train functions in more than one "
+                                            "MetaGraph; loss-scale state is added to one")
+            added = {SCOPE: state} if state is not None else added
         converted.append(new)
         if report is None:
             report = sub
@@ -72,7 +79,7 @@ def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
             merge_report(report, "[" + ",".join(meta.meta_info_def.tags) + "]", sub)
     warn_unmatched(rules, report)
     _warn_if_slower_here(options)
-    return dataclasses.replace(model, meta_graphs=tuple(converted)), report
+    return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
 
 
 def _warn_if_slower_here(options: Options) -> None:
@@ -108,30 +115,25 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
 
 
 def _refuse_saved_model_training(model: Model, options: Options) -> None:
-    """Refuse loss scaling of a training SavedModel, which amp-rewrite cannot add there yet.
-
-    Loss scaling adds state variables; a SavedModel restores only the variables its checkpoint
-    holds, and its functions cannot grow new captured variables, so it is not done here. The
-    message fits what was asked: float16 needs the scaling, bfloat16 does not.
-    """
+    """Refuse loss scaling of a SavedModel whose graph itself trains (TF1 style): its state
+    would need the TF1 saver's functions extended, which amp-rewrite does not do. TF2 train
+    steps (library functions) are scaled by :func:`add_saved_model_loss_scaling`."""
     if scale_config(options.loss_scale, options.target, dict(options.loss_scale_options)) is None:
         return
     for meta in model.meta_graphs:
-        train = training_parts(meta.graph_def)
-        if not train:
+        if "the graph" not in training_parts(meta.graph_def):
             continue
         if options.target != "float16":
             raise UnsupportedGraphError(
-                f"{model.path}: {train[0]} trains (gradients and variable updates); amp-rewrite "
-                "adds no loss scaling to SavedModels (the checkpoint holds no loss-scale state), "
-                f"and {options.target} needs none: drop --loss-scale {options.loss_scale}")
+                f"{model.path}: the graph trains (a TF1 train op in a SavedModel); amp-rewrite "
+                f"adds no loss scaling to those, and {options.target} needs none: drop "
+                f"--loss-scale {options.loss_scale}")
         raise UnsupportedGraphError(
-            f"{model.path}: {train[0]} trains (gradients and variable updates); float16 training "
-            "needs loss scaling, which amp-rewrite adds to GraphDef/MetaGraph training graphs "
-            "but not to SavedModels (the checkpoint holds no loss-scale state). Convert with "
-            "--target bfloat16 (no loss scaling needed), or with --loss-scale none (small "
-            "gradients may underflow to zero), or save the training step as a MetaGraph (.meta) "
-            "and convert that")
+            f"{model.path}: the graph trains (a TF1 train op in a SavedModel); float16 training "
+            "needs loss scaling, which amp-rewrite adds to TF1 training graphs saved as a "
+            "MetaGraph (.meta) and to TF2 train-step functions, not to a TF1 SavedModel's graph. "
+            "Convert its MetaGraph (.meta), or use --target bfloat16 (no loss scaling needed), "
+            "or --loss-scale none (small gradients may underflow to zero)")
 
 
 def _without_folding(options: Options) -> Options:

@@ -4,7 +4,9 @@ A failed or interrupted save leaves no half-written output behind, and an existi
 only replaced when the caller says so. A SavedModel is written as a new directory: only
 ``saved_model.pb`` is new, ``variables/``, ``assets/`` and every other file are copied byte for
 byte, so the weights stay float32 on disk and a model whose weights exceed protobuf's 2 GiB
-limit converts (its weights never enter a protobuf message).
+limit converts (its weights never enter a protobuf message). A SavedModel that gained loss-scale
+state gets a new ``variables/`` written by TensorFlow's own checkpoint ops (:func:`write_variables`):
+the original tensors with their bytes, the new variables, a checkpoint object graph naming them.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import tensorflow as tf
 from google.protobuf import text_format
-from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2, trackable_object_graph_pb2
+from tensorflow.python.ops import gen_io_ops
 from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+from tensorflow.python.training import py_checkpoint_reader
 
 from .errors import InputError
 from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, atomic_write
@@ -109,6 +115,9 @@ def _write_tree(model: Model, folder: Path) -> None:
     for entry in sorted(src.iterdir()):
         if entry.name in SAVED_MODEL_FILES or entry.name == _FINGERPRINT:
             continue
+        if entry.name == "variables" and model.added_variables:
+            write_variables(entry / "variables", folder / "variables", model.added_variables)
+            continue
         if entry.is_dir():
             shutil.copytree(entry, folder / entry.name, symlinks=True)
         else:
@@ -124,6 +133,87 @@ def _write_tree(model: Model, folder: Path) -> None:
         os.fsync(fh.fileno())
     if (src / _FINGERPRINT).is_file():
         _write_fingerprint(folder)
+
+
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def write_variables(src_prefix: Path, dst_dir: Path, added: dict) -> None:
+    """Write ``dst_dir/variables.*``: the checkpoint at ``src_prefix`` plus ``added`` (object of
+    the root -> {variable name: starting value}), with TensorFlow's own bundle writer.
+
+    The original tensors are read and written again in the order the original saver wrote them
+    (the checkpoint object graph's order), the new variables and the new object graph go to a
+    second bundle, and ``MergeV2Checkpoints`` joins both under one index, as a sharded
+    ``tf.train.Checkpoint`` save does (the old object graph is the one entry not copied: the
+    merge refuses a key twice). A single-shard original then comes out as a byte-exact prefix of
+    the new shard 0, and the original data file itself is installed in its place.
+    """
+    try:
+        reader = py_checkpoint_reader.NewCheckpointReader(str(src_prefix))
+    except Exception as exc:   # the reader raises assorted errors for a missing or bad bundle
+        raise InputError(f"{src_prefix}: cannot read the checkpoint: {str(exc).splitlines()[0]}") from None
+    dtypes = reader.get_variable_to_dtype_map()
+    if _OBJECT_GRAPH_KEY not in dtypes:
+        raise InputError(f"{src_prefix}: the checkpoint has no object graph (not written by "
+                         "tf.saved_model.save): loss-scale state cannot be added to it")
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+    # the order the original saver wrote: the object graph's, then anything else by name
+    keys: list[str] = []
+    for node in graph.nodes:
+        for attr in node.attributes:
+            if attr.checkpoint_key in dtypes and attr.checkpoint_key not in keys:
+                keys.append(attr.checkpoint_key)
+    keys += sorted(k for k in dtypes if k not in keys and k != _OBJECT_GRAPH_KEY)
+    new = _add_to_object_graph(graph, added)
+    clash = sorted(set(new) & set(dtypes))
+    if clash:
+        raise InputError(f"{src_prefix}: the checkpoint already holds {clash[0]}")
+    dst_dir.mkdir()
+    old = str(dst_dir / "amp_part_0")
+    gen_io_ops.save_v2(old, keys, [""] * len(keys),
+                       [tf.constant(reader.get_tensor(k), dtype=dtypes[k]) for k in keys])
+    added_prefix = str(dst_dir / "amp_part_1")
+    gen_io_ops.save_v2(added_prefix, sorted(new) + [_OBJECT_GRAPH_KEY], [""] * (len(new) + 1),
+                       [tf.constant(new[k]) for k in sorted(new)]
+                       + [tf.constant(graph.SerializeToString(), dtype=tf.string)])
+    gen_io_ops.merge_v2_checkpoints([old, added_prefix], str(dst_dir / "variables"),
+                                    delete_old_dirs=False)
+    originals = sorted(src_prefix.parent.glob(src_prefix.name + ".data-*"))
+    shard0 = dst_dir / "variables.data-00000-of-00002"
+    if len(originals) == 1 and _is_prefix(shard0, originals[0]):
+        shutil.copyfile(originals[0], shard0)   # the same bytes the index points at, and more
+
+
+def _add_to_object_graph(graph, added: dict) -> dict[str, np.ndarray]:
+    """Objects ``added`` (root child -> {variable: value}) into the checkpoint object graph
+    ``graph``, in place; returns their values by checkpoint key."""
+    new = {}
+    for scope, variables in sorted(added.items()):
+        parent = len(graph.nodes)
+        graph.nodes.add().has_checkpoint_values.value = True
+        for name, value in variables.items():
+            key = f"{scope}/{name}/.ATTRIBUTES/VARIABLE_VALUE"
+            child = graph.nodes.add()
+            child.attributes.add(name="VARIABLE_VALUE", full_name=f"{scope}/{name}", checkpoint_key=key)
+            child.has_checkpoint_values.value = True
+            graph.nodes[parent].children.add(node_id=len(graph.nodes) - 1, local_name=name)
+            new[key] = np.asarray(value)
+        graph.nodes[0].children.add(node_id=parent, local_name=scope)
+    return new
+
+
+def _is_prefix(short: Path, long: Path, block: int = 1 << 24) -> bool:
+    if short.stat().st_size > long.stat().st_size:
+        return False
+    with open(short, "rb") as a, open(long, "rb") as b:
+        while True:
+            x = a.read(block)
+            if not x:
+                return True
+            if b.read(len(x)) != x:
+                return False
 
 
 def _write_fingerprint(folder: Path) -> None:

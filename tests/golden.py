@@ -134,7 +134,7 @@ def cases(folder: Path):
     trainer = tsm.Trainer()
     path = _saved(folder, "trainer", trainer, {"train": trainer.train, "predict": trainer.predict})
     out.append(("saved_trainer_bf16", path, BF16))
-    out.append(("saved_trainer_f16_refused", path, F16))
+    out.append(("saved_trainer_f16", path, F16))
     out.append(("saved_trainer_f16_no_scaling", path, {**F16, "loss_scale": "none"}))
     shared = tsm.SharedInner()
     path = _saved(folder, "shared_inner", shared, shared.__call__)

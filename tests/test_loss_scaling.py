@@ -534,3 +534,30 @@ def test_seed_search_never_expands_a_splat_const():
     [seed] = find_backprop(Graph.from_graph_def(graph_def)).seeds
     value = next(n for n in graph_def.node if n.name == seed).attr["value"].tensor
     assert list(value.float_val) == [1.0] and [d.size for d in value.tensor_shape.dim] == [8]
+
+
+def test_tape_gradient_sums_outside_the_scope_are_part_of_the_backward_pass():
+    """A GradientTape sums a tensor's gradient contributions (here h's, used twice) with an
+    AddN outside the gradient_tape/ scope, which the scope reads again (the MatMul gradient
+    of w): the gradients are what the updates read, one per update. Unscaling the AddN's terms
+    instead would hand the rest of the backward pass unscaled values."""
+    v1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        w = v1.get_variable("w", [64, 64], use_resource=True)
+        out = v1.get_variable("out", [64, 10], use_resource=True)
+        with tf.GradientTape() as tape:
+            h = tf.matmul(x, w)
+            loss = tf.reduce_mean(tf.matmul(h + tf.nn.relu(h), out), name="loss")
+        grads = tape.gradient(loss, [w, out])
+        v1.train.GradientDescentOptimizer(0.1).apply_gradients(zip(grads, [w, out]), name="train")
+        v1.global_variables_initializer()
+        meta = v1.train.export_meta_graph()
+    sums = [n.name for n in meta.graph_def.node if n.op == "AddN"
+            and not n.name.startswith("gradient_tape/")]
+    assert sums, "the tape should sum h's two gradient terms outside its scope"
+    _, report = convert(meta)
+    found = report.extra["loss_scaling"]
+    assert len(found["gradients"]) == len(found["updates"]) == 2
+    assert [u["op"] for u in found["updates"]] == ["ResourceApplyGradientDescent"] * 2

@@ -168,17 +168,24 @@ def test_conflicting_loss_scale_options_are_refused(flags, adam_bn_meta, tmp_pat
 
 
 def test_refusal_of_a_saved_model_train_step_fits_the_options_given(tmp_path):
+    """A TF1 SavedModel whose graph trains gets no loss scaling: the message fits what was
+    asked (bfloat16 needs none; float16 has other ways). A TF2 train step gets it either way."""
     import test_savedmodel
     import tensorflow as tf
-    module = test_savedmodel.Trainer()
-    src = tmp_path / "trainer"
-    tf.saved_model.save(module, str(src), signatures={"train": module.train})
+    src = tmp_path / "tf1"
+    test_savedmodel._tf1_train_and_serve(src)
     with pytest.raises(UnsupportedGraphError) as bf16:
         convert_file(src, tmp_path / "bf16", target="bfloat16", device="cpu", loss_scale="dynamic")
     assert "drop --loss-scale" in str(bf16.value) and "--target bfloat16" not in str(bf16.value)
     with pytest.raises(UnsupportedGraphError) as f16:
         convert_file(src, tmp_path / "f16", target="float16")
-    assert "--target bfloat16" in str(f16.value)
+    assert "--target bfloat16" in str(f16.value) and ".meta" in str(f16.value)
+    module = test_savedmodel.Trainer()
+    tf2 = tmp_path / "trainer"
+    tf.saved_model.save(module, str(tf2), signatures={"train": module.train})
+    report = convert_file(tf2, tmp_path / "tf2_bf16", target="bfloat16", device="cpu",
+                          loss_scale="dynamic")
+    assert report.to_dict()["loss_scaling"]["mode"] == "dynamic"
 
 
 def test_keras_files_say_how_to_export_a_saved_model(tmp_path, capsys):

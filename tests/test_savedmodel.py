@@ -309,14 +309,18 @@ def test_train_step_round_trip_in_bfloat16_trains(train_module, tmp_path):
     assert same_tree(src, out, "variables")
 
 
-def test_train_step_in_float16_is_refused_with_hints(train_module, tmp_path, capsys):
-    src, _, _ = train_module
+def test_train_step_in_float16_gets_loss_scaling(train_module, tmp_path):
+    """Plain assign_sub updates are gated like an optimizer's (tests/test_saved_training.py
+    covers Keras optimizers, skipped steps and checkpoints)."""
+    src, x, y = train_module
     out = tmp_path / "amp"
-    with pytest.raises(UnsupportedGraphError):
-        convert_file(src, out, target="float16")
-    assert main([str(src), "-o", str(out), "--target", "float16"]) == 2
-    assert not out.exists() and list(tmp_path.iterdir()) == []
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    report = convert_file(src, out, target="float16")
+    assert report.to_dict()["loss_scaling"]["gated_writes"] == 4
+    loaded = tf.saved_model.load(str(out))
+    losses = _train(loaded, x, y, steps=10)
+    assert all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0]
+    assert int(loaded.amp_loss_scale.skipped_steps.numpy()) == 0
+    assert int(loaded.amp_loss_scale.good_steps.numpy()) == 10
 
 
 def test_train_step_in_float16_without_loss_scaling_when_asked(train_module, tmp_path):

@@ -24,10 +24,11 @@ from . import nodes as nd
 from ..loss_scale import DEFAULTS, HINTS, ScaleConfig, scale_config
 from .detect import Backprop, find_backprop, training_functions, training_parts
 from .scaling import Added, insert_loss_scaling
+from .saved_step import add_saved_model_loss_scaling
 from .state import SCOPE, add_to_collections, add_to_saver, has_saver, hook_init_ops
 
-__all__ = ["DEFAULTS", "FETCH", "HINTS", "SCOPE", "ScaleConfig", "add_loss_scaling", "scale_config",
-           "training_parts"]
+__all__ = ["DEFAULTS", "FETCH", "HINTS", "SCOPE", "ScaleConfig", "add_loss_scaling",
+           "add_saved_model_loss_scaling", "scale_config", "training_parts"]
 
 log = logging.getLogger(__name__)
 

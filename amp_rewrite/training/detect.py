@@ -144,10 +144,14 @@ def _past_all_reduce(graph: Graph, ref: TensorRef, counter: list[int]) -> Tensor
 
 
 def _gradient_tensors(graph: Graph, seeds: list[str], region: set[str]) -> tuple[list[TensorRef], int]:
-    """Float tensors made in a seed's backprop scope and read outside it."""
+    """Float tensors made in the backward pass and read outside it. The backward pass is a
+    seed's backprop scope and what lies between its nodes on the seeds' side: a GradientTape
+    sums a tensor's gradient contributions with an ``AddN`` outside its scope, which the scope
+    reads again (a forward loop that reads the scope's accumulators computes no gradient)."""
     scopes = {backprop_scope(s) or _reader_scope(graph, s) for s in seeds}
     scopes.discard(None)
-    inside = {n for n in region if any(n.startswith(s) for s in scopes)} | set(seeds)
+    scoped = {n for n in region if any(n.startswith(s) for s in scopes)} | set(seeds)
+    inside = scoped | (descendants(graph, seeds) & ancestors(graph, scoped))
     found: list[TensorRef] = []
     counter = [0]
     for name in graph.names():

@@ -1,0 +1,168 @@
+"""TF2 train-step SavedModels of the digits data set, trained before and after a float16
+conversion: the accuracy comparison of tests/test_saved_training.py and
+benchmarks/fp16_training.py.
+
+Each model is a ``tf.Module`` with a Keras Adam optimizer, a ``train_step`` tf.function
+(GradientTape, ``apply_gradients``, plus the batch-norm moving averages where there is one) and a
+serving signature; :func:`compare` saves it, converts it with ``--target float16`` (dynamic loss
+scaling), trains the FP32 SavedModel and the converted one on the same batches, and measures both
+on the held-out digits.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+from amp_rewrite import convert_file
+
+TRAIN = 1400        # digits 0..1399 train, the other 397 test
+
+
+def _var(rng, shape, scale, name):
+    return tf.Variable(rng.normal(0, scale, shape).astype(np.float32) if scale else
+                       np.zeros(shape, np.float32), name=name)
+
+
+class _Base(tf.Module):
+    def _finish(self):
+        self.opt = keras.optimizers.Adam(self.lr)
+        self.opt.build(self.params)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32),
+                                  tf.TensorSpec([None], tf.int64)])
+    def train_step(self, x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                y, self.logits(x, training=True)))
+        self.opt.apply_gradients(zip(tape.gradient(loss, self.params), self.params))
+        return loss
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+    def serve(self, x):
+        return {"logits": self.logits(x, training=False)}
+
+
+class MLP(_Base):
+    """64-128-10."""
+    lr = 3e-3
+
+    def __init__(self, seed):
+        super().__init__()
+        r = np.random.default_rng(seed)
+        self.params = [_var(r, (64, 128), 0.12, "w1"), _var(r, (128,), 0, "b1"),
+                       _var(r, (128, 10), 0.09, "w2"), _var(r, (10,), 0, "b2")]
+        self._finish()
+
+    def logits(self, x, training):
+        w1, b1, w2, b2 = self.params
+        return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+
+
+class CNN(_Base):
+    """conv3x3x16 -> batch norm (moving averages updated by the step) -> relu -> 2x2 pool ->
+    dense 10, on the 8x8 digits."""
+    lr = 3e-3
+
+    def __init__(self, seed):
+        super().__init__()
+        r = np.random.default_rng(seed)
+        self.params = [_var(r, (3, 3, 1, 16), 0.3, "kernel"), tf.Variable(np.ones(16, np.float32), name="gamma"),
+                       _var(r, (16,), 0, "beta"), _var(r, (256, 10), 0.06, "dense"), _var(r, (10,), 0, "bias")]
+        self.moving_mean = tf.Variable(np.zeros(16, np.float32), trainable=False, name="moving_mean")
+        self.moving_var = tf.Variable(np.ones(16, np.float32), trainable=False, name="moving_var")
+        self._finish()
+
+    def logits(self, x, training):
+        kernel, gamma, beta, dense, bias = self.params
+        h = tf.nn.conv2d(tf.reshape(x, [-1, 8, 8, 1]), kernel, 1, "SAME")
+        if training:
+            mean, var = tf.nn.moments(h, [0, 1, 2])
+            self.moving_mean.assign(0.9 * self.moving_mean + 0.1 * mean)
+            self.moving_var.assign(0.9 * self.moving_var + 0.1 * var)
+        else:
+            mean, var = self.moving_mean, self.moving_var
+        h = tf.nn.relu(tf.nn.batch_normalization(h, mean, var, beta, gamma, 1e-3))
+        h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+        return tf.matmul(tf.reshape(h, [-1, 256]), dense) + bias
+
+
+class LSTM(_Base):
+    """The digit read row by row (8 steps of 8 pixels) by an LSTM of 32 units (Keras' layer),
+    then dense 10."""
+    lr = 1e-2
+
+    def __init__(self, seed):
+        super().__init__()
+        keras.utils.set_random_seed(seed)
+        self.lstm = keras.layers.LSTM(32)
+        self.lstm.build((None, 8, 8))
+        r = np.random.default_rng(seed)
+        self.params = list(self.lstm.trainable_variables) + [_var(r, (32, 10), 0.15, "dense"),
+                                                             _var(r, (10,), 0, "bias")]
+        self._finish()
+
+    def logits(self, x, training):
+        return tf.matmul(self.lstm(tf.reshape(x, [-1, 8, 8])), self.params[-2]) + self.params[-1]
+
+
+MODELS = {"MLP": MLP, "CNN": CNN, "LSTM": LSTM}
+
+
+@dataclass
+class Run:
+    """One seed of one model: test accuracies and the float16 run's loss-scale history."""
+
+    model: str
+    seed: int
+    fp32: float
+    float16: float
+    scale_history: list = field(default_factory=list)   # (step, new scale), first: (0, start)
+    skipped: int = 0
+
+
+def digits():
+    d = load_digits()
+    return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+def _train(model, x, y, steps, seed, watch=None):
+    rng = np.random.default_rng(seed + 100)
+    for step in range(steps):
+        idx = rng.choice(TRAIN, 64, replace=False)
+        model.train_step(x[idx], y[idx])
+        if watch:
+            watch(step)
+
+
+def _accuracy(model, x, y) -> float:
+    logits = model.signatures["serving_default"](x=tf.constant(x[TRAIN:]))["logits"].numpy()
+    return float(np.mean(np.argmax(logits, 1) == y[TRAIN:]))
+
+
+def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None) -> Run:
+    folder = Path(folder or tempfile.mkdtemp(prefix=f"amp_{name}_{seed}_"))
+    module = MODELS[name](seed)
+    tf.saved_model.save(module, str(folder / "fp32"), signatures={"serving_default": module.serve,
+                                                                  "train": module.train_step})
+    convert_file(folder / "fp32", folder / "f16", target="float16", force=True)
+    x, y = digits()
+    reference = tf.saved_model.load(str(folder / "fp32"))
+    _train(reference, x, y, steps, seed)
+    converted = tf.saved_model.load(str(folder / "f16"))
+    scale = converted.amp_loss_scale
+    history = [(0, float(scale.scale.numpy()))]
+
+    def watch(step):
+        value = float(scale.scale.numpy())
+        if value != history[-1][1]:
+            history.append((step + 1, value))
+    _train(converted, x, y, steps, seed, watch)
+    return Run(name, seed, _accuracy(reference, x, y), _accuracy(converted, x, y), history,
+               int(scale.skipped_steps.numpy()))
