@@ -62,6 +62,10 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="node whose dtypes must not change (repeatable)")
     p.add_argument("--lowp-io", action="store_true",
                    help="let graph inputs and outputs take the low-precision dtype too")
+    p.add_argument("--emulate", action="store_true",
+                   help="write float16's float32 emulation (float16 rules, but each float16 op "
+                        "computes in float32 on values rounded to float16): to see float16's "
+                        "numbers without a GPU; graph files only")
     p.add_argument("--fold-constants", action="store_true",
                    help="fold Const-only float32 subgraphs before painting (graphs without "
                         "variables): fewer casts, one rounding per folded value")
@@ -151,6 +155,10 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--per-node", action="store_true",
                        help="rank the tensors inside both models (a SavedModel's function "
                        "bodies included) by the error each adds")
+        p.add_argument("--emulate", action="store_true",
+                       help="run a float16 graph file as its float32 emulation (each float16 "
+                       "op computes in float32 on values rounded to float16): float16's "
+                       "numbers at float32 speed, on any CPU")
         p.add_argument("--top", type=int, default=10, metavar="N",
                        help="tensors to list with --per-node (default 10)")
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")

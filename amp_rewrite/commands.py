@@ -36,7 +36,7 @@ def convert(args) -> int:
                           keep=args.keep, lowp_io=args.lowp_io,
                           fold_constants=args.fold_constants, loss_scale=args.loss_scale,
                           min_matrix_intensity=args.min_matrix_intensity,
-                          loss_scale_options=args.loss_scale_options)
+                          loss_scale_options=args.loss_scale_options, emulate=args.emulate)
     if args.report:
         atomic_write(Path(args.report), report.to_json().encode("utf-8"), force=True)
     if args.html:
@@ -87,7 +87,7 @@ def verify(args) -> int:
                                rtol=args.rtol, atol=args.atol, max_abs=args.max_abs,
                                nodes=args.per_node,
                                signature=args.signature, outputs=args.output,
-                               checkpoint=args.checkpoint)
+                               checkpoint=args.checkpoint, emulate=args.emulate)
     if not args.quiet:
         print(verify_mod.format_result(result, args.top))
     if args.html:

@@ -18,6 +18,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from . import fold, lint
 from .dtypes import TARGETS
+from .emulate import emulate_float16
 from .errors import InputError
 from .functions import kept, paint_library, rules_for, split_keep
 from .ir import Graph
@@ -51,6 +52,7 @@ class Options:
     loss_scale_options: dict = field(default_factory=dict)
     fold_constants: bool = False           # fold Const-only float32 subgraphs first
     min_matrix_intensity: float | None = None   # None: by device (DEFAULT_MIN_INTENSITY)
+    emulate: bool = False                  # float16's float32 emulation (amp_rewrite.emulate)
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -62,6 +64,10 @@ class Options:
             raise InputError(f"unknown target {self.target!r}: choose float16 or bfloat16")
         if self.device not in DEVICES:
             raise InputError(f"unknown device {self.device!r}: choose gpu or cpu")
+        if self.emulate and self.target != "float16":
+            raise InputError("--emulate emulates float16: use it with --target float16")
+        if self.emulate and self.lowp_io:
+            raise InputError("--emulate keeps the graph's interface float32: drop --lowp-io")
         if self.min_matrix_intensity is not None and not self.min_matrix_intensity >= 0:
             raise InputError(f"--min-matrix-intensity must be 0 or more, not "
                              f"{self.min_matrix_intensity!r}")
@@ -111,6 +117,10 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
+    if options.emulate:
+        out, emulated = emulate_float16(out)
+        report.extra["emulation"] = {"ops": emulated, "summary": f"{emulated} float16 ops "
+                                     "computed in float32 on values rounded to float16"}
     meta.graph_def.CopyFrom(out)
     return meta, report
 

@@ -60,6 +60,10 @@ def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     rules = options.rule_set()
     saved = model.kind == "savedmodel"
     if saved:
+        if options.emulate:
+            raise UnsupportedGraphError(f"{model.path}: --emulate applies to graph files (a "
+                                        "SavedModel's ops live in functions); freeze a signature "
+                                        "first (README \"Frozen graphs from a SavedModel\")")
         _refuse_saved_model_training(model, options)
         options = _without_folding(options)
     config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))

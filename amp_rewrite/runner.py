@@ -22,6 +22,7 @@ draw the same numbers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -33,6 +34,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .dtypes import BOOL, FLOATING, VARIANT
+from .emulate import emulate_float16
 from .errors import InputError
 from .ir import Graph as IRGraph
 from .load import SAVED_MODEL_FILES, Model, load
@@ -657,21 +659,32 @@ class SavedModelRunner(Runner):
 
 
 def open_model(path: str | os.PathLike, *, signature: str | None = None, outputs: Sequence[str] = (),
-               checkpoint: str | None = None, initialize: bool = True) -> Runner:
+               checkpoint: str | None = None, initialize: bool = True, emulate: bool = False) -> Runner:
     """A :class:`Runner` for a GraphDef / MetaGraphDef file or a SavedModel directory
-    (``initialize=False``: a graph's variables are left for :func:`share_weights`)."""
+    (``initialize=False``: a graph's variables are left for :func:`share_weights`;
+    ``emulate``: a float16 graph runs as its float32 emulation, :mod:`amp_rewrite.emulate`)."""
     path = Path(path)
     if path.is_dir() or path.name in SAVED_MODEL_FILES:
         folder = path if path.is_dir() else path.parent
-        if outputs or checkpoint:
-            raise InputError(f"{folder}: --output and --checkpoint apply to graph files, not SavedModels")
+        if outputs or checkpoint or emulate:
+            raise InputError(f"{folder}: --output, --checkpoint and --emulate apply to graph "
+                             "files, not SavedModels")
         return SavedModelRunner(folder, signature)
-    return GraphRunner(load(path), signature, outputs, checkpoint, initialize=initialize)
+    model = load(path)
+    if emulate:
+        graphs = []
+        for meta in model.meta_graphs:
+            new = type(meta)()
+            new.CopyFrom(meta)
+            new.graph_def.CopyFrom(emulate_float16(meta.graph_def)[0])
+            graphs.append(new)
+        model = dataclasses.replace(model, meta_graphs=tuple(graphs))
+    return GraphRunner(model, signature, outputs, checkpoint, initialize=initialize)
 
 
 @contextlib.contextmanager
 def open_pair(original, converted, *, signature: str | None = None, outputs: Sequence[str] = (),
-              checkpoint: str | None = None):
+              checkpoint: str | None = None, emulate: bool = False):
     """An original and its conversion, ready to compare: the same inputs and number of outputs,
     and the same weights (a checkpoint is restored into the original, or its initializers run,
     once; its variable values are then copied into the converted graph, whose own extra state,
@@ -681,7 +694,8 @@ def open_pair(original, converted, *, signature: str | None = None, outputs: Seq
     outputs (see :meth:`GraphRunner._forward_outputs`) and, for a training graph, its
     gradients: in a loss-scaled conversion the original's gradient against the converted
     graph's unscaled one (``<gradient node>/amp_unscaled:0``). An output named with ``outputs``
-    that the conversion scales is compared unscaled too.
+    that the conversion scales is compared unscaled too. ``emulate`` runs the converted graph
+    as its float32 emulation.
     """
     chosen = bool(outputs)
     with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a:
@@ -689,7 +703,8 @@ def open_pair(original, converted, *, signature: str | None = None, outputs: Seq
             # the converted graph keeps node names; its own "nodes nothing reads" would also
             # list what the conversion added (loss-scale state and such)
             outputs = a.outputs
-        with open_model(converted, signature=signature, outputs=outputs, initialize=False) as b:
+        with open_model(converted, signature=signature, outputs=outputs, initialize=False,
+                        emulate=emulate) as b:
             if isinstance(b, GraphRunner):
                 _pair_gradients(a, b, chosen)
             check_same_interface(a, b)

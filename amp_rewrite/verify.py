@@ -454,15 +454,16 @@ def verify(original_path, converted_path, *, inputs: str | None = None, samples:
            top1: float | None = None, rtol: float | None = None,
            atol: float | None = None, max_abs: float | None = None, nodes: bool = False,
            signature: str | None = None, outputs: Sequence[str] = (),
-           checkpoint: str | None = None) -> VerifyResult:
-    """Compare two models on the same inputs (see the module docstring)."""
+           checkpoint: str | None = None, emulate: bool = False) -> VerifyResult:
+    """Compare two models on the same inputs (see the module docstring); ``emulate`` runs a
+    float16 conversion as its float32 emulation (:mod:`amp_rewrite.emulate`)."""
     if samples < 1:
         raise InputError("--samples must be at least 1")
     thresholds = dict(rel_l2=rel_l2, grad_rel_l2=grad_rel_l2, top1=top1, rtol=rtol, atol=atol,
                       max_abs=max_abs)
     criteria(FLOAT, checks, **thresholds)  # flag mistakes answer before the models load
     with open_pair(original_path, converted_path, signature=signature, outputs=outputs,
-                   checkpoint=checkpoint) as (a, b):
+                   checkpoint=checkpoint, emulate=emulate) as (a, b):
         crit = criteria(lowest_dtype(b), checks, **thresholds)
         feeds = feed_sets(a, inputs, samples, shapes or {})
         result = VerifyResult(len(feeds), crit, compare_outputs(a, b, feeds, crit))

@@ -1,0 +1,95 @@
+"""float16 emulation: a float16 graph's numbers, computed in float32 (grappler's
+``auto_mixed_precision_cpu`` idea, applied to the saved graph).
+
+:func:`emulate_float16` turns every float16 op of a converted graph back into a float32 op
+whose float inputs arrive rounded to float16 and whose outputs are rounded to float16 and back
+(``Cast`` to half and to float). What the float16 graph would store in 16 bits is stored with
+float16's precision and range (values over 65504 become inf, those under 2^-24 become 0), while
+the arithmetic inside each op runs in float32, as Tensor Cores accumulate. A user without a GPU
+sees what float16 does to the model's numbers at float32 speed, with CPU kernels that exist for
+every op (TensorFlow's float16 CPU kernels are few and slow).
+
+Only a graph's own nodes are emulated; a graph whose library functions hold float16 ops is
+refused (:class:`UnsupportedGraphError`), and so is one whose interface (a Placeholder, a graph
+output) is float16, which emulation would retype.
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import graph_pb2
+
+from .casts import cast_types, insert_cast
+from .dtypes import FLOAT, HALF
+from .errors import UnsupportedGraphError
+from .ir import Graph, TensorRef
+from .ops import PLACEHOLDER_OPS
+from .signatures import get_dtype, invalidate, node_types, output_dtype, set_dtype
+
+
+def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, int]:
+    """The float32 emulation of float16 ``graph_def`` (not changed), and how many ops it
+    emulates. A graph with no float16 op comes back equal."""
+    for function in graph_def.library.function:
+        for node in function.node_def:
+            if any(v.type == HALF or HALF in v.list.type for v in node.attr.values()):
+                raise UnsupportedGraphError(
+                    f"function {function.signature.name!r} holds float16 ops ({node.name}); "
+                    "emulation covers a graph's own nodes only")
+    graph = Graph.from_graph_def(graph_def)
+    _refuse_half_interface(graph)
+    emulated = 0
+    for node in list(graph.nodes()):
+        types = node_types(node)
+        if types is None or node.meta.get("amp_inserted_emulation"):
+            continue
+        ports = [p for p in range(len(types.outputs)) if output_dtype(node, p) == HALF]
+        casts = cast_types(node)
+        if casts is not None and casts[0] == HALF:
+            node.attr["SrcT"].type = FLOAT      # its input is now float32, rounded already
+            invalidate(node)
+            if casts[1] != HALF:
+                continue
+        if node.op == "Const" or (casts is not None and casts[1] == HALF):
+            # the 16-bit value itself (a stored weight, a value rounded on entry): widen it
+            _widen_outputs(graph, node.name, ports, round_first=False)
+            continue
+        half = [a for a in types.attrs if get_dtype(node, a) == HALF]
+        if not half:
+            continue
+        for attr in half:
+            set_dtype(node, attr, FLOAT)
+        _widen_outputs(graph, node.name, ports, round_first=True)
+        emulated += 1
+    return graph.to_graph_def(graph_def), emulated
+
+
+def _widen_outputs(graph: Graph, name: str, ports: list[int], round_first: bool) -> None:
+    """Readers of each port get it as float32: through ``Cast(half)`` then ``Cast(float)``
+    when the port now computes float32 (``round_first``), through ``Cast(float)`` when it holds
+    float16 values."""
+    for port in ports:
+        ref = TensorRef(name, port)
+        readers = graph.consumers(name, port)
+        if not readers:
+            continue
+        rounded = insert_cast(graph, ref, FLOAT, HALF) if round_first else ref
+        wide = insert_cast(graph, rounded, HALF, FLOAT)
+        for cast in {rounded.node, wide.node} - {name}:
+            graph.node(cast).meta["amp_inserted_emulation"] = True
+        for reader, index in readers:
+            graph.set_input(reader, index, wide)
+
+
+def _refuse_half_interface(graph: Graph) -> None:
+    for node in graph.nodes():
+        types = node_types(node)
+        if types is None:
+            continue
+        outputs = range(len(types.outputs))
+        if node.op in PLACEHOLDER_OPS and any(output_dtype(node, p) == HALF for p in outputs):
+            raise UnsupportedGraphError(f"input {node.name!r} is float16 (--lowp-io?): emulation "
+                                        "keeps a graph's interface float32; convert without --lowp-io")
+        if not graph.consumers(node.name) and any(output_dtype(node, p) == HALF for p in outputs) \
+                and node.op != "Const":
+            raise UnsupportedGraphError(f"output {node.name!r} is float16 (--lowp-io?): emulation "
+                                        "keeps a graph's interface float32; convert without --lowp-io")
