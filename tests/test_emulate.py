@@ -59,7 +59,9 @@ def test_emulation_computes_in_float32_and_rounds_like_float16(converted):
     err = lambda a: np.linalg.norm(a - fp32) / np.linalg.norm(fp32)  # noqa: E731
     # float16's error, at least: a float32 run would be exact
     assert 1e-5 < err(emu) < 1e-2 and 1e-5 < err(half) < 1e-2
-    assert abs(err(emu) - err(half)) < 0.1 * err(half)
+    # here 1.525e-4 and 1.524e-4; TensorFlow's float16 CPU kernels may accumulate differently
+    # on other CPUs, so the bound leaves room
+    assert abs(err(emu) - err(half)) < 0.5 * err(half)
     assert np.linalg.norm(emu - half) / np.linalg.norm(fp32) < err(half)
 
 
@@ -85,7 +87,7 @@ def test_verify_emulates_a_float16_file_and_refuses_what_it_cannot(converted, tm
     real = verify(EXAMPLE, folder / "f16.pb", inputs=data)
     emu = verify(EXAMPLE, folder / "f16.pb", inputs=data, emulate=True)
     assert real.ok and emu.ok and emu.criteria.dtype == "float16"
-    assert emu.outputs[0].rel_l2 == pytest.approx(real.outputs[0].rel_l2, rel=0.1)
+    assert emu.outputs[0].rel_l2 == pytest.approx(real.outputs[0].rel_l2, rel=0.5)
     assert cli.main(["verify", str(EXAMPLE), str(folder / "f16.pb"), "--inputs", data,
                      "--emulate", "-q"]) == 0
     with pytest.raises(InputError, match="--target float16"):
