@@ -18,3 +18,12 @@ def write_section(text: str, path: Path = BENCHMARKS) -> None:
     end = old.find("\n## ", start + len(heading))
     rest = old[end + 1:] if end >= 0 else ""
     path.write_text(old[:start] + text.rstrip("\n") + "\n" + ("\n" + rest if rest else ""))
+
+
+def publish(text: str, write: bool) -> int:
+    """Print a benchmark's section; with ``write`` (``--write``) also put it in BENCHMARKS.md.
+    Returns the exit code."""
+    print(text)
+    if write:
+        write_section(text)
+    return 0

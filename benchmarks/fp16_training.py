@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import saved_trainers  # noqa: E402
-from benchmd import write_section  # noqa: E402
+from benchmd import publish  # noqa: E402
 from amp_rewrite import hardware  # noqa: E402
 
 SECTION = "## float16 training"
@@ -60,10 +60,7 @@ def main() -> int:
         "`tests/test_saved_training.py` runs the same comparison (3 seeds, 300 steps) and "
         "requires the means within 1 point; with every op kept float32 and the scaling added, "
         "the converted CNN and LSTM train bit for bit like the originals.", ""])
-    print(text)
-    if args.write:
-        write_section(text)
-    return 0
+    return publish(text, args.write)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmd import write_section  # noqa: E402
+from benchmd import publish  # noqa: E402
 from amp_rewrite import hardware  # noqa: E402
 from amp_rewrite.functions import paint_library  # noqa: E402
 from amp_rewrite.ir import Graph  # noqa: E402
@@ -142,7 +143,7 @@ def section(results, runs: int) -> str:
             "and can cancel bfloat16's gain.\n")
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
@@ -150,10 +151,8 @@ def main() -> None:
     args = parser.parse_args()
     results = [(case, measure(case, args.runs, args.warmup)) for case in CASES]
     text = section(results, args.runs)
-    print(text)
-    if args.write:
-        write_section(text)
+    return publish(text, args.write)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -39,7 +39,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
-from benchmd import write_section  # noqa: E402
+from benchmd import publish  # noqa: E402
 from amp_rewrite import convert, hardware  # noqa: E402
 from amp_rewrite.fold import grappler_alone  # noqa: E402
 
@@ -175,10 +175,7 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     text = table(rows, args.runs)
-    print(text)
-    if args.write:
-        write_section(text)
-    return 0
+    return publish(text, args.write)
 
 
 if __name__ == "__main__":

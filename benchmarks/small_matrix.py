@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmd import write_section  # noqa: E402
+from benchmd import publish  # noqa: E402
 from amp_rewrite import hardware  # noqa: E402
 
 v1 = tf.compat.v1
@@ -83,10 +83,7 @@ def main() -> int:
         "| width = matrix intensity | float32 / bfloat16 time |",
         "| --- | --- |",
         *(f"| {w} | {r:.2f}x |" for w, r in rows)]) + "\n"
-    print(text)
-    if args.write:
-        write_section(text)
-    return 0
+    return publish(text, args.write)
 
 
 if __name__ == "__main__":

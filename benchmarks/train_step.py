@@ -23,6 +23,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
 
-from benchmd import write_section  # noqa: E402
+from benchmd import publish  # noqa: E402
 from amp_rewrite import hardware  # noqa: E402
 from amp_rewrite.load import Model  # noqa: E402
 from amp_rewrite.pipeline import Options, convert_model  # noqa: E402
@@ -202,7 +203,7 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
@@ -211,10 +212,8 @@ def main() -> None:
     results = [bench_model(title, body, batch, lr, optimizer, args.steps, args.warmup)
                for title, (body, batch, lr, optimizer) in MODELS.items()]
     text = table(results, args.steps, args.warmup)
-    print(text)
-    if args.write:
-        write_section(text)
+    return publish(text, args.write)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -32,14 +32,17 @@ from sklearn.datasets import load_digits  # noqa: E402
 
 
 class Classifier(tf.Module):
-    def __init__(self, seed: int = 0):
+    """64-128-10 with Keras' Adam (``optimizer="sgd"``: SGD with momentum 0.9)."""
+
+    def __init__(self, seed: int = 0, optimizer: str = "adam"):
         super().__init__()
         r = np.random.default_rng(seed)
         self.w1 = tf.Variable(r.normal(0, 0.12, (64, 128)).astype(np.float32), name="w1")
         self.b1 = tf.Variable(np.zeros(128, np.float32), name="b1")
         self.w2 = tf.Variable(r.normal(0, 0.09, (128, 10)).astype(np.float32), name="w2")
         self.b2 = tf.Variable(np.zeros(10, np.float32), name="b2")
-        self.opt = keras.optimizers.Adam(3e-3)
+        self.opt = (keras.optimizers.Adam(3e-3) if optimizer == "adam"
+                    else keras.optimizers.SGD(0.1, momentum=0.9))
         self.opt.build(self.params)
 
     @property

@@ -8,8 +8,9 @@ converted with ``--target float16`` (dynamic loss scaling by default), loaded ba
 
 import hashlib
 import logging
+import sys
+from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,39 +21,14 @@ from tensorflow.python.training import py_checkpoint_reader
 
 from amp_rewrite import UnsupportedGraphError, cli, convert_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from train_step_savedmodel import Classifier  # noqa: E402
 
-class Trainer(tf.Module):
-    """A 64-64-10 classifier and a Keras optimizer; ``train_step`` returns the loss."""
 
-    def __init__(self, optimizer: str = "adam", seed: int = 0):
-        super().__init__()
-        r = np.random.default_rng(seed)
-        self.w1 = tf.Variable(r.normal(0, 0.15, (64, 64)).astype(np.float32), name="w1")
-        self.b1 = tf.Variable(np.zeros(64, np.float32), name="b1")
-        self.w2 = tf.Variable(r.normal(0, 0.15, (64, 10)).astype(np.float32), name="w2")
-        self.b2 = tf.Variable(np.zeros(10, np.float32), name="b2")
-        self.opt = (keras.optimizers.Adam(1e-2) if optimizer == "adam"
-                    else keras.optimizers.SGD(0.1, momentum=0.9))
-        self.opt.build(self.params)
-
-    @property
-    def params(self):
-        return [self.w1, self.b1, self.w2, self.b2]
-
-    def logits(self, x):
-        return tf.matmul(tf.nn.relu(tf.matmul(x, self.w1) + self.b1), self.w2) + self.b2
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32),
-                                  tf.TensorSpec([None], tf.int64)])
-    def train_step(self, x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, self.logits(x)))
-        self.opt.apply_gradients(zip(tape.gradient(loss, self.params), self.params))
-        return loss
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
-    def serve(self, x):
-        return {"logits": self.logits(x)}
+def Trainer(optimizer: str = "adam", seed: int = 0):
+    """The example's classifier (examples/train_step_savedmodel.py): weights, a Keras
+    optimizer, ``train_step`` and ``serve``."""
+    return Classifier(seed, optimizer)
 
 
 def save_trainer(module, path) -> None:
@@ -235,8 +211,6 @@ def test_static_scale_and_converting_twice(tmp_path, caplog):
 def test_the_example_builds_converts_and_trains(tmp_path):
     import re
     import subprocess
-    import sys
-    from pathlib import Path
     example = Path(__file__).resolve().parent.parent / "examples" / "train_step_savedmodel.py"
     proc = subprocess.run([sys.executable, str(example), "--steps", "100", "--folder", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
