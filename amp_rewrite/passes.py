@@ -27,7 +27,8 @@ from .report import Report
 from .rewrite import Target, rewrite
 from .rules import RuleSet, load_rules
 from .signatures import strip_graph_defaults, with_defaults
-from .training import HINTS, add_loss_scaling, scale_config
+from .training import (HINTS, add_function_state, add_loss_scaling, function_train_steps,
+                       scale_config, scale_train_functions)
 
 DEVICES = {"gpu": "GPU", "cpu": "CPU"}
 # The least matrix intensity (FLOPs per element moved, costs.matrix_intensity) an island's
@@ -111,12 +112,23 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     config = scale_config(options.loss_scale, options.target,
                           dict(options.loss_scale_options or {})) if loss_scaling else None
     hints = {k: v for k, v in (options.loss_scale_options or {}).items() if k in HINTS}
-    if config is not None and add_loss_scaling(work, meta, filled.library, config, hints, report):
+    # a train step in a library function the graph calls gets its scaling once painted;
+    # its state lives in the graph
+    steps = function_train_steps(work, filled.library) if config is not None else []
+    state = add_function_state(work, meta, steps, config, hints, report) if steps else None
+    if state is not None or (config is not None and
+                             add_loss_scaling(work, meta, filled.library, config, hints, report)):
         lint.lint(work, original=graph, rules=main_rules)
     out = work.to_graph_def(filled)
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
+    if state is not None:
+        meta.graph_def.CopyFrom(out)
+        scale_train_functions(meta, steps, config, report)
+        report.extra["loss_scaling"].update(state)
+        out = type(out)()
+        out.CopyFrom(meta.graph_def)
     if options.emulate:
         out, emulated = emulate_float16(out)
         report.extra["emulation"] = {"ops": emulated, "summary": f"{emulated} float16 ops "

@@ -16,6 +16,7 @@ import logging
 from tensorflow.core.framework import function_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from ..dtypes import FLOAT, INT64
 from ..errors import UnsupportedGraphError
 from ..ir import Graph
 from ..library import reachable
@@ -24,11 +25,12 @@ from . import nodes as nd
 from ..loss_scale import DEFAULTS, HINTS, ScaleConfig, scale_config
 from .detect import Backprop, find_backprop, training_functions, training_parts
 from .scaling import Added, insert_loss_scaling
-from .saved_step import add_saved_model_loss_scaling
-from .state import SCOPE, add_to_collections, add_to_saver, has_saver, hook_init_ops
+from .saved_step import add_saved_model_loss_scaling, scale_train_functions
+from .state import SCOPE, add_to_collections, add_to_saver, add_variable, has_saver, hook_init_ops
 
-__all__ = ["DEFAULTS", "FETCH", "HINTS", "SCOPE", "ScaleConfig", "add_loss_scaling",
-           "add_saved_model_loss_scaling", "scale_config", "training_parts"]
+__all__ = ["DEFAULTS", "FETCH", "HINTS", "SCOPE", "ScaleConfig", "add_function_state",
+           "add_loss_scaling", "add_saved_model_loss_scaling", "function_train_steps",
+           "scale_config", "scale_train_functions", "training_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +50,12 @@ def add_loss_scaling(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | Non
 
     ``meta_graph`` (None for a bare GraphDef) gets the new variables in its ``variables``
     collection, in place; ``library`` is the graph's function library (a train step inside a
-    function it calls is refused); ``hints`` may name the ``loss`` and the seeds (``grads``).
+    function it calls is :func:`add_function_state`'s and :func:`scale_train_functions`' case,
+    which :func:`~amp_rewrite.passes.convert_graph` takes first); ``hints`` may name the ``loss`` and the seeds (``grads``).
     What was found and done is recorded in ``report.extra["loss_scaling"]``. Raises
     :class:`UnsupportedGraphError` when the graph trains but its seed or updates cannot be
     identified without doubt.
     """
-    _refuse_training_functions(graph, library)
     backprop = find_backprop(graph, loss=hints.get("loss"), grads=list(hints.get("grads") or ()))
     if backprop is None:
         return False
@@ -74,22 +76,45 @@ def add_loss_scaling(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | Non
     return True
 
 
-def _refuse_training_functions(graph: Graph, library) -> None:
-    """Refuse a train step inside a library function the graph calls (an outer tf.function
-    calling an inner GradientTape step, exported as a graph): loss scaling is added to the
-    graph's own nodes only, so the function's float16 backprop would run unscaled."""
+def function_train_steps(graph: Graph, library: function_pb2.FunctionDefLibrary) -> list[str]:
+    """The library functions ``graph`` calls (directly or not) whose bodies train."""
     if not library.function:
-        return
-    train = training_functions(library, reachable((n.proto for n in graph.nodes()), library))
-    if train:
-        names = ", ".join(repr(name) for name in train)
-        which = f"function {names} trains" if len(train) == 1 else f"functions {names} train"
-        raise UnsupportedGraphError(
-            f"{which} (gradients and variable updates inside a "
-            "library function); amp-rewrite adds loss scaling only to a train step in the graph "
-            "itself, so float16 gradients in the function would go unscaled and may underflow "
-            "to zero. Convert with --target bfloat16 (no loss scaling needed), or with "
-            "--loss-scale none (accepting unscaled float16 gradients)")
+        return []
+    return training_functions(library, reachable((n.proto for n in graph.nodes()), library))
+
+
+def add_function_state(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | None,
+                       train: list[str], config: ScaleConfig, hints: dict, report: Report) -> dict:
+    """For a graph whose train step is a library function (``train``): the loss-scale variables
+    in the graph (in place), initialized by its init op, in its ``variables`` collection and its
+    Saver, for :func:`scale_train_functions` to pass into the step. Returns what the report's
+    ``loss_scaling`` section adds about them."""
+    names = ", ".join(repr(name) for name in train)
+    if hints.get("loss") or hints.get("grads"):
+        raise UnsupportedGraphError(f"--loss and --grad name nodes of the graph, but its train "
+                                    f"step is in function {names}; drop them")
+    if find_backprop(graph) is not None:
+        raise UnsupportedGraphError(f"both the graph and function {names} train; amp-rewrite "
+                                    "scales one train step: convert with --loss-scale none or "
+                                    "--target bfloat16")
+    if any(name.startswith(f"{SCOPE}/") for name in graph.names()):
+        raise UnsupportedGraphError(f"the graph already has nodes named {SCOPE}/... (converted "
+                                    "before?): convert the FP32 original instead")
+    variables = [add_variable(graph, f"{SCOPE}/scale", config.start, FLOAT),
+                 add_variable(graph, f"{SCOPE}/skipped_steps", 0, INT64),
+                 add_variable(graph, f"{SCOPE}/good_steps", 0, INT64)]
+    ours = nd.noop(graph, f"{SCOPE}/init", control=[v.initializer for v in variables])
+    init_ops = hook_init_ops(graph, meta_graph, ours)
+    in_collection = add_to_collections(meta_graph, variables)
+    in_saver = add_to_saver(graph, meta_graph, variables)
+    if not in_saver and has_saver(graph):
+        _warn(report, "the graph's Saver is sharded or not V2: the loss-scale variables are not "
+                      "in it, so checkpoints will not keep them")
+    if not init_ops:
+        _warn(report, f"no init op groups the initializers of all global variables: run "
+                      f"{SCOPE}/init once before training")
+    return {"init_ops": init_ops, "in_collection": in_collection, "in_saver": in_saver,
+            "fetch": {k: v for k, v in FETCH.items() if k != "all_finite"}}
 
 
 def _record(graph: Graph, config: ScaleConfig, backprop: Backprop, added: Added, init_ops,

@@ -436,25 +436,35 @@ def add_saved_model_loss_scaling(meta: meta_graph_pb2.MetaGraphDef, config: Scal
     if any(c.local_name == SCOPE for c in og.nodes[0].children):
         raise UnsupportedGraphError(f"the SavedModel already has {SCOPE!r} state: converted "
                                     "before (it would be scaled twice)")
-    by_name = {f.signature.name: f for f in library.function}
-    _refuse_writes_in_callees(by_name, train)
     ids = _add_objects(og)
-    branches: dict = {}
-    found = []
-    for name in train:
-        found.append(_scale_function(_Body(by_name[name]), library, config, branches))
-        if name in og.concrete_functions:
-            og.concrete_functions[name].bound_inputs.extend(ids)
-    for name in train:
-        _forward_handles(meta, name, ids)
-    _add_ops(meta)
-    report.extra["loss_scaling"] = _record(config, found)
-    log.info("loss scaling: %s", report.extra["loss_scaling"]["summary"])
+    scale_train_functions(meta, train, config, report, ids)
     log.info("a checkpoint written before conversion restores into the converted model with "
              "tf.train.Checkpoint(loaded).read(path); %s then starts fresh (scale %g)",
              SCOPE, config.start)
     return {"scale": np.float32(config.start), "skipped_steps": np.int64(0),
             "good_steps": np.int64(0)}
+
+
+def scale_train_functions(meta: meta_graph_pb2.MetaGraphDef, train: list[str],
+                          config: ScaleConfig, report, ids: list[int] = ()) -> None:
+    """Loss scaling inside the library functions ``train`` of ``meta`` (in place): each gets
+    the three state handles as new inputs, and so does every caller up to the graph, whose
+    call nodes read the ``VarHandleOp`` nodes ``amp_loss_scale/<name>`` (added where missing).
+    ``ids`` are the state's object-graph nodes (a SavedModel's), bound to each new capture."""
+    library = meta.graph_def.library
+    by_name = {f.signature.name: f for f in library.function}
+    _refuse_writes_in_callees(by_name, train)
+    branches: dict = {}
+    found = []
+    for name in train:
+        found.append(_scale_function(_Body(by_name[name]), library, config, branches))
+        if ids and name in meta.object_graph_def.concrete_functions:
+            meta.object_graph_def.concrete_functions[name].bound_inputs.extend(ids)
+    for name in train:
+        _forward_handles(meta, name, list(ids))
+    _add_ops(meta)
+    report.extra["loss_scaling"] = _record(config, found, saved=bool(ids))
+    log.info("loss scaling: %s", report.extra["loss_scaling"]["summary"])
 
 
 def _refuse_writes_in_callees(by_name: dict, train: list[str]) -> None:
@@ -470,24 +480,26 @@ def _refuse_writes_in_callees(by_name: dict, train: list[str]) -> None:
                 "own body: convert with --loss-scale none, or --target bfloat16")
 
 
-def _record(config: ScaleConfig, found: list[_Found]) -> dict:
-    """The report's ``loss_scaling`` section for a SavedModel (README "Report schema")."""
+def _record(config: ScaleConfig, found: list[_Found], saved: bool) -> dict:
+    """The report's ``loss_scaling`` section for train functions (README "Report schema");
+    ``saved``: the state is the loaded SavedModel's, else the graph's variables."""
     return {
         "mode": config.mode, "start": config.start,
         **({"interval": config.interval, "factor": config.factor} if config.mode == "dynamic" else {}),
         "functions": [f.function for f in found], "seeds": [f"{f.function}/{f.seed}" for f in found],
         "gradients": [f"{f.function}/{g}" for f in found for g in f.gradients],
         "gated_writes": sum(len(f.gated) for f in found),
-        "variables": [f"{SCOPE}.{name}" for name, _ in STATE],
-        "summary": _summary(config, found)}
+        "variables": [f"{SCOPE}.{name}" if saved else f"{SCOPE}/{name}" for name, _ in STATE],
+        "summary": _summary(config, found, saved)}
 
 
-def _summary(config: ScaleConfig, found: list[_Found]) -> str:
+def _summary(config: ScaleConfig, found: list[_Found], saved: bool) -> str:
     how = (f"dynamic (start {config.start:g}, x{config.factor:g} after {config.interval} finite "
            f"steps)" if config.mode == "dynamic" else f"static {config.start:g}")
     return (f"{how}; {len(found)} train function(s); "
             f"{sum(len(f.gradients) for f in found)} gradients, "
-            f"{sum(len(f.gated) for f in found)} writes gated; state in loaded.{SCOPE}")
+            f"{sum(len(f.gated) for f in found)} writes gated; "
+            + (f"state in loaded.{SCOPE}" if saved else f"scale in {SCOPE}/scale/Read/ReadVariableOp:0"))
 
 
 def _add_objects(og) -> list[int]:
@@ -532,7 +544,7 @@ def _forward_handles(meta: meta_graph_pb2.MetaGraphDef, callee: str, ids: list[i
             args = [a.name for a in f.signature.input_arg if a.name.startswith(f"{SCOPE}_")]
             if not args:
                 args = [body.add_resource_arg(f"{SCOPE}_{name}_resource", dtype) for name, dtype in STATE]
-                if f.signature.name in og.concrete_functions:
+                if ids and f.signature.name in og.concrete_functions:
                     og.concrete_functions[f.signature.name].bound_inputs.extend(ids)
             for call in calls:
                 call.op = "StatefulPartitionedCall"
