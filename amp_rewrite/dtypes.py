@@ -34,8 +34,12 @@ _REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100 in types.proto
 
 
 def dtype_name(dtype: int) -> str:
-    """``DT_HALF`` -> ``"half"``: the short name TensorFlow prints."""
-    return types_pb2.DataType.Name(dtype)[3:].lower()
+    """``DT_HALF`` -> ``"half"``: the short name TensorFlow prints (``"dtype 34"`` for a value
+    no DataType has: a damaged file names what it holds, the message does not crash)."""
+    try:
+        return types_pb2.DataType.Name(dtype)[3:].lower()
+    except ValueError:
+        return f"dtype {dtype}"
 
 
 def base_dtype(dtype: int) -> int:

@@ -115,10 +115,10 @@ def _flat_input(text: str, ports: dict[str, dict[tuple[str, int], int]], fname: 
     if len(parts) == 1:
         return text  # an argument: its Placeholder has one output
     node, arg = parts[0], parts[1]
-    index = int(parts[2]) if len(parts) > 2 else 0
     try:
+        index = int(parts[2]) if len(parts) > 2 else 0
         port = ports[node][(arg, index)]
-    except KeyError:
+    except (KeyError, ValueError):   # no such node or output, or an index that is no number
         raise InputError(f"function {fname!r}: input {text!r} names no output of a node") from None
     return f"{node}:{port}"
 

@@ -511,3 +511,21 @@ def test_unreadable_input_and_unwritable_output(tmp_path, mlp_bytes):
     finally:
         os.chmod(unreadable, 0o644)
         os.chmod(locked, 0o755)
+
+
+def test_damaged_type_and_function_input_are_input_errors():
+    """Two damages the mutation property test found: a type attr holding a value no DataType
+    has (the lint's message named it by crashing), and a function body input whose output
+    index is not a number (parsed with int())."""
+    gd, _, _ = graphs.mlp()
+    [matmul] = [n for n in gd.node if n.op == "MatMul"][:1]
+    matmul.attr["T"].type = 34
+    with pytest.raises(InputError, match="dtype 34"):
+        convert(gd)
+    gd, _, _ = graphs.functional_while()
+    body = next(f for f in gd.library.function if any(":" in i for n in f.node_def for i in n.input))
+    node = next(n for n in body.node_def if any(i.count(":") == 2 for i in n.input))
+    index = next(i for i, text in enumerate(node.input) if text.count(":") == 2)
+    node.input[index] = node.input[index].rsplit(":", 1)[0] + ':"'
+    _, report = convert(gd)     # the function is left as it is, with a warning
+    assert any(body.signature.name in w and "names no output" in w for w in report.warnings)
