@@ -22,8 +22,13 @@ from .casts import cast_types, insert_cast
 from .dtypes import FLOAT, HALF
 from .errors import UnsupportedGraphError
 from .ir import Graph, TensorRef
-from .ops import PLACEHOLDER_OPS
+from .ops import (ENTER_OPS, EXIT_OPS, MERGE_OPS, NEXT_ITERATION_OPS, PLACEHOLDER_OPS,
+                  SWITCH_OPS)
 from .signatures import get_dtype, invalidate, node_types, output_dtype, set_dtype
+
+
+# v1 control flow only routes values: it keeps what it is given, already rounded
+_ROUTING = ENTER_OPS | EXIT_OPS | MERGE_OPS | NEXT_ITERATION_OPS | SWITCH_OPS | {"Identity"}
 
 
 def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, int]:
@@ -58,6 +63,8 @@ def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, 
             continue
         for attr in half:
             set_dtype(node, attr, FLOAT)
+        if node.op in _ROUTING:
+            continue    # passes values on unchanged (and a loop's Merge must read NextIteration)
         _widen_outputs(graph, node.name, ports, round_first=True)
         emulated += 1
     return graph.to_graph_def(graph_def), emulated

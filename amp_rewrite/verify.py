@@ -15,8 +15,9 @@ counts as an infinite error) and judged by the checks in force, each with its th
   row's L2 norm is a near-tie, within the error ``rel_l2`` accepts: it counts as agreeing;
   An output that is a share of yes/no decisions (an accuracy, the mean of a cast
   ``Equal(ArgMax(...), labels)``) moves by whole decisions, not by rounding: it is judged by
-  ``top1`` alone (unless ``--check rel_l2`` is chosen), its agreement being at least
-  ``1 - |conv - orig|``, the share of decisions that cannot have moved;
+  ``top1``'s allowance instead of ``rel_l2`` (unless ``--check rel_l2`` is chosen): it may
+  move by at most ``1 - --top1`` (one point at 0.99). How many decisions flipped it cannot
+  say (flips either way cancel in a share): compare the scores themselves for that;
 * ``allclose``: every element within ``atol + rtol*|orig|`` (``--rtol``/``--atol``; defaults
   float16 0.01/0.001, bfloat16 0.05/0.01, float32 1e-5/1e-6);
 * ``max_abs``: the largest absolute error at most ``--max-abs`` (no default).
@@ -215,10 +216,7 @@ class ErrorStats:
 
     @property
     def top1(self) -> float | None:
-        """Rows whose argmax agrees or that are near-ties, as a share; for a share of decisions
-        the least share that cannot have moved; None: neither."""
-        if self.decisions:
-            return max(0.0, 1.0 - self.max_abs_error) if self.total else None
+        """Rows whose argmax agrees or that are near-ties, as a share; None: not scores."""
         if not (self.classifier and self.rows):
             return None
         return (self.agree + self.ties) / self.rows
@@ -251,6 +249,7 @@ class OutputError:
     converted: str = ""         # the converted model's tensor compared, where its name differs
     checks: list[CheckResult] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    decisions: bool = False     # a share of yes/no decisions (an accuracy): top1 bounds its move
 
 
 @dataclass
@@ -351,7 +350,7 @@ def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping
                                  "picks the outputs to compare)") from None
     out = [_judge(name, other, s, grad, crit) for name, other, s, grad
            in zip(original.outputs, converted.outputs, stats, gradients)]
-    if crit.chosen and "top1" in crit.checks and all(o.top1 is None for o in out):
+    if crit.chosen and "top1" in crit.checks and all(o.top1 is None and not o.decisions for o in out):
         raise InputError("--check top1: no output is a batch of scores (a rank-2 float output "
                          "whose last dimension is over 1); pick one with --output or choose "
                          "another --check")
@@ -371,6 +370,10 @@ def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria)
                                       s.max_abs_error <= crit.max_abs))
         elif check == "allclose":
             checks.append(CheckResult(check, s.share, 0.0, s.out_of_tol == 0 and s.nonfinite == 0))
+        elif check == "top1" and s.decisions:
+            # the share may move as far as top1 lets decisions move
+            checks.append(CheckResult(check, s.max_abs_error, 1.0 - crit.top1,
+                                      s.max_abs_error <= 1.0 - crit.top1))
         elif check == "top1" and s.top1 is not None:
             checks.append(CheckResult(check, s.top1, crit.top1, s.top1 >= crit.top1))
     failed = [c.check for c in checks if not c.ok]
@@ -379,7 +382,7 @@ def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria)
                        s.rows - s.agree - s.ties if s.top1 is not None else 0,
                        s.ties if s.top1 is not None else 0,
                        "gradient" if gradient else "output", other if other != name else "",
-                       checks, failed)
+                       checks, failed, s.decisions)
 
 
 def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
@@ -480,8 +483,9 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
     width = max(map(len, labels))
     for o, label in zip(result.outputs, labels):
         parts = [f"max abs {o.max_abs:.3g}", f"rel L2 {o.rel_l2:.3g}"]
-        if o.top1 is not None and not o.rows:
-            parts.append(f"decisions agree >= {100 * o.top1:.2f}% (a share of decisions)")
+        if o.decisions:
+            parts.append(f"a share of decisions: moved {100 * o.max_abs:.2f} points (top1 allows "
+                         f"{100 * (1 - c.top1):g})")
         elif o.top1 is not None:
             parts.append(f"top1 {100 * o.top1:.2f}% of {o.rows} rows ({o.top1_disagree} moved, "
                          f"{o.top1_ties} near-ties)")

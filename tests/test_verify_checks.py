@@ -142,8 +142,8 @@ def _accuracy_graph(path, weights, shift):
 
 def test_an_accuracy_is_judged_by_the_decisions_that_moved(tmp_path):
     """An accuracy moves by whole samples: one digit of 200 flipping moves a ~0.1 accuracy by
-    ~5% relative (over the rel_l2 bound) yet 99.5% of the decisions agree: it passes; weights
-    that move many decisions fail top1."""
+    ~5% relative (over the rel_l2 bound) but by half a point, within top1's one-point
+    allowance: it passes; weights that move the accuracy further fail top1."""
     x, y = load_digits(return_X_y=True)
     x, y = (x[:200] / 16.0).astype(np.float32), y[:200].astype(np.int32)
     np.savez(tmp_path / "in.npz", x=x, y=y)
@@ -157,10 +157,10 @@ def test_an_accuracy_is_judged_by_the_decisions_that_moved(tmp_path):
     _accuracy_graph(tmp_path / "b.pb", w, one_wrong)
     one = verify(tmp_path / "a.pb", tmp_path / "b.pb", inputs=str(tmp_path / "in.npz"))
     (out,) = one.outputs
-    assert out.name == "accuracy:0" and out.rel_l2 > 1e-2 and out.rows == 0
+    assert out.name == "accuracy:0" and out.rel_l2 > 1e-2 and out.decisions and out.top1 is None
     assert out.max_abs == pytest.approx(1 / 200)
-    assert one.ok and [c.check for c in out.checks] == ["top1"]
-    assert out.top1 == pytest.approx(0.995)
+    assert one.ok and [(c.check, c.threshold) for c in out.checks] == [("top1", pytest.approx(0.01))]
+    assert out.checks[0].value == pytest.approx(0.005)
     _accuracy_graph(tmp_path / "c.pb", rng.normal(size=(64, 10)).astype(np.float32), none)
     many = verify(tmp_path / "a.pb", tmp_path / "c.pb", inputs=str(tmp_path / "in.npz"))
     assert not many.ok and many.failures() == {"accuracy:0": ["top1"]}

@@ -74,8 +74,8 @@ def test_forward_outputs_and_unscaled_gradients(trained):
     # dropout draws the same mask on both sides (rate 0.5: another mask would move the loss)
     assert forward[0].rel_l2 < 1e-3
     # the accuracy moves by whole samples (an argmax of float16 logits near a tie may flip):
-    # judged by the share of decisions that moved, not by a relative error
-    assert [c.check for c in forward[1].checks] == ["top1"] and forward[1].rows == 0
+    # judged by how far it moved (top1's allowance), not by a relative error
+    assert [c.check for c in forward[1].checks] == ["top1"] and forward[1].decisions
     gradients = [o for o in result.outputs if o.kind == "gradient"]
     # the gradients the conversion scales (its report names the float32 cast of a float16 one)
     assert {o.name for o in gradients} == {g.removesuffix("/amp_float") + ":0" for g in scaling["gradients"]}

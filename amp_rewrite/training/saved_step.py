@@ -13,7 +13,9 @@ SavedModel's object graph, and its state lives in ``variables/``. Loss scaling t
 * in its body the tape's seed is multiplied by the scale, each gradient is divided by it in
   float32 where it leaves the tape's scope, one ``IsFinite``/``All`` checks them all, and every
   variable write of the step becomes an ``If(all_finite)`` of the same name whose then-branch is
-  the write: a skipped step writes nothing, so every variable, slot and counter keeps its bits;
+  the write: a skipped step writes nothing, so every variable, slot and counter keeps its bits
+  (but a write the check itself waits on, such as a running input mean used before the tape,
+  which cannot wait for it: the report names those in a warning);
 * the scale and counters are updated as in TF1 graphs (README "Training graphs and loss
   scaling").
 
@@ -26,7 +28,7 @@ several, writes inside nested calls, a model converted before) is refused.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from tensorflow.core.framework import attr_value_pb2, function_pb2, types_pb2
@@ -187,6 +189,7 @@ class _Found:
     seed: str
     gradients: list[str]
     gated: list[str]
+    ungated: list[str] = field(default_factory=list)   # writes the check waits on
 
 
 def _seed(body: _Body) -> str:
@@ -292,12 +295,15 @@ def _unscale_and_check(body: _Body, gradients: list[str], scale: str) -> tuple[s
     return finite, list(unscaled)
 
 
-def _gate_writes(body: _Body, library, finite: str, branches: dict) -> list[str]:
-    """Every variable write of the step (but those the check waits on) becomes an ``If`` of the
-    same name whose then-branch is the write and whose else-branch does nothing."""
+def _gate_writes(body: _Body, library, finite: str, branches: dict) -> tuple[list[str], list[str]]:
+    """Every variable write of the step becomes an ``If`` of the same name whose then-branch is
+    the write and whose else-branch does nothing; returns those and the writes the check itself
+    waits on (gating them would make a cycle), which run on every step."""
     before_check = body.ancestors([finite.split(":")[0]])
-    gated = []
+    gated, ungated = [], []
     for node in list(body.f.node_def):
+        if is_variable_write(node.op) and node.name in before_check:
+            ungated.append(f"{node.name} ({node.op})")
         if not is_variable_write(node.op) or node.name in before_check:
             continue
         tin = _input_types(node)
@@ -321,7 +327,7 @@ def _gate_writes(body: _Body, library, finite: str, branches: dict) -> list[str]
         node.attr["_lower_using_switch_merge"].b = True   # as tf.cond sets: lowered at run time
         gated.append(f"{name} ({op})")
     body._readers = None
-    return gated
+    return gated, ungated
 
 
 def _branch_pair(library, node, tin: list[int], number: int) -> tuple[str, str]:
@@ -399,7 +405,7 @@ def _scale_function(body: _Body, library, config: ScaleConfig, branches: dict) -
     for reader, index in seed_readers:
         body.rewire(reader, index, scaled)
     finite, gradients = _unscale_and_check(body, gradients, scale)
-    gated = _gate_writes(body, library, finite, branches)
+    gated, ungated = _gate_writes(body, library, finite, branches)
     updates = _next_state(body, config, finite, handles, reads)
     # the step runs them, and its results wait on them, as TF2's automatic control
     # dependencies make every result wait on every stateful op
@@ -411,7 +417,7 @@ def _scale_function(body: _Body, library, config: ScaleConfig, branches: dict) -
         producer = body.nodes.get(ret.split(":")[0])
         if producer is not None:
             producer.input.append("^" + group)
-    return _Found(body.f.signature.name, seed, gradients, gated)
+    return _Found(body.f.signature.name, seed, gradients, gated, ungated)
 
 
 # ----------------------------------------------------------------- the model around them
@@ -464,6 +470,13 @@ def scale_train_functions(meta: meta_graph_pb2.MetaGraphDef, train: list[str],
         _forward_handles(meta, name, list(ids))
     _add_ops(meta)
     report.extra["loss_scaling"] = _record(config, found, saved=bool(ids))
+    ungated = [f"{f.function}/{w}" for f in found for w in f.ungated]
+    if ungated:
+        text = (f"{len(ungated)} variable write(s) run before the finiteness check, which waits "
+                f"on them, so an overflowing step does not skip them: {', '.join(ungated[:3])}"
+                + (" ..." if len(ungated) > 3 else ""))
+        report.warnings.append(text)
+        log.warning(text)
     log.info("loss scaling: %s", report.extra["loss_scaling"]["summary"])
 
 
@@ -489,6 +502,7 @@ def _record(config: ScaleConfig, found: list[_Found], saved: bool) -> dict:
         "functions": [f.function for f in found], "seeds": [f"{f.function}/{f.seed}" for f in found],
         "gradients": [f"{f.function}/{g}" for f in found for g in f.gradients],
         "gated_writes": sum(len(f.gated) for f in found),
+        "ungated_writes": [f"{f.function}/{w}" for f in found for w in f.ungated],
         "variables": [f"{SCOPE}.{name}" if saved else f"{SCOPE}/{name}" for name, _ in STATE],
         "summary": _summary(config, found, saved)}
 
@@ -542,13 +556,17 @@ def _forward_handles(meta: meta_graph_pb2.MetaGraphDef, callee: str, ids: list[i
                 continue
             body = _Body(f)
             args = [a.name for a in f.signature.input_arg if a.name.startswith(f"{SCOPE}_")]
-            if not args:
-                args = [body.add_resource_arg(f"{SCOPE}_{name}_resource", dtype) for name, dtype in STATE]
-                if ids and f.signature.name in og.concrete_functions:
-                    og.concrete_functions[f.signature.name].bound_inputs.extend(ids)
             for call in calls:
                 call.op = "StatefulPartitionedCall"
-                _append_call_inputs(call, args)
+                _append_call_inputs(call, args or [f"{SCOPE}_{name}_resource" for name, _ in STATE])
+            if args:
+                # it has the handles already (a train function, or a caller of another one
+                # whose callers were given them then): its callers pass them already
+                continue
+            for name, dtype in STATE:
+                body.add_resource_arg(f"{SCOPE}_{name}_resource", dtype)
+            if ids and f.signature.name in og.concrete_functions:
+                og.concrete_functions[f.signature.name].bound_inputs.extend(ids)
             pending.append(f.signature.name)
         graph_calls = [n for n in meta.graph_def.node
                        if n.op in CALL_OPS and n.attr["f"].func.name == target]
