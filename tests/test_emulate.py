@@ -121,3 +121,28 @@ def test_emulated_graphs_run_and_track_float16(build, tmp_path):
     emu = graphs.run(_graph_def(tmp_path / "emu.pb"), feeds, fetches)[0]
     assert np.all(np.isfinite(emu))
     assert graphs.rel_l2(emu, half) <= max(graphs.rel_l2(half, ref), 1e-6)
+
+
+@pytest.mark.parametrize("build", ["example", "mlp", "conv_bn", "conv_bias_relu_pool"])
+def test_emulation_matches_grapplers_cpu_emulation(build, tmp_path):
+    """Side by side with grappler's own float16 emulation (its auto_mixed_precision_cpu pass,
+    which runs on any CPU): the same numbers."""
+    import graphs
+    from tensorflow.core.protobuf import meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
+    from amp_rewrite.fold import grappler_alone
+    if build == "example":
+        gd = _graph_def(EXAMPLE)
+        feeds = {"images:0": (load_digits().data[:256] / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)}
+        fetches = ["probabilities:0"]
+    else:
+        gd, feeds, fetches = getattr(graphs, build)()
+    meta = meta_graph_pb2.MetaGraphDef(graph_def=gd)
+    meta.collection_def["train_op"].node_list.value.extend(f.split(":")[0] for f in fetches)
+    theirs = tf_optimizer.OptimizeGraph(grappler_alone("auto_mixed_precision_cpu"), meta)
+    assert any(n.op == "Cast" and n.attr["DstT"].type == types_pb2.DT_HALF for n in theirs.node)
+    (tmp_path / "in.pb").write_bytes(gd.SerializeToString())
+    convert_file(tmp_path / "in.pb", tmp_path / "emu.pb", target="float16", emulate=True)
+    ours = graphs.run(_graph_def(tmp_path / "emu.pb"), feeds, fetches)[0]
+    ref = graphs.run(theirs, feeds, fetches)[0]
+    assert graphs.rel_l2(ours, ref) <= 1e-6
