@@ -111,30 +111,35 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                            calls=calls)
     config = scale_config(options.loss_scale, options.target,
                           dict(options.loss_scale_options or {})) if loss_scaling else None
-    hints = {k: v for k, v in (options.loss_scale_options or {}).items() if k in HINTS}
-    # a train step in a library function the graph calls gets its scaling once painted;
-    # its state lives in the graph
-    steps = function_train_steps(work, filled.library) if config is not None else []
-    state = add_function_state(work, meta, steps, config, hints, report) if steps else None
-    if state is not None or (config is not None and
-                             add_loss_scaling(work, meta, filled.library, config, hints, report)):
-        lint.lint(work, original=graph, rules=main_rules)
+    steps, state = _scale_graph(work, graph, meta, filled.library, config, options, main_rules,
+                                report) if config is not None else ([], None)
     out = work.to_graph_def(filled)
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
-    if state is not None:
-        meta.graph_def.CopyFrom(out)
+    meta.graph_def.CopyFrom(out)
+    if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)
-        out = type(out)()
-        out.CopyFrom(meta.graph_def)
     if options.emulate:
-        out, emulated = emulate_float16(out)
-        report.extra["emulation"] = {"ops": emulated, "summary": f"{emulated} float16 ops "
-                                     "computed in float32 on values rounded to float16"}
-    meta.graph_def.CopyFrom(out)
+        emulated, count = emulate_float16(meta.graph_def)
+        meta.graph_def.CopyFrom(emulated)
+        report.extra["emulation"] = {"ops": count, "summary": f"{count} float16 ops computed "
+                                     "in float32 on values rounded to float16"}
     return meta, report
+
+
+def _scale_graph(work: Graph, original: Graph, meta, library, config, options: Options,
+                 rules: RuleSet, report: Report) -> tuple[list[str], dict | None]:
+    """Loss scaling in the graph's own nodes, in place; or, when its train step is a library
+    function it calls, the state variables in the graph: returns those functions and what the
+    report says of the state, for :func:`scale_train_functions` once the library is painted."""
+    hints = {k: v for k, v in (options.loss_scale_options or {}).items() if k in HINTS}
+    steps = function_train_steps(work, library)
+    state = add_function_state(work, meta, steps, config, hints, report) if steps else None
+    if state is not None or add_loss_scaling(work, meta, library, config, hints, report):
+        lint.lint(work, original=original, rules=rules)
+    return steps, state
 
 
 def signature_tensors(meta_graph: meta_graph_pb2.MetaGraphDef) -> set[str]:

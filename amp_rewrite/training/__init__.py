@@ -60,16 +60,7 @@ def add_loss_scaling(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | Non
     if backprop is None:
         return False
     added = insert_loss_scaling(graph, backprop, config)
-    ours = nd.noop(graph, f"{SCOPE}/init", control=[v.initializer for v in added.variables])
-    init_ops = hook_init_ops(graph, meta_graph, ours)
-    in_collection = add_to_collections(meta_graph, added.variables)
-    in_saver = add_to_saver(graph, meta_graph, added.variables)
-    if not in_saver and has_saver(graph):
-        _warn(report, "the graph's Saver is sharded or not V2: the loss-scale variables are not "
-                      "in it, so checkpoints will not keep them")
-    if not init_ops:
-        _warn(report, f"no init op groups the initializers of all global variables: run "
-                      f"{SCOPE}/init once before training")
+    init_ops, in_collection, in_saver = _register(graph, meta_graph, added.variables, report)
     report.extra["loss_scaling"] = _record(graph, config, backprop, added, init_ops,
                                            in_collection, in_saver)
     log.info("loss scaling: %s", report.extra["loss_scaling"]["summary"])
@@ -103,6 +94,15 @@ def add_function_state(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | N
     variables = [add_variable(graph, f"{SCOPE}/scale", config.start, FLOAT),
                  add_variable(graph, f"{SCOPE}/skipped_steps", 0, INT64),
                  add_variable(graph, f"{SCOPE}/good_steps", 0, INT64)]
+    init_ops, in_collection, in_saver = _register(graph, meta_graph, variables, report)
+    return {"init_ops": init_ops, "in_collection": in_collection, "in_saver": in_saver,
+            "fetch": {k: v for k, v in FETCH.items() if k != "all_finite"}}
+
+
+def _register(graph: Graph, meta_graph, variables, report: Report) -> tuple[list[str], bool, bool]:
+    """The state variables run by the graph's init ops (and ``amp_loss_scale/init``), in its
+    ``variables`` collection and its Saver; returns the init ops hooked and whether the
+    collection and the Saver took them (the report warns where not)."""
     ours = nd.noop(graph, f"{SCOPE}/init", control=[v.initializer for v in variables])
     init_ops = hook_init_ops(graph, meta_graph, ours)
     in_collection = add_to_collections(meta_graph, variables)
@@ -113,8 +113,7 @@ def add_function_state(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | N
     if not init_ops:
         _warn(report, f"no init op groups the initializers of all global variables: run "
                       f"{SCOPE}/init once before training")
-    return {"init_ops": init_ops, "in_collection": in_collection, "in_saver": in_saver,
-            "fetch": {k: v for k, v in FETCH.items() if k != "all_finite"}}
+    return init_ops, in_collection, in_saver
 
 
 def _record(graph: Graph, config: ScaleConfig, backprop: Backprop, added: Added, init_ops,
