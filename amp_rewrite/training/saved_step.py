@@ -31,16 +31,17 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from tensorflow.core.framework import attr_value_pb2, function_pb2, types_pb2
+from tensorflow.core.framework import attr_value_pb2, function_pb2, node_def_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.framework import tensor_util
 
 from ..dtypes import CONVERTIBLE, FLOAT
 from ..errors import UnsupportedGraphError
-from ..library import called_functions
+from ..ir import Node
+from ..library import called_functions, output_layout
 from ..loss_scale import ScaleConfig
 from ..ops import CALL_OPS, is_variable_write
-from ..signatures import op_def
+from ..signatures import fill_defaults, input_dtype, node_types, op_def, output_dtype
 from .detect import backprop_scope, training_functions
 from .state import SCOPE
 
@@ -70,19 +71,15 @@ class _Body:
         return f"{name}:{outputs[0].name}:{index}" if outputs else name
 
     def dtype(self, ref: str) -> int | None:
+        """The dtype of ``ref`` (None for an op TensorFlow does not register)."""
         parts = ref.split(":")
         if len(parts) == 1:
             return self.args.get(ref)
         node = self.nodes[parts[0]]
-        od = op_def(node.op)
-        if od is None:
+        if op_def(node.op) is None:
             return None
-        for arg in od.output_arg:
-            if arg.name == parts[1]:
-                if arg.type_list_attr:
-                    return _attr(node, arg.type_list_attr).list.type[int(parts[2])]
-                return arg.type or _attr(node, arg.type_attr).type
-        return None
+        typed = _typed(node)
+        return output_dtype(typed, output_layout(typed.proto, {}).index((parts[1], int(parts[2]))))
 
     def add(self, op: str, name: str, inputs=(), control=(), **attrs):
         if name in self.nodes or name in self.args:
@@ -95,7 +92,9 @@ class _Body:
             node.attr[key].CopyFrom(value if isinstance(value, attr_value_pb2.AttrValue)
                                     else attr_value_pb2.AttrValue(type=value))
         self.nodes[name] = node
-        self._readers = None
+        if self._readers is not None:
+            for i, text in enumerate(node.input):
+                self._readers.setdefault(text, []).append((node, i))
         return self.out(name)
 
     def const(self, name: str, value, dtype: int) -> str:
@@ -124,8 +123,11 @@ class _Body:
         return list(self._readers.get(ref, ()))
 
     def rewire(self, node, index: int, ref: str) -> None:
+        if self._readers is not None:
+            old = self._readers.get(node.input[index], [])
+            old[:] = [(n, i) for n, i in old if not (n is node and i == index)]
+            self._readers.setdefault(ref, []).append((node, index))
         node.input[index] = ref
-        self._readers = None
 
     def descendants(self, names) -> set[str]:
         """``names`` and the nodes that read them, through data edges."""
@@ -153,25 +155,18 @@ class _Body:
         return seen
 
 
-def _attr(node, name: str) -> attr_value_pb2.AttrValue:
-    """An attr of a NodeDef, or its OpDef default (SavedModels strip default attrs)."""
-    if name in node.attr:
-        return node.attr[name]
-    for attr in op_def(node.op).attr:
-        if attr.name == name and attr.HasField("default_value"):
-            return attr.default_value
-    raise UnsupportedGraphError(f"node {node.name!r} ({node.op}) has no attr {name!r}")
+def _typed(node) -> Node:
+    """A body node as the type model reads it: a copy holding the OpDef defaults that
+    SavedModels strip (type attributes among them)."""
+    filled = node_def_pb2.NodeDef()
+    filled.CopyFrom(node)
+    fill_defaults(filled)
+    return Node(filled)
 
 
 def _input_types(node) -> list[int]:
-    out = []
-    for arg in op_def(node.op).input_arg:
-        if arg.type_list_attr:
-            out.extend(_attr(node, arg.type_list_attr).list.type)
-            continue
-        dtype = arg.type or _attr(node, arg.type_attr).type
-        out.extend([dtype] * (_attr(node, arg.number_attr).i if arg.number_attr else 1))
-    return out
+    typed = _typed(node)
+    return [input_dtype(typed, port) for port in range(len(node_types(typed).inputs))]
 
 
 def _types(dtypes) -> attr_value_pb2.AttrValue:
