@@ -43,9 +43,9 @@ def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, 
     graph = Graph.from_graph_def(graph_def)
     _refuse_half_interface(graph)
     emulated = 0
-    for node in list(graph.nodes()):
+    for node in list(graph.nodes()):   # the casts added on the way are not visited
         types = node_types(node)
-        if types is None or node.meta.get("amp_inserted_emulation"):
+        if types is None:
             continue
         ports = [p for p in range(len(types.outputs)) if output_dtype(node, p) == HALF]
         casts = cast_types(node)
@@ -81,8 +81,6 @@ def _widen_outputs(graph: Graph, name: str, ports: list[int], round_first: bool)
             continue
         rounded = insert_cast(graph, ref, FLOAT, HALF) if round_first else ref
         wide = insert_cast(graph, rounded, HALF, FLOAT)
-        for cast in {rounded.node, wide.node} - {name}:
-            graph.node(cast).meta["amp_inserted_emulation"] = True
         for reader, index in readers:
             graph.set_input(reader, index, wide)
 

@@ -137,7 +137,7 @@ def _scale_graph(work: Graph, original: Graph, meta, library, config, options: O
     hints = {k: v for k, v in (options.loss_scale_options or {}).items() if k in HINTS}
     steps = function_train_steps(work, library)
     state = add_function_state(work, meta, steps, config, hints, report) if steps else None
-    if state is not None or add_loss_scaling(work, meta, library, config, hints, report):
+    if state is not None or add_loss_scaling(work, meta, config, hints, report):
         lint.lint(work, original=original, rules=rules)
     return steps, state
 

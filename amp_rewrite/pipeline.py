@@ -59,14 +59,15 @@ def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     options.check()
     rules = options.rule_set()
     saved = model.kind == "savedmodel"
+    config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
     if saved:
         if options.emulate:
             raise UnsupportedGraphError(f"{model.path}: --emulate applies to graph files (a "
                                         "SavedModel's ops live in functions); freeze a signature "
                                         "first (README \"Frozen graphs from a SavedModel\")")
-        _refuse_saved_model_training(model, options)
+        if config is not None:
+            _refuse_saved_model_training(model, options)
         options = _without_folding(options)
-    config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
     converted, report, added = [], None, {}
     for meta in model.meta_graphs:
         new, sub = convert_graph(meta, options, rules=rules, loss_scaling=not saved)
@@ -121,9 +122,8 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
 def _refuse_saved_model_training(model: Model, options: Options) -> None:
     """Refuse loss scaling of a SavedModel whose graph itself trains (TF1 style): its state
     would need the TF1 saver's functions extended, which amp-rewrite does not do. TF2 train
-    steps (library functions) are scaled by :func:`add_saved_model_loss_scaling`."""
-    if scale_config(options.loss_scale, options.target, dict(options.loss_scale_options)) is None:
-        return
+    steps (library functions) are scaled by :func:`add_saved_model_loss_scaling`. Called
+    when loss scaling is asked for."""
     for meta in model.meta_graphs:
         if "the graph" not in training_parts(meta.graph_def):
             continue

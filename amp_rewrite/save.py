@@ -160,12 +160,9 @@ def write_variables(src_prefix: Path, dst_dir: Path, added: dict) -> None:
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
     # the order the original saver wrote: the object graph's, then anything else by name
-    keys: list[str] = []
-    for node in graph.nodes:
-        for attr in node.attributes:
-            if attr.checkpoint_key in dtypes and attr.checkpoint_key not in keys:
-                keys.append(attr.checkpoint_key)
-    keys += sorted(k for k in dtypes if k not in keys and k != _OBJECT_GRAPH_KEY)
+    ordered = dict.fromkeys(attr.checkpoint_key for node in graph.nodes for attr in node.attributes
+                            if attr.checkpoint_key in dtypes)
+    keys = list(ordered) + sorted(k for k in dtypes if k not in ordered and k != _OBJECT_GRAPH_KEY)
     new = _add_to_object_graph(graph, added)
     clash = sorted(set(new) & set(dtypes))
     if clash:

@@ -301,19 +301,19 @@ class TwoSteps(tf.Module):
         logits = tf.matmul(tf.nn.relu(tf.matmul(x, self.a)), self.b)
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
 
-    @tf.function
-    def step_a(self, x, y):
+    def _train(self, optimizer, variable, x, y):
         with tf.GradientTape() as tape:
             loss = self.loss(x, y)
-        self.opt_a.apply_gradients([(tape.gradient(loss, self.a), self.a)])
+        optimizer.apply_gradients([(tape.gradient(loss, variable), variable)])
         return loss
 
     @tf.function
+    def step_a(self, x, y):
+        return self._train(self.opt_a, self.a, x, y)
+
+    @tf.function
     def step_b(self, x, y):
-        with tf.GradientTape() as tape:
-            loss = self.loss(x, y)
-        self.opt_b.apply_gradients([(tape.gradient(loss, self.b), self.b)])
-        return loss
+        return self._train(self.opt_b, self.b, x, y)
 
     @tf.function(input_signature=SIGNATURE)
     def train_step(self, x, y):

@@ -26,7 +26,8 @@ from ..loss_scale import DEFAULTS, HINTS, ScaleConfig, scale_config
 from .detect import Backprop, find_backprop, training_functions, training_parts
 from .scaling import Added, insert_loss_scaling
 from .saved_step import add_saved_model_loss_scaling, scale_train_functions
-from .state import SCOPE, add_to_collections, add_to_saver, add_variable, has_saver, hook_init_ops
+from .state import (SCOPE, add_to_collections, add_to_saver, add_variable, has_saver,
+                    hook_init_ops, refuse_scaled)
 
 __all__ = ["DEFAULTS", "FETCH", "HINTS", "SCOPE", "ScaleConfig", "add_function_state",
            "add_loss_scaling", "add_saved_model_loss_scaling", "function_train_steps",
@@ -44,14 +45,14 @@ FETCH = {
 
 
 def add_loss_scaling(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | None,
-                     library: function_pb2.FunctionDefLibrary, config: ScaleConfig,
-                     hints: dict, report: Report) -> bool:
+                     config: ScaleConfig, hints: dict, report: Report) -> bool:
     """Add loss scaling to ``graph`` (in place) if it trains; returns whether it changed it.
 
     ``meta_graph`` (None for a bare GraphDef) gets the new variables in its ``variables``
-    collection, in place; ``library`` is the graph's function library (a train step inside a
-    function it calls is :func:`add_function_state`'s and :func:`scale_train_functions`' case,
-    which :func:`~amp_rewrite.passes.convert_graph` takes first); ``hints`` may name the ``loss`` and the seeds (``grads``).
+    collection, in place (a train step inside a function the graph calls is
+    :func:`add_function_state`'s and :func:`scale_train_functions`' case, which
+    :func:`~amp_rewrite.passes.convert_graph` takes first); ``hints`` may name the ``loss`` and
+    the seeds (``grads``).
     What was found and done is recorded in ``report.extra["loss_scaling"]``. Raises
     :class:`UnsupportedGraphError` when the graph trains but its seed or updates cannot be
     identified without doubt.
@@ -88,9 +89,7 @@ def add_function_state(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | N
         raise UnsupportedGraphError(f"both the graph and function {names} train; amp-rewrite "
                                     "scales one train step: convert with --loss-scale none or "
                                     "--target bfloat16")
-    if any(name.startswith(f"{SCOPE}/") for name in graph.names()):
-        raise UnsupportedGraphError(f"the graph already has nodes named {SCOPE}/... (converted "
-                                    "before?): convert the FP32 original instead")
+    refuse_scaled(graph)
     variables = [add_variable(graph, f"{SCOPE}/scale", config.start, FLOAT),
                  add_variable(graph, f"{SCOPE}/skipped_steps", 0, INT64),
                  add_variable(graph, f"{SCOPE}/good_steps", 0, INT64)]

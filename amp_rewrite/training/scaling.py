@@ -15,14 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dtypes import BOOL, FLOAT, INT64
-from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
 from ..ops import is_variable_write
 from ..signatures import output_dtype
 from . import nodes as nd
 from ..loss_scale import ScaleConfig
 from .detect import Backprop, ancestors, backprop_scope, descendants
-from .state import SCOPE, StateVar, add_variable, assign
+from .state import SCOPE, StateVar, add_variable, assign, refuse_scaled
 
 
 @dataclass
@@ -36,9 +35,7 @@ class Added:
 
 def insert_loss_scaling(graph: Graph, backprop: Backprop, config: ScaleConfig) -> Added:
     """Rewrite ``graph`` in place so its train op trains with loss scaling (see module doc)."""
-    if any(name.startswith(f"{SCOPE}/") for name in graph.names()):
-        raise UnsupportedGraphError(f"the graph already has nodes named {SCOPE}/... (converted "
-                                    "before?): convert the FP32 original instead")
+    refuse_scaled(graph)
     scale = add_variable(graph, f"{SCOPE}/scale", config.start, FLOAT)
     skipped = add_variable(graph, f"{SCOPE}/skipped_steps", 0, INT64)
     variables = [scale, skipped]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2
 from tensorflow.python.framework import tensor_util
 
+from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
 from ..ops import SAVER_OPS, VARIABLE_CREATORS
 from ..signatures import invalidate
@@ -30,6 +31,14 @@ class StateVar:
     initial: str
     initializer: str
     read: TensorRef
+
+
+def refuse_scaled(graph: Graph) -> None:
+    """A graph that already holds loss-scale state was converted before: scaling it again would
+    scale its gradients twice."""
+    if any(name.startswith(f"{SCOPE}/") for name in graph.names()):
+        raise UnsupportedGraphError(f"the graph already has nodes named {SCOPE}/... (converted "
+                                    "before?): convert the FP32 original instead")
 
 
 def add_variable(graph: Graph, name: str, value, dtype: int) -> StateVar:
