@@ -385,6 +385,21 @@ def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria)
                        checks, failed, s.decisions)
 
 
+@dataclass
+class Attribution:
+    """What :func:`attribute` found: the ranking, and per tensor compared (by the original's
+    name) what it is (:class:`~amp_rewrite.traces.TensorInfo`, from the original) and its
+    dtype in the converted model."""
+
+    ranked: list[NodeError]
+    info: dict
+    dtypes: dict[str, str]
+
+    def sources(self, tensor: str) -> set[str]:
+        """The compared tensors ``tensor`` is computed from (through variant tensors)."""
+        return _float_sources(tensor, self.info, self.dtypes)
+
+
 def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
              crit: Criteria) -> tuple[list[NodeError], int]:
     """Every float tensor present in both models, ranked by the error it adds over the
@@ -394,6 +409,13 @@ def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
     how many tensors were compared. A tensor whose shape or number of executions differs
     between the two (the conversion changed it) is left out.
     """
+    found = attribute(original, converted, feeds, crit)
+    return found.ranked, len(found.ranked)
+
+
+def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
+              crit: Criteria) -> Attribution:
+    """:func:`per_node`'s ranking with what it was computed from (see :class:`Attribution`)."""
     if isinstance(original, GraphRunner) != isinstance(converted, GraphRunner):
         raise InputError("--per-node needs two models of the same kind (two graph files or two "
                          "SavedModel directories)")
@@ -426,7 +448,8 @@ def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
         ranked.append(NodeError(name, info[name].op, dtypes.get(name, info[name].dtype),
                                 s.rel_l2, _added(s.rel_l2, max(inherited, default=0.0))))
     ranked.sort(key=lambda n: (-n.added, info[n.tensor].order))
-    return ranked, len(stats)
+    compared = {n.tensor: n.dtype for n in ranked}
+    return Attribution(ranked, info, compared)
 
 
 def _float_sources(name: str, info: Mapping, stats: Mapping) -> set[str]:
