@@ -1,11 +1,11 @@
 """The ``amp-rewrite`` command line: parse, check paths, report errors. No TensorFlow here.
 
 ``amp-rewrite IN -o OUT [options]`` converts; ``amp-rewrite COMMAND ...`` runs ``explain``,
-``rules``, ``verify``, ``kernels`` or ``bench``. Every flag is defined in this module and every
+``rules``, ``verify``, ``kernels``, ``bench`` or ``tune``. Every flag is defined in this module and every
 path is checked before TensorFlow is imported (that takes seconds), so a usage or path error
 answers at once. Then :mod:`amp_rewrite.commands`, which imports TensorFlow, runs the command.
 
-Exit codes: 0 ok, 1 ``verify`` found an output out of tolerance, 2 bad input or usage
+Exit codes: 0 ok, 1 ``verify`` found an output out of tolerance (``tune``: could not meet it), 2 bad input or usage
 (:data:`~amp_rewrite.errors.INPUT_EXIT`), 70 a bug in amp-rewrite
 (:data:`~amp_rewrite.errors.INTERNAL_EXIT`). Errors are one line; ``-v`` adds the traceback.
 """
@@ -25,7 +25,7 @@ from .files import check_container, same_file
 from .loss_scale import scale_config
 
 PROG = "amp-rewrite"
-COMMANDS = ("explain", "rules", "verify", "kernels", "bench")
+COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune")
 #: the module that runs the commands; loaded only once the arguments are checked (it imports
 #: TensorFlow), which is why it is named here instead of imported
 RUNNER_MODULE = "amp_rewrite.commands"
@@ -164,6 +164,8 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
         p.add_argument("--report", metavar="FILE.json",
                        help="the convert command's JSON report, to include its decisions in --html")
+    elif command == "tune":
+        _tune_flags(p)
     elif command == "kernels":
         p.add_argument("model", help="the converted model (GraphDef, MetaGraph or SavedModel dir)")
         p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
@@ -178,6 +180,37 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
     _common(p)
     return p
+
+
+def _tune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
+    p.add_argument("-o", "--output", required=True, help="where to write the tuned conversion")
+    p.add_argument("--inputs", action="append", required=True, metavar="DATA.npz",
+                   help="a sample: input arrays keyed by input name (repeatable; every sample "
+                   "must meet the tolerance)")
+    p.add_argument("--holdout", action="append", default=[], metavar="DATA.npz",
+                   help="a held-out sample, scored before and after but never tuned on")
+    p.add_argument("--metric", choices=["rel_l2", "max_abs", "top1"], default="rel_l2",
+                   help="worst over the outputs: relative L2 error, largest absolute error, or "
+                   "share of rows whose argmax moved (default rel_l2)")
+    p.add_argument("--tolerance", type=float, metavar="X", help="largest metric a sample may "
+                   "give (default what verify accepts: rel_l2 0.01 float16, 0.05 bfloat16; "
+                   "top1 0.01; max_abs has none)")
+    p.add_argument("--max-trials", type=int, default=50, metavar="N",
+                   help="conversions to try at most (default 50)")
+    p.add_argument("--rules-out", metavar="FILE.toml", help="where to write the overrides "
+                   "chosen (default OUTPUT.tune.toml)")
+    _rule_flags(p)
+    p.add_argument("--keep", action="append", default=[], metavar="NAME")
+    p.add_argument("--lowp-io", action="store_true")
+    p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+    p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
+                   "(default serving_default, else the first)")
+    p.add_argument("--output-tensor", action="append", default=[], metavar="TENSOR",
+                   help="graph output to score (repeatable; default the signature's outputs, "
+                   "else the nodes nothing reads)")
+    p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
+    p.add_argument("--force", action="store_true", help="replace existing outputs")
 
 
 # ----------------------------------------------------------------- checks before any work
@@ -199,14 +232,26 @@ def _check_paths(command: str, args) -> None:
               "explain": [getattr(args, "input", None)],
               "verify": [getattr(args, "original", None), getattr(args, "converted", None)],
               "bench": [getattr(args, "original", None), getattr(args, "converted", None)],
-              "kernels": [getattr(args, "model", None)]}.get(command, [])
+              "kernels": [getattr(args, "model", None)],
+              "tune": [getattr(args, "input", None)]}.get(command, [])
     inputs += list(getattr(args, "rules", []) or [])
-    inputs += [p for p in (getattr(args, "inputs", None),) if p]
+    given = getattr(args, "inputs", None)
+    inputs += given if isinstance(given, list) else [given] if given else []
+    inputs += list(getattr(args, "holdout", []) or [])
     if command == "verify" and args.report:
         inputs.append(args.report)
     for path in inputs:
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
+    if command == "tune":
+        rules_out = args.rules_out or f"{args.output}.tune.toml"
+        for path in (args.output, rules_out):
+            if os.path.exists(path) and not args.force:
+                raise InputError(f"{path}: already exists; pass --force to replace it")
+            _check_writable(path, "output", *[p for p in inputs if p])
+        if args.report:
+            _check_writable(args.report, "report", args.input, args.output, rules_out)
+        check_container(args.input, args.output)
     if command == "convert":
         _check_convert_outputs(args)
         scale_config(args.loss_scale, args.target, args.loss_scale_options)  # conflicts, ranges

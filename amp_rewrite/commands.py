@@ -12,6 +12,7 @@ from pathlib import Path
 from . import bench as bench_mod
 from . import kernels as kernels_mod
 from . import report_html
+from . import tune as tune_mod
 from . import verify as verify_mod
 from .errors import InputError
 from .files import atomic_write
@@ -121,6 +122,36 @@ def bench(args) -> int:
     return 0
 
 
+def tune(args) -> int:
+    bar = None if args.quiet or not sys.stderr.isatty() else _tune_progress
+    result = tune_mod.tune(args.input, args.output, feeds=args.inputs, metric=args.metric,
+                           tolerance=args.tolerance, max_trials=args.max_trials,
+                           holdout=args.holdout, rules_out=args.rules_out,
+                           signature=args.signature, outputs=args.output_tensor,
+                           force=args.force, progress=bar, target=args.target,
+                           device=args.device, rules=args.rules, keep=args.keep,
+                           lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity)
+    if bar is not None:
+        sys.stderr.write("\n")
+    if args.report and result.ok:
+        atomic_write(Path(args.report), result.report.to_json().encode("utf-8"), force=True)
+    if not result.ok:
+        print(f"amp-rewrite: tolerance not met, nothing written: {result.message}", file=sys.stderr)
+        if not args.quiet:
+            print(result.summary())
+        return 1
+    if not args.quiet:
+        print(f"wrote {args.output} and {result.rules_file}")
+        print(result.summary())
+    return 0
+
+
+def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:
+    sys.stderr.write(f"\rtune: trial {done} (budget {budget})  metric {metric:.3g}  "
+                     f"kept {kept} in float32   ")
+    sys.stderr.flush()
+
+
 def _write_json(path: str, data: dict) -> None:
     atomic_write(Path(path), (json.dumps(data, indent=1) + "\n").encode(), force=True)
 
@@ -135,4 +166,4 @@ def _progress_bar(done: int, total: int) -> None:
 
 
 _COMMANDS = {"convert": convert, "explain": explain, "rules": rules, "verify": verify,
-             "kernels": kernels, "bench": bench}
+             "kernels": kernels, "bench": bench, "tune": tune}

@@ -1,0 +1,523 @@
+"""``amp-rewrite tune``: the fewest nodes kept in float32 for every sample to meet a tolerance.
+
+Rule lists are a guess: a sum over many large values, a softmax or a LayerNorm over large
+logits can overflow or lose accuracy in float16 where the lists call the op safe. ``tune``
+starts from the painted graph and searches with the error attribution of ``verify
+--per-node`` instead of blind bisection:
+
+1. *Trial 0* is the ordinary conversion. A trial converts the model with the nodes kept so far
+   as ``keep_fp32`` overrides, runs it on every sample, and scores each sample with the metric
+   (lower is better); it passes when every sample's score is within the tolerance.
+2. While a trial fails, the worst sample is traced through both models
+   (:func:`amp_rewrite.verify.attribute`) and the nodes where the error starts are kept in
+   float32: the low-precision tensors that add the most error over their inputs (an overflow
+   to inf comes first), or, where the tensor adding it is float32 (an Exp or Softmax fed
+   rounded values), the low-precision tensors it is computed from. Every tensor within half of
+   the largest added error is taken in one trial. When the attribution names nothing new,
+   every node still in low precision is kept at once; if even that fails, the tolerance
+   cannot be met (nothing is written).
+3. Once a trial passes, the kept nodes are released again, last kept first, in halves
+   (a released group that fails is split and its halves tried on their own), so a node stays
+   float32 only when releasing it alone fails the tolerance. A set already tried is not run
+   twice.
+
+``max_trials`` bounds the conversions run; pruning stops at the budget with a passing result.
+Before any trial, the float32 model is run twice and scored against itself: a metric that
+does not give at most the tolerance for equal outputs (or a model whose outputs vary between
+runs) is refused, as no conversion could meet it.
+
+The result is the converted model and a rules file of the ``keep_fp32`` overrides chosen,
+each with the op and the error that chose it, which ``--rules`` reapplies to give the same graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .dtypes import BFLOAT16, HALF, TARGET_NAMES
+from .errors import InputError, UnsupportedGraphError
+from .files import atomic_write, check_container, same_file
+from .load import Model, load
+from .passes import Options
+from .pipeline import convert_model
+from .report import Report
+from .rules import NodeRule
+from .runner import GraphRunner, Runner, SavedModelRunner, load_inputs, share_weights
+from .save import save
+from .training import training_parts
+from .verify import REL_L2, TOP1, Attribution, ErrorStats, attribute, criteria
+
+log = logging.getLogger(__name__)
+
+#: the built-in metrics, each the worst over a sample's outputs (lower is better)
+METRICS = ("rel_l2", "max_abs", "top1")
+_LOWP = {TARGET_NAMES[HALF], TARGET_NAMES[BFLOAT16]}
+DEFAULT_MAX_TRIALS = 50
+# A tensor adding at least this share of the largest added error is kept in the same trial:
+# overflows (inf) are taken together, a long tail of rounding noise is not.
+_BATCH_SHARE = 0.5
+_SOURCE = "amp-rewrite tune"
+
+Outputs = Mapping[str, np.ndarray]
+Metric = Callable[[Outputs, Outputs], float]
+
+
+# ----------------------------------------------------------------- metrics
+def _rel_l2(ref: Outputs, out: Outputs) -> float:
+    worst = 0.0
+    for name, a in ref.items():
+        s = ErrorStats(0.0, 0.0)
+        s.update(a, out[name], top1=False)
+        worst = max(worst, s.rel_l2)
+    return worst
+
+
+def _max_abs(ref: Outputs, out: Outputs) -> float:
+    worst = 0.0
+    for name, a in ref.items():
+        s = ErrorStats(0.0, 0.0)
+        s.update(a, out[name], top1=False)
+        worst = max(worst, s.max_abs_error)
+    return worst
+
+
+def _top1(ref: Outputs, out: Outputs) -> float:
+    """The share of rows whose argmax moved, on the outputs that are batches of scores."""
+    worst = None
+    for name, a in ref.items():
+        s = ErrorStats(0.0, 0.0)
+        s.update(a, out[name])
+        if s.top1 is not None:
+            worst = max(worst or 0.0, (s.rows - s.agree) / s.rows)
+    if worst is None:
+        raise InputError("metric top1: no output is a batch of scores (a rank-2 float output "
+                         "whose last dimension is over 1); pick one with --output or choose "
+                         "another --metric")
+    return worst
+
+
+_BUILTIN: dict[str, Metric] = {"rel_l2": _rel_l2, "max_abs": _max_abs, "top1": _top1}
+
+
+def default_tolerance(metric: str, target: str) -> float:
+    """What ``verify`` accepts by default, so that a tuned model passes ``verify``: rel_l2 by
+    target (float16 1e-2, bfloat16 5e-2), top1 one row in a hundred moved; max_abs depends on
+    the outputs' scale and has none."""
+    if metric == "rel_l2":
+        return REL_L2[HALF if target == "float16" else BFLOAT16]
+    if metric == "top1":
+        return round(1.0 - TOP1, 12)
+    raise InputError(f"--metric {metric} needs --tolerance X: an absolute error has no default "
+                     "(it depends on the outputs' scale)")
+
+
+# ----------------------------------------------------------------- results
+@dataclass
+class Kept:
+    """A node tune keeps in float32, and why: the tensor whose added error chose it."""
+
+    node: str
+    op: str
+    tensor: str
+    added: float
+    trial: int
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` did. ``ok``: every sample met the tolerance (only then is anything
+    written); ``model``/``report``: the best passing conversion (else the last tried)."""
+
+    ok: bool
+    metric: str
+    tolerance: float
+    samples: int
+    trials: int
+    seconds: float
+    before: float                     # worst sample's metric, painted graph (trial 0)
+    after: float                      # the same for the result
+    kept: list[Kept]
+    lowp_before: int                  # nodes in low precision, painted graph
+    lowp_after: int
+    model: Model
+    report: Report
+    holdout_before: float | None = None   # the metric on held-out samples (never tuned on)
+    holdout_after: float | None = None
+    message: str = ""                 # why it stopped, when not ok; else what was cut short
+    rules_file: str | None = None
+    trial_log: list[dict] = field(default_factory=list)
+
+    @property
+    def graph_def(self):
+        return self.model.graph_def
+
+    def summary(self) -> str:
+        lines = [f"metric {self.metric} (worst of {self.samples} sample(s)), tolerance "
+                 f"{self.tolerance:g}: painted graph {self.before:.3g} -> "
+                 f"{'tuned' if self.ok else 'best tried'} {self.after:.3g}",
+                 f"{self.trials} trials in {self.seconds:.1f} s; {len(self.kept)} node(s) kept "
+                 f"in float32; nodes in low precision {self.lowp_before} -> {self.lowp_after}"]
+        if self.holdout_before is not None:
+            lines.append(f"held-out samples: {self.holdout_before:.3g} -> {self.holdout_after:.3g}")
+        for k in self.kept:
+            lines.append(f"  keep_fp32 {k.node} ({k.op}): {k.tensor} added {k.added:.3g}")
+        if self.message:
+            lines.append(self.message)
+        return "\n".join(lines)
+
+
+@dataclass
+class _Trial:
+    keep: frozenset[str]
+    scores: list[float]
+    model: Model
+    report: Report
+    runner: Runner | None
+
+    @property
+    def score(self) -> float:
+        return max(self.scores)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+
+
+# ----------------------------------------------------------------- the search
+class _Tuner:
+    def __init__(self, model: Model, options: Options, ref: Runner, feeds: list[dict],
+                 metric: Metric, tolerance: float, max_trials: int, signature: str | None,
+                 progress, workdir: Path):
+        self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
+        self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
+        self.signature, self.progress, self.workdir = signature, progress, workdir
+        self.base = options.rule_set()
+        self.ref_outputs = [self._outputs(ref, f) for f in feeds]
+        self.crit = criteria()
+        self.trials = self.folders = 0
+        self.seen: dict[frozenset[str], tuple[bool, float]] = {}
+        self.log: list[dict] = []
+        self._made: list[_Trial] = []
+
+    def open_trials(self) -> list[_Trial]:
+        """Every trial made (closing one twice is harmless)."""
+        return self._made
+
+    def _outputs(self, runner: Runner, feed: Mapping) -> dict[str, np.ndarray]:
+        return dict(zip(self.ref.outputs, runner.callable()(feed)))
+
+    def check_baseline(self) -> None:
+        for i, (feed, want) in enumerate(zip(self.feeds, self.ref_outputs)):
+            again = self._score(want, self._outputs(self.ref, feed))
+            if not again <= self.tolerance:
+                raise InputError(
+                    f"the tolerance cannot be met: the float32 model scored against itself (run "
+                    f"twice on sample {i}) gives {again:.3g} > {self.tolerance:g}, so no "
+                    "conversion can pass; the metric must give 0 (at most the tolerance) for "
+                    "equal outputs, and the model's outputs must not vary between runs")
+
+    def _score(self, ref: Outputs, out: Outputs) -> float:
+        value = float(self.metric(ref, out))
+        return math.inf if math.isnan(value) else value
+
+    def trial(self, keep: Iterable[str], why: str) -> _Trial:
+        keep = frozenset(keep)
+        self.trials += 1
+        rules = dataclasses.replace(self.base, node_rules=list(self.base.node_rules)
+                                    + [keep_rule(name) for name in sorted(keep)])
+        converted, report = convert_model(self.model, dataclasses.replace(self.options, rules=rules))
+        runner = self._open_converted(converted)
+        scores = [self._score(want, self._outputs(runner, feed))
+                  for feed, want in zip(self.feeds, self.ref_outputs)]
+        t = _Trial(keep, scores, converted, report, runner)
+        self._made.append(t)
+        ok = t.score <= self.tolerance
+        self.seen[keep] = (ok, t.score)
+        self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
+                         "metric": t.score, "ok": ok})
+        log.info("trial %d (%s): %d kept, metric %.3g %s", self.trials - 1, why, len(keep),
+                 t.score, "ok" if ok else "over")
+        if self.progress is not None:
+            self.progress(self.trials, self.max_trials, t.score, len(keep))
+        return t
+
+    def _open_converted(self, converted: Model) -> Runner:
+        if converted.kind == "savedmodel":
+            self.folders += 1
+            folder = self.workdir / f"model{self.folders}"
+            save(converted, folder)
+            return SavedModelRunner(folder, self.signature)
+        runner = GraphRunner(converted, self.signature, self.ref.outputs, initialize=False)
+        share_weights(self.ref, runner)
+        return runner
+
+    def culprits(self, t: _Trial, kept: Mapping[str, Kept], names: set[str]) -> list[Kept]:
+        """The nodes where the worst sample's error starts (module docstring, step 2)."""
+        worst = max(range(len(self.feeds)), key=lambda i: t.scores[i])
+        found = attribute(self.ref, t.runner, [self.feeds[worst]], self.crit)
+        chosen: dict[str, Kept] = {}
+        first = None
+        for n in found.ranked:
+            if n.added <= 0 or (first is not None and not n.added >= _BATCH_SHARE * first):
+                break
+            for tensor in _lowp_sources(n.tensor, found):
+                node = tensor.rsplit(":", 1)[0]
+                if node in kept or node in chosen or node not in names:
+                    continue
+                chosen[node] = Kept(node, found.info[tensor].op, n.tensor, n.added, self.trials)
+                first = n.added if first is None else first
+        return list(chosen.values())
+
+    def run(self) -> tuple[_Trial, dict[str, Kept], _Trial, str]:
+        """The search; returns the painted graph's trial, what is kept, the result's trial
+        and a note (why it failed, or what was cut short)."""
+        start = self.trial((), "painted graph")
+        names = {n.name for n in start.report.nodes}
+        kept: dict[str, Kept] = {}
+        current = start
+        while not current.score <= self.tolerance:
+            if self.trials >= self.max_trials:
+                return start, kept, current, (f"not met within --max-trials {self.max_trials}: "
+                                              f"best metric {current.score:.3g}")
+            new = self.culprits(current, kept, names)
+            why = "attribution"
+            if not new:
+                new = [Kept(n.name, n.op, "", math.nan, self.trials) for n in current.report.nodes
+                       if n.precision in _LOWP | {"mixed"} and n.name in names
+                       and n.name not in kept]
+                why = "every node left in low precision"
+                if not new:
+                    return start, kept, current, (
+                        f"the tolerance cannot be met: with every node the conversion may keep "
+                        f"in float32 kept, the metric is still {current.score:.3g} > "
+                        f"{self.tolerance:g}")
+            kept.update((k.node, k) for k in new)
+            if current is not start:
+                current.close()
+            current = self.trial(kept, why)
+        current, kept, note = self._release(current, kept)
+        return start, kept, current, note
+
+    def _release(self, passing: _Trial, kept: dict[str, Kept]):
+        """Release kept nodes in halves, last kept first (module docstring, step 3)."""
+        groups = [list(reversed(kept))] if kept else []
+        while groups:
+            group = groups.pop(0)
+            rest = frozenset(kept) - set(group)
+            if rest in self.seen:
+                ok = self.seen[rest][0]
+            elif self.trials >= self.max_trials:
+                return passing, kept, (f"stopped releasing kept nodes at --max-trials "
+                                       f"{self.max_trials}: some may not be needed")
+            else:
+                t = self.trial(rest, f"release {len(group)}")
+                ok = t.score <= self.tolerance
+                if ok:
+                    passing.close()
+                    passing = t
+                else:
+                    t.close()
+            if ok:
+                kept = {k: v for k, v in kept.items() if k in rest}
+            elif len(group) > 1:
+                groups[:0] = [group[: len(group) // 2], group[len(group) // 2:]]
+        return passing, kept, ""
+
+
+def _lowp_sources(tensor: str, found: Attribution) -> list[str]:
+    """``tensor`` if the conversion computes it in low precision, else the nearest
+    low-precision tensors it is computed from (through float32 ones)."""
+    out, seen, stack = [], {tensor}, [tensor]
+    while stack:
+        name = stack.pop()
+        if found.dtypes.get(name) in _LOWP:
+            out.append(name)
+            continue
+        for source in sorted(found.sources(name) - seen):
+            seen.add(source)
+            stack.append(source)
+    return sorted(out, key=lambda n: found.info[n].order)
+
+
+def keep_rule(node: str) -> NodeRule:
+    """A ``keep_fp32`` override matching exactly ``node``."""
+    if re.search(r"[*?\[\]]", node):
+        return NodeRule("keep_fp32", None, f"^{re.escape(node)}$", _SOURCE)
+    return NodeRule("keep_fp32", node, None, _SOURCE)
+
+
+def _open(model: Model, signature: str | None, outputs: Sequence[str]) -> Runner:
+    if model.kind == "savedmodel":
+        if outputs:
+            raise InputError(f"{model.path}: --output applies to graph files; a SavedModel's "
+                             "signature names its outputs")
+        return SavedModelRunner(model.path, signature)
+    return GraphRunner(model, signature, outputs)
+
+
+# ----------------------------------------------------------------- the entry point
+def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = None, *,
+         feeds: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike,
+         metric: str | Metric = "rel_l2", tolerance: float | None = None,
+         max_trials: int = DEFAULT_MAX_TRIALS,
+         holdout: Iterable[Mapping[str, np.ndarray]] | Sequence[str] = (),
+         rules_out: str | os.PathLike | None = None, signature: str | None = None,
+         outputs: Sequence[str] = (), force: bool = False,
+         progress: Callable[[int, int, float, int], None] | None = None,
+         **options) -> TuneResult:
+    """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
+    ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
+
+    ``model``: a path (GraphDef, MetaGraph, SavedModel directory) or a loaded
+    :class:`~amp_rewrite.load.Model` (``Model.of_graph_def(graph_def)``). ``feeds``: feed
+    dicts keyed by input name (signature keys, or placeholder names), or ``.npz`` paths, one
+    sample each. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst over the outputs),
+    or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output name -> array,
+    lower is better. ``tolerance`` defaults to what ``verify`` accepts
+    (:func:`default_tolerance`). ``holdout``: samples scored before and after, never tuned on.
+    ``options``: those of :class:`~amp_rewrite.passes.Options`.
+
+    When it passes and ``output`` is given, writes the converted model there and the chosen
+    overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``); an
+    existing file is replaced only with ``force``. When it does not pass, nothing is written
+    and ``result.ok`` is False, ``result.message`` says why.
+    """
+    started = time.perf_counter()
+    opts = Options(**options)
+    opts.check()
+    if isinstance(metric, str):
+        if metric not in METRICS:
+            raise InputError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
+        name, metric_fn = metric, _BUILTIN[metric]
+        tolerance = default_tolerance(metric, opts.target) if tolerance is None else tolerance
+    else:
+        name, metric_fn = getattr(metric, "__name__", "custom"), metric
+        if tolerance is None:
+            raise InputError("a metric function needs a tolerance")
+    if not (tolerance >= 0 and math.isfinite(tolerance)):
+        raise InputError(f"--tolerance {tolerance!r}: must be a finite number >= 0")
+    if max_trials < 1:
+        raise InputError("--max-trials must be at least 1")
+    if not isinstance(model, Model):
+        model = load(model)
+    out_paths = _check_outputs(model, output, rules_out, force)
+    if model.kind != "savedmodel" and "the graph" in training_parts(model.graph_def):
+        raise UnsupportedGraphError(f"{model.path}: the graph trains; tune compares inference "
+                                    "outputs: freeze or export the inference graph first")
+    with tempfile.TemporaryDirectory(prefix="amp-tune.") as workdir, \
+            _open(model, signature, outputs) as ref:
+        tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
+                       max_trials, signature, progress, Path(workdir))
+        try:
+            tuner.check_baseline()
+            start, kept, final, note = tuner.run()
+            result = TuneResult(
+                final.score <= tolerance, name, tolerance, len(tuner.feeds), tuner.trials,
+                0.0, start.score, final.score, list(kept.values()), _lowp(start.report),
+                _lowp(final.report), final.model, final.report, message=note,
+                trial_log=tuner.log)
+            held = _feed_list(holdout, tuner.ref, "holdout")
+            if held:
+                result.holdout_before = _score_on(tuner, start, held)
+                result.holdout_after = _score_on(tuner, final, held)
+        finally:
+            for t in tuner.open_trials():
+                t.close()
+    result.seconds = time.perf_counter() - started
+    if result.ok and out_paths is not None:
+        out, rules_path = out_paths
+        atomic_write(rules_path, rules_text(result, model, opts).encode("utf-8"), force=force)
+        save(result.model, out, force=force)
+        result.rules_file = str(rules_path)
+    return result
+
+
+def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict]) -> float:
+    runner = t.runner or tuner._open_converted(t.model)
+    try:
+        return max(tuner._score(tuner._outputs(tuner.ref, f), tuner._outputs(runner, f))
+                   for f in feeds)
+    finally:
+        if runner is not t.runner:
+            runner.close()
+
+
+def _lowp(report: Report) -> int:
+    return sum(1 for n in report.nodes if n.precision in _LOWP | {"mixed"})
+
+
+def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
+    if isinstance(feeds, (str, os.PathLike)):
+        feeds = [feeds]
+    out = []
+    for feed in feeds:
+        if isinstance(feed, (str, os.PathLike)):
+            out.append(load_inputs(feed, ref.inputs))
+            continue
+        missing = [s.name for s in ref.inputs if s.name not in feed]
+        if missing:
+            raise InputError(f"{what}: a feed dict has no array for input(s) "
+                             f"{', '.join(map(repr, missing))} (has: {', '.join(map(str, feed))})")
+        out.append({s.name: np.asarray(feed[s.name]) for s in ref.inputs})
+    if what == "feeds" and not out:
+        raise InputError("tune needs at least one sample (--inputs DATA.npz)")
+    return out
+
+
+def _check_outputs(model: Model, output, rules_out, force: bool):
+    """The output and rules paths, checked before any work: not the input, not existing
+    unless ``force``, in a folder that exists."""
+    if output is None:
+        return None
+    out = Path(output)
+    rules_path = Path(rules_out) if rules_out is not None else out.with_name(out.name + ".tune.toml")
+    if same_file(model.path, out) or same_file(model.path, rules_path) or same_file(out, rules_path):
+        raise InputError(f"{out}: the output, the rules file and the input must be three files")
+    if model.path.exists():
+        check_container(model.path, out)
+    for path in (out, rules_path):
+        if path.exists() and not force:
+            raise InputError(f"{path}: already exists; pass --force to replace it")
+        if not path.parent.is_dir() and str(path.parent):
+            raise InputError(f"{path}: folder {path.parent} does not exist")
+    return out, rules_path
+
+
+def rules_text(result: TuneResult, model: Model, options: Options) -> str:
+    """The rules file of the overrides chosen: reapplied with ``--rules`` (after the same
+    rule files tune was given) it gives the same conversion."""
+    given = [str(r) for r in options.rules or ()] if not hasattr(options.rules, "lists") else []
+    lines = [f"# Written by amp-rewrite tune for {model.path}: the nodes kept in float32 so that",
+             f"# every one of {result.samples} sample(s) meets {result.metric} <= "
+             f"{result.tolerance:g} ({options.target}, device {options.device}).",
+             f"# Painted graph {result.before:.3g} -> tuned {result.after:.3g}; {result.trials} "
+             f"trials, {result.seconds:.1f} s.",
+             "# Reapply: amp-rewrite IN -o OUT --target " + options.target + " --device "
+             + options.device + "".join(f" --rules {r}" for r in given) + " --rules THIS_FILE",
+             ""]
+    for k in result.kept:
+        rule = keep_rule(k.node)
+        key = f'glob = "{rule.glob}"' if rule.glob is not None else f"regex = {_toml_str(rule.regex)}"
+        why = (f"{k.tensor} added {k.added:.3g} to the error (trial {k.trial})" if k.tensor
+               else f"kept with every low-precision node (trial {k.trial})")
+        lines += [f"# {k.op}: {why}", "[[override]]", key, 'action = "keep_fp32"', ""]
+    return "\n".join(lines)
+
+
+def _toml_str(text: str) -> str:
+    return "'" + text + "'" if "'" not in text else '"' + text.replace("\\", "\\\\") + '"'
+
+
+__all__ = ["METRICS", "Kept", "TuneResult", "default_tolerance", "keep_rule", "rules_text", "tune"]

@@ -1,0 +1,197 @@
+"""``amp-rewrite tune``: models that fail in float16 out of the box are tuned into ones that
+pass, checked on held-out samples (never the ones tuned on), keeping the fewest nodes float32.
+
+Each model fails because of where its values lie, not because a rule list is wrong for its
+ops in general: (a) a sum over many large activations overflows 65504, (b) a softmax over
+scores sharing a large bias loses the differences that matter, (c) the test corpus's Keras
+CNN+LSTM+attention export fed digits scaled to 1e5.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from tensorflow.core.protobuf import meta_graph_pb2
+
+import graphs
+import tune_graphs
+from refusals import run_cli
+from amp_rewrite import convert
+from amp_rewrite.errors import InputError
+from amp_rewrite.load import Model, load
+from amp_rewrite.pipeline import convert_file
+from amp_rewrite.rules import load_rules
+from amp_rewrite.tune import keep_rule, tune
+
+v1 = tf.compat.v1
+TOL = 1e-2
+KERAS_EXPORT = Path(__file__).parent / "data" / "keras_export"
+
+
+def _samples(width, seeds, scale=1.0):
+    return [tune_graphs.inputs(width, seed=s, scale=scale) for s in seeds]
+
+
+def _worst(original, converted, samples, fetch):
+    """The worst relative L2 error of ``converted`` against ``original`` over ``samples``."""
+    worst = 0.0
+    for feed in samples:
+        feed = {f"{k}:0": v for k, v in feed.items()}
+        want, = graphs.run(original, feed, [fetch])
+        got, = graphs.run(converted, feed, [fetch])
+        worst = max(worst, np.inf if not np.isfinite(got).all() else graphs.rel_l2(got, want))
+    return worst
+
+
+def _minimal(graph_def, kept, samples, fetch):
+    """Every kept node is needed: releasing any one alone fails the tolerance."""
+    for node in kept:
+        rules = load_rules("float16", [])
+        rules.node_rules.extend(keep_rule(k) for k in kept if k != node)
+        converted, _ = convert(graph_def, rules=rules)
+        assert _worst(graph_def, converted, samples, fetch) > TOL, f"{node} is not needed"
+
+
+@pytest.mark.parametrize("build, width, scale, fetch, expect", [
+    (tune_graphs.large_sum, 64, 10.0, "logits:0", {"pool", "head"}),
+    (tune_graphs.attention_softmax, 32, 1.0, "out:0", {"biased"}),
+])
+def test_failing_graph_is_tuned_to_pass_on_held_out_samples(build, width, scale, fetch, expect):
+    graph_def = build()
+    tuned_on, held_out = _samples(width, [0, 1, 2], scale), _samples(width, [10, 11, 12, 13], scale)
+    painted, _ = convert(graph_def)
+    assert _worst(graph_def, painted, held_out, fetch) > TOL   # fails out of the box
+
+    result = tune(Model.of_graph_def(graph_def), feeds=tuned_on, tolerance=TOL,
+                  holdout=held_out)
+    assert result.ok and result.before > TOL and result.after <= TOL
+    assert {k.node for k in result.kept} == expect
+    assert _worst(graph_def, result.graph_def, held_out, fetch) <= TOL
+    assert result.holdout_before > TOL >= result.holdout_after
+    assert result.lowp_after > 0            # not everything went back to float32
+    assert result.trials <= 8
+    _minimal(graph_def, sorted(expect), tuned_on, fetch)
+
+
+def test_cli_writes_graph_and_rules_that_reapply_to_the_same_graph(tmp_path, capsys):
+    src = tmp_path / "attention.pb"
+    src.write_bytes(tune_graphs.attention_softmax().SerializeToString())
+    samples = []
+    for i, feed in enumerate(_samples(32, [0, 1])):
+        samples += ["--inputs", tmp_path / f"s{i}.npz"]
+        np.savez(tmp_path / f"s{i}.npz", **feed)
+    out = tmp_path / "tuned.pb"
+    code, stdout, err = run_cli(capsys, ["tune", src, "-o", out, *samples, "--tolerance", TOL])
+    assert code == 0, err
+    rules = tmp_path / "tuned.pb.tune.toml"
+    assert "keep_fp32 biased (BiasAdd)" in stdout and "trials" in stdout
+    text = rules.read_text()
+    assert 'glob = "biased"' in text and "attention:0 added" in text
+    again = tmp_path / "again.pb"
+    convert_file(src, again, rules=[rules])
+    assert again.read_bytes() == out.read_bytes()
+    # refused before any work: the output exists
+    code, _, err = run_cli(capsys, ["tune", src, "-o", out, *samples])
+    assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1
+
+
+def test_budget_and_unmeetable_tolerance_end_with_a_message_and_nothing_written(tmp_path, capsys):
+    src = tmp_path / "sum.pb"
+    src.write_bytes(tune_graphs.large_sum().SerializeToString())
+    np.savez(tmp_path / "s.npz", **tune_graphs.inputs(64, scale=10.0))
+    out = tmp_path / "out.pb"
+    code, _, err = run_cli(capsys, ["tune", src, "-o", out, "--inputs", tmp_path / "s.npz",
+                                    "--max-trials", "2"])
+    assert code == 1 and "not met within --max-trials 2" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npz", "sum.pb"]
+
+    # a metric that no conversion can satisfy (it calls every converted output wrong) ends
+    # once every node is back in float32, after a bounded number of trials
+    calls = []
+
+    def stubborn(ref, out):
+        calls.append(1)
+        return 0.0 if len(calls) <= 1 else 1.0
+
+    result = tune(src, out, feeds=[tune_graphs.inputs(64, scale=10.0)], metric=stubborn,
+                  tolerance=0.5)
+    assert not result.ok and "cannot be met" in result.message
+    assert result.trials <= 4 and not out.exists()
+
+
+def test_metric_failing_on_the_float32_model_itself_is_refused():
+    with pytest.raises(InputError, match="float32 model scored against itself"):
+        tune(Model.of_graph_def(tune_graphs.large_sum()), feeds=[tune_graphs.inputs(64)],
+             metric=lambda ref, out: 1.0, tolerance=0.1)
+
+
+def test_custom_metric_sees_outputs_by_name_and_feeds_may_be_a_generator():
+    seen = []
+
+    def worst_probability(ref, out):
+        seen.append(sorted(ref))
+        return float(np.max(np.abs(ref["out:0"] - out["out:0"])))
+
+    feeds = (tune_graphs.inputs(32, seed=s) for s in range(2))
+    result = tune(Model.of_graph_def(tune_graphs.attention_softmax()), feeds=feeds,
+                  metric=worst_probability, tolerance=0.05)
+    assert result.ok and result.metric == "worst_probability"
+    assert seen[0] == ["out:0"] and result.after <= 0.05 < result.before
+
+
+def test_top1_metric_on_a_classifier():
+    graph_def = tune_graphs.large_sum()
+    result = tune(Model.of_graph_def(graph_def), feeds=_samples(64, [0, 1], 10.0), metric="top1")
+    assert result.ok and result.tolerance == pytest.approx(0.01)
+    assert result.before == 1.0 and result.after == 0.0    # inf rows never agree
+
+
+def test_inference_metagraph_with_variables(tmp_path):
+    """A MetaGraph's variables are run through their initializers once and shared with each
+    trial, as verify does."""
+    g = tf.Graph()
+    rng = np.random.default_rng(0)
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        w1 = v1.get_variable("w1", initializer=rng.standard_normal((64, 256)).astype(np.float32))
+        w2 = v1.get_variable("w2", initializer=rng.uniform(0.5, 1.5, (256, 16)).astype(np.float32))
+        sq = tf.square(tf.nn.relu(tf.matmul(x, w1)), name="square")
+        tf.identity(tf.matmul(sq, w2, name="pool") * 1e-6, name="out")
+        meta = v1.train.export_meta_graph(graph=g)
+    path = tmp_path / "model.meta"
+    path.write_bytes(meta.SerializeToString())
+    result = tune(path, tmp_path / "out.meta", feeds=_samples(64, [0, 1], 10.0))
+    assert result.ok and [k.node for k in result.kept] == ["pool"]
+    written = meta_graph_pb2.MetaGraphDef()
+    written.ParseFromString((tmp_path / "out.meta").read_bytes())
+    pool = next(n for n in written.graph_def.node if n.name == "pool")
+    assert pool.attr["T"].type == tf.float32.as_datatype_enum
+
+
+def test_keras_export_with_extreme_inputs_is_tuned_through_function_bodies(tmp_path):
+    """(c): the Keras CNN+LSTM+attention SavedModel fed digits scaled to 1e5: the input no
+    longer fits float16. Overrides name function-body nodes ``function/node``."""
+    src = KERAS_EXPORT
+    digits = load_digits().images.astype(np.float32)[:, :, :, None] / 16.0 * 1e5
+    tuned_on = [{"keras_tensor": digits[i:i + 8]} for i in (0, 8)]
+    held_out = [{"keras_tensor": digits[i:i + 8]} for i in (100, 200, 300)]
+    out = tmp_path / "tuned"
+    result = tune(src, out, feeds=tuned_on, holdout=held_out)
+    assert result.ok and result.before == np.inf and result.holdout_before == np.inf
+    assert result.holdout_after <= TOL
+    assert result.kept and all("/" in k.node and k.node.startswith(("__inference", "functional"))
+                               for k in result.kept)
+    model = tf.saved_model.load(str(out))
+    fp32 = tf.saved_model.load(str(src))
+    for feed in held_out:
+        x = tf.constant(feed["keras_tensor"])
+        got = model.signatures["serving_default"](keras_tensor=x)["output_0"].numpy()
+        want = fp32.signatures["serving_default"](keras_tensor=x)["output_0"].numpy()
+        assert np.isfinite(got).all() and graphs.rel_l2(got, want) <= TOL
+    # the rules file reapplies to the same decisions
+    again = tmp_path / "again"
+    report = convert_file(src, again, rules=[str(out) + ".tune.toml"])
+    assert {n.name for n in report.nodes if n.code == "user_keep"} == {k.node for k in result.kept}
+    assert load(again).meta_graphs[0].graph_def == load(out).meta_graphs[0].graph_def
