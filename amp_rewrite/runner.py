@@ -214,6 +214,7 @@ class Runner:
 class GraphRunner(Runner):
     """A GraphDef or MetaGraphDef imported into its own graph and Session.
 
+    ``optimize=False`` runs the graph without grappler (see :func:`_unoptimized_config`).
     Variables (MetaGraphs) are restored from ``checkpoint`` when one is given, else run through
     their initializers (``initialize=False`` leaves that to :func:`share_weights`);
     :meth:`variable_values` / :meth:`load_variables` copy them between two runners so an
@@ -221,7 +222,8 @@ class GraphRunner(Runner):
     """
 
     def __init__(self, model: Model, signature: str | None = None, outputs: Sequence[str] = (),
-                 checkpoint: str | None = None, *, initialize: bool = True):
+                 checkpoint: str | None = None, *, initialize: bool = True,
+                 optimize: bool = True):
         import tensorflow as tf
         v1 = tf.compat.v1
         init_devices()
@@ -244,7 +246,7 @@ class GraphRunner(Runner):
             raise InputError(f"{self.path}: no graph outputs found; name them with --output")
         self.outputs = default_outputs
         self.set_outputs(outputs or default_outputs)
-        self.session = v1.Session(graph=self.graph)
+        self.session = v1.Session(graph=self.graph, config=None if optimize else _unoptimized_config())
         if initialize:
             self.initialize(checkpoint)
         elif checkpoint:
@@ -760,6 +762,15 @@ def check_same_interface(a: Runner, b: Runner) -> None:
         raise InputError(f"the two models take different inputs: {names_a} and {names_b}")
     if len(a.outputs) != len(b.outputs):
         raise InputError(f"the two models give different outputs: {a.outputs} and {b.outputs}")
+
+
+def _unoptimized_config():
+    """A session config with grappler off: a graph run a few times only (``tune``'s trials)
+    spends most of its first run in grappler, and runs as written without it."""
+    from tensorflow.core.protobuf import config_pb2
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
 
 
 def _private_copy(graph_def):
