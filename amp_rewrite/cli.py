@@ -198,6 +198,9 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
                    "top1 0.01; max_abs has none)")
     p.add_argument("--max-trials", type=int, default=50, metavar="N",
                    help="conversions to try at most (default 50)")
+    p.add_argument("--relax", action="store_true", help="then also move into low precision "
+                   "the nodes next to low-precision ones that only the rule lists kept "
+                   "float32, where the tolerance holds (force_lowp overrides)")
     p.add_argument("--rules-out", metavar="FILE.toml", help="where to write the overrides "
                    "chosen (default OUTPUT.tune.toml)")
     _rule_flags(p)

@@ -128,7 +128,8 @@ def tune(args) -> int:
                            tolerance=args.tolerance, max_trials=args.max_trials,
                            holdout=args.holdout, rules_out=args.rules_out,
                            signature=args.signature, outputs=args.output_tensor,
-                           force=args.force, progress=bar, target=args.target,
+                           force=args.force, relax=args.relax, progress=bar,
+                           target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity)
     if bar is not None:

@@ -13,21 +13,27 @@ starts from the painted graph and searches with the error attribution of ``verif
    float32: the low-precision tensors that add the most error over their inputs (an overflow
    to inf comes first), or, where the tensor adding it is float32 (an Exp or Softmax fed
    rounded values), the low-precision tensors it is computed from. Every tensor within half of
-   the largest added error is taken in one trial. When the attribution names nothing new,
+   the largest added error is taken in one trial; of overflows (inf), the earliest only, as
+   later ones are mostly its consequences. When the attribution names nothing new,
    every node still in low precision is kept at once; if even that fails, the tolerance
    cannot be met (nothing is written).
 3. Once a trial passes, the kept nodes are released again, last kept first, in halves
    (a released group that fails is split and its halves tried on their own), so a node stays
    float32 only when releasing it alone fails the tolerance. A set already tried is not run
    twice.
+4. With ``relax``, the other direction, where the lists were too careful: the float32 nodes
+   that only the lists kept float32 (deny, infer or clear alone, not listed) and that exchange
+   data with a low-precision node are forced into low precision (``force_lowp``), all at once
+   and then in halves of each group that fails, keeping every group that passes.
 
 ``max_trials`` bounds the conversions run; pruning stops at the budget with a passing result.
 Before any trial, the float32 model is run twice and scored against itself: a metric that
 does not give at most the tolerance for equal outputs (or a model whose outputs vary between
 runs) is refused, as no conversion could meet it.
 
-The result is the converted model and a rules file of the ``keep_fp32`` overrides chosen,
-each with the op and the error that chose it, which ``--rules`` reapplies to give the same graph.
+The result is the converted model and a rules file of the overrides chosen (``keep_fp32``,
+each with the op and the error that chose it; ``force_lowp`` from ``relax``), which
+``--rules`` reapplies to give the same graph.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ DEFAULT_MAX_TRIALS = 50
 # overflows (inf) are taken together, a long tail of rounding noise is not.
 _BATCH_SHARE = 0.5
 _SOURCE = "amp-rewrite tune"
+# float32 decisions that only the rule lists made: tune --relax may overturn them
+RELAXABLE = {"deny_list", "deny_propagated", "infer_alone", "clear_alone", "not_listed"}
 
 Outputs = Mapping[str, np.ndarray]
 Metric = Callable[[Outputs, Outputs], float]
@@ -148,6 +156,7 @@ class TuneResult:
     before: float                     # worst sample's metric, painted graph (trial 0)
     after: float                      # the same for the result
     kept: list[Kept]
+    forced: list[str]                 # nodes relax moved into low precision
     lowp_before: int                  # nodes in low precision, painted graph
     lowp_after: int
     model: Model
@@ -172,6 +181,8 @@ class TuneResult:
             lines.append(f"held-out samples: {self.holdout_before:.3g} -> {self.holdout_after:.3g}")
         for k in self.kept:
             lines.append(f"  keep_fp32 {k.node} ({k.op}): {k.tensor} added {k.added:.3g}")
+        for name in self.forced:
+            lines.append(f"  force_lowp {name}: the tolerance holds with it in low precision")
         if self.message:
             lines.append(self.message)
         return "\n".join(lines)
@@ -184,6 +195,7 @@ class _Trial:
     model: Model
     report: Report
     runner: Runner | None
+    force: frozenset[str] = frozenset()
 
     @property
     def score(self) -> float:
@@ -207,9 +219,15 @@ class _Tuner:
         self.ref_outputs = [self._outputs(ref, f) for f in feeds]
         self.crit = criteria()
         self.trials = self.folders = 0
-        self.seen: dict[frozenset[str], tuple[bool, float]] = {}
+        self.seen: dict[tuple[frozenset[str], frozenset[str]], _Trial] = {}
+        self.order: list[str] = []          # nodes in the order the search kept them
+        self.neighbours = _neighbours(model)
         self.log: list[dict] = []
         self._made: list[_Trial] = []
+
+    def order_forced(self, t: _Trial) -> list[str]:
+        """``t``'s forced nodes in graph order."""
+        return [n.name for n in t.report.nodes if n.name in t.force]
 
     def open_trials(self) -> list[_Trial]:
         """Every trial made (closing one twice is harmless)."""
@@ -232,23 +250,26 @@ class _Tuner:
         value = float(self.metric(ref, out))
         return math.inf if math.isnan(value) else value
 
-    def trial(self, keep: Iterable[str], why: str) -> _Trial:
-        keep = frozenset(keep)
+    def trial(self, keep: Iterable[str], why: str, force: Iterable[str] = ()) -> _Trial:
+        """Convert with ``keep`` as keep_fp32 and ``force`` as force_lowp overrides, run every
+        sample and score it."""
+        keep, force = frozenset(keep), frozenset(force)
         self.trials += 1
         rules = dataclasses.replace(self.base, node_rules=list(self.base.node_rules)
-                                    + [keep_rule(name) for name in sorted(keep)])
+                                    + [keep_rule(name) for name in sorted(keep)]
+                                    + [keep_rule(name, "force_lowp") for name in sorted(force)])
         converted, report = convert_model(self.model, dataclasses.replace(self.options, rules=rules))
         runner = self._open_converted(converted)
-        scores = [self._score(want, self._outputs(runner, feed))
-                  for feed, want in zip(self.feeds, self.ref_outputs)]
-        t = _Trial(keep, scores, converted, report, runner)
+        t = _Trial(keep, [], converted, report, runner, force)
         self._made.append(t)
+        t.scores = [self._score(want, self._outputs(runner, feed))
+                    for feed, want in zip(self.feeds, self.ref_outputs)]
         ok = t.score <= self.tolerance
-        self.seen[keep] = (ok, t.score)
+        self.seen[(keep, force)] = t
         self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
-                         "metric": t.score, "ok": ok})
-        log.info("trial %d (%s): %d kept, metric %.3g %s", self.trials - 1, why, len(keep),
-                 t.score, "ok" if ok else "over")
+                         "forced": len(force), "metric": t.score, "ok": ok})
+        log.info("trial %d (%s): %d kept, %d forced, metric %.3g %s", self.trials - 1, why,
+                 len(keep), len(force), t.score, "ok" if ok else "over")
         if self.progress is not None:
             self.progress(self.trials, self.max_trials, t.score, len(keep))
         return t
@@ -259,7 +280,8 @@ class _Tuner:
             folder = self.workdir / f"model{self.folders}"
             save(converted, folder)
             return SavedModelRunner(folder, self.signature)
-        runner = GraphRunner(converted, self.signature, self.ref.outputs, initialize=False)
+        runner = GraphRunner(converted, self.signature, self.ref.outputs, initialize=False,
+                             optimize=False)
         share_weights(self.ref, runner)
         return runner
 
@@ -278,9 +300,13 @@ class _Tuner:
                     continue
                 chosen[node] = Kept(node, found.info[tensor].op, n.tensor, n.added, self.trials)
                 first = n.added if first is None else first
+            if chosen and math.isinf(first):
+                # the earliest overflow: later ones are mostly its consequences, seen through
+                # tensors the comparison cannot follow (casts, folded constants)
+                break
         return list(chosen.values())
 
-    def run(self) -> tuple[_Trial, dict[str, Kept], _Trial, str]:
+    def run(self, relax: bool = False) -> tuple[_Trial, dict[str, Kept], _Trial, str]:
         """The search; returns the painted graph's trial, what is kept, the result's trial
         and a note (why it failed, or what was cut short)."""
         start = self.trial((), "painted graph")
@@ -304,36 +330,54 @@ class _Tuner:
                         f"in float32 kept, the metric is still {current.score:.3g} > "
                         f"{self.tolerance:g}")
             kept.update((k.node, k) for k in new)
+            self.order += [k.node for k in new]
             if current is not start:
                 current.close()
             current = self.trial(kept, why)
-        current, kept, note = self._release(current, kept)
+        current, note = self._release(current)
+        kept = {k: v for k, v in kept.items() if k in current.keep}
+        if relax and not note:
+            current, note = self._relax(current)
         return start, kept, current, note
 
-    def _release(self, passing: _Trial, kept: dict[str, Kept]):
+    def _release(self, passing: _Trial) -> tuple[_Trial, str]:
         """Release kept nodes in halves, last kept first (module docstring, step 3)."""
-        groups = [list(reversed(kept))] if kept else []
+        order = [k for k in reversed(self.order) if k in passing.keep]
+        return self._bisect(passing, order, lambda t, group: (t.keep - set(group), t.force),
+                            "release", "releasing kept nodes: some may not be needed")
+
+    def _relax(self, passing: _Trial) -> tuple[_Trial, str]:
+        """Force into low precision, in halves, the float32 nodes next to low-precision ones
+        that the lists (not the tolerance, an interface or a kernel) kept float32 (step 4)."""
+        lowp = {n.name for n in passing.report.nodes if n.precision in _LOWP}
+        candidates = [n.name for n in passing.report.nodes
+                      if n.precision == "float32" and n.code in RELAXABLE
+                      and n.name not in passing.keep and self.neighbours.get(n.name, set()) & lowp]
+        return self._bisect(passing, candidates, lambda t, group: (t.keep, t.force | set(group)),
+                            "relax", "relaxing: more nodes may run in low precision")
+
+    def _bisect(self, passing: _Trial, items: list[str], step, why: str, cut: str):
+        """Try ``step`` with each group of ``items``, whole first, then halves of a group
+        that fails; a group whose trial passes is taken. Returns the last passing trial and
+        what the budget cut short."""
+        groups = [items] if items else []
         while groups:
             group = groups.pop(0)
-            rest = frozenset(kept) - set(group)
-            if rest in self.seen:
-                ok = self.seen[rest][0]
-            elif self.trials >= self.max_trials:
-                return passing, kept, (f"stopped releasing kept nodes at --max-trials "
-                                       f"{self.max_trials}: some may not be needed")
-            else:
-                t = self.trial(rest, f"release {len(group)}")
-                ok = t.score <= self.tolerance
-                if ok:
+            keep, force = step(passing, group)
+            t = self.seen.get((frozenset(keep), frozenset(force)))
+            if t is None:
+                if self.trials >= self.max_trials:
+                    return passing, f"stopped {cut} at --max-trials {self.max_trials}"
+                t = self.trial(keep, f"{why} {len(group)}", force)
+            if t.score <= self.tolerance:
+                if t is not passing:
                     passing.close()
-                    passing = t
-                else:
-                    t.close()
-            if ok:
-                kept = {k: v for k, v in kept.items() if k in rest}
-            elif len(group) > 1:
-                groups[:0] = [group[: len(group) // 2], group[len(group) // 2:]]
-        return passing, kept, ""
+                passing = t
+            else:
+                t.close()
+                if len(group) > 1:
+                    groups[:0] = [group[: len(group) // 2], group[len(group) // 2:]]
+        return passing, ""
 
 
 def _lowp_sources(tensor: str, found: Attribution) -> list[str]:
@@ -351,11 +395,34 @@ def _lowp_sources(tensor: str, found: Attribution) -> list[str]:
     return sorted(out, key=lambda n: found.info[n].order)
 
 
-def keep_rule(node: str) -> NodeRule:
-    """A ``keep_fp32`` override matching exactly ``node``."""
+def keep_rule(node: str, action: str = "keep_fp32") -> NodeRule:
+    """An override (``keep_fp32`` or ``force_lowp``) matching exactly ``node``."""
     if re.search(r"[*?\[\]]", node):
-        return NodeRule("keep_fp32", None, f"^{re.escape(node)}$", _SOURCE)
-    return NodeRule("keep_fp32", node, None, _SOURCE)
+        return NodeRule(action, None, f"^{re.escape(node)}$", _SOURCE)
+    return NodeRule(action, node, None, _SOURCE)
+
+
+def _neighbours(model: Model) -> dict[str, set[str]]:
+    """Node -> the nodes it exchanges data with (both directions), in the graph and in each
+    function body (``function/node``), as the report names them. Linear in the edges."""
+    adjacent: dict[str, set[str]] = {}
+
+    def link(a: str, b: str) -> None:
+        adjacent.setdefault(a, set()).add(b)
+        adjacent.setdefault(b, set()).add(a)
+
+    graph_def = model.graph_def
+    for node in graph_def.node:
+        for name in node.input:
+            if not name.startswith("^"):
+                link(node.name, name.split(":")[0])
+    for function in graph_def.library.function:
+        prefix = function.signature.name + "/"
+        for node in function.node_def:
+            for name in node.input:
+                if not name.startswith("^"):
+                    link(prefix + node.name, prefix + name.split(":")[0])
+    return adjacent
 
 
 def _open(model: Model, signature: str | None, outputs: Sequence[str]) -> Runner:
@@ -364,7 +431,7 @@ def _open(model: Model, signature: str | None, outputs: Sequence[str]) -> Runner
             raise InputError(f"{model.path}: --output applies to graph files; a SavedModel's "
                              "signature names its outputs")
         return SavedModelRunner(model.path, signature)
-    return GraphRunner(model, signature, outputs)
+    return GraphRunner(model, signature, outputs, optimize=False)
 
 
 # ----------------------------------------------------------------- the entry point
@@ -374,7 +441,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
          max_trials: int = DEFAULT_MAX_TRIALS,
          holdout: Iterable[Mapping[str, np.ndarray]] | Sequence[str] = (),
          rules_out: str | os.PathLike | None = None, signature: str | None = None,
-         outputs: Sequence[str] = (), force: bool = False,
+         outputs: Sequence[str] = (), force: bool = False, relax: bool = False,
          progress: Callable[[int, int, float, int], None] | None = None,
          **options) -> TuneResult:
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
@@ -387,7 +454,9 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output name -> array,
     lower is better. ``tolerance`` defaults to what ``verify`` accepts
     (:func:`default_tolerance`). ``holdout``: samples scored before and after, never tuned on.
-    ``options``: those of :class:`~amp_rewrite.passes.Options`.
+    ``relax``: also move nodes the lists kept float32 into low precision where the
+    tolerance holds (module docstring, step 4). ``options``: those of
+    :class:`~amp_rewrite.passes.Options`.
 
     When it passes and ``output`` is given, writes the converted model there and the chosen
     overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``); an
@@ -422,10 +491,11 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                        max_trials, signature, progress, Path(workdir))
         try:
             tuner.check_baseline()
-            start, kept, final, note = tuner.run()
+            start, kept, final, note = tuner.run(relax)
             result = TuneResult(
                 final.score <= tolerance, name, tolerance, len(tuner.feeds), tuner.trials,
-                0.0, start.score, final.score, list(kept.values()), _lowp(start.report),
+                0.0, start.score, final.score, list(kept.values()),
+                [n for n in tuner.order_forced(final)], _lowp(start.report),
                 _lowp(final.report), final.model, final.report, message=note,
                 trial_log=tuner.log)
             held = _feed_list(holdout, tuner.ref, "holdout")
@@ -499,7 +569,7 @@ def rules_text(result: TuneResult, model: Model, options: Options) -> str:
     """The rules file of the overrides chosen: reapplied with ``--rules`` (after the same
     rule files tune was given) it gives the same conversion."""
     given = [str(r) for r in options.rules or ()] if not hasattr(options.rules, "lists") else []
-    lines = [f"# Written by amp-rewrite tune for {model.path}: the nodes kept in float32 so that",
+    lines = [f"# Written by amp-rewrite tune for {model.path}: the overrides with which",
              f"# every one of {result.samples} sample(s) meets {result.metric} <= "
              f"{result.tolerance:g} ({options.target}, device {options.device}).",
              f"# Painted graph {result.before:.3g} -> tuned {result.after:.3g}; {result.trials} "
@@ -513,6 +583,11 @@ def rules_text(result: TuneResult, model: Model, options: Options) -> str:
         why = (f"{k.tensor} added {k.added:.3g} to the error (trial {k.trial})" if k.tensor
                else f"kept with every low-precision node (trial {k.trial})")
         lines += [f"# {k.op}: {why}", "[[override]]", key, 'action = "keep_fp32"', ""]
+    for name in result.forced:
+        rule = keep_rule(name, "force_lowp")
+        key = f'glob = "{rule.glob}"' if rule.glob is not None else f"regex = {_toml_str(rule.regex)}"
+        lines += ["# the rule lists kept it float32; the tolerance holds in low precision",
+                  "[[override]]", key, 'action = "force_lowp"', ""]
     return "\n".join(lines)
 
 

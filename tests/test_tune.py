@@ -97,6 +97,26 @@ def test_cli_writes_graph_and_rules_that_reapply_to_the_same_graph(tmp_path, cap
     assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1
 
 
+def test_relax_moves_what_only_the_lists_kept_float32_and_reapplies(tmp_path):
+    """deep_cnn: conv4 overflows; after keeping conv4 and conv5, --relax tries the global
+    average pool (Mean, on the deny list) in float16 next to its float16 neighbours, and the
+    tolerance holds."""
+    graph_def = tune_graphs.deep_cnn()
+    src = tmp_path / "cnn.pb"
+    src.write_bytes(graph_def.SerializeToString())
+    held_out = [tune_graphs.images(seed=s) for s in (5, 6)]
+    plain = tune(src, feeds=[tune_graphs.images()])
+    result = tune(src, tmp_path / "out.pb", feeds=[tune_graphs.images()], relax=True)
+    assert result.ok and {k.node for k in result.kept} == {"conv4", "conv5"}
+    assert result.forced == ["pool"] and result.lowp_after == plain.lowp_after + 1
+    assert result.trials == plain.trials + 1
+    assert _worst(graph_def, result.graph_def, held_out, "out:0") <= TOL
+    text = (tmp_path / "out.pb.tune.toml").read_text()
+    assert 'glob = "pool"\naction = "force_lowp"' in text
+    convert_file(src, tmp_path / "again.pb", rules=[tmp_path / "out.pb.tune.toml"])
+    assert (tmp_path / "again.pb").read_bytes() == (tmp_path / "out.pb").read_bytes()
+
+
 def test_budget_and_unmeetable_tolerance_end_with_a_message_and_nothing_written(tmp_path, capsys):
     src = tmp_path / "sum.pb"
     src.write_bytes(tune_graphs.large_sum().SerializeToString())

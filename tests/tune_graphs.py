@@ -42,5 +42,48 @@ def attention_softmax(seed=0, width=32, keys=64):
     return g.as_graph_def()
 
 
+def deep_mlp(seed=0, width=64, depth=32, loud=16, gain=1e5):
+    """A deep ReLU MLP whose layer ``loud`` has its weights scaled by ``gain`` and the next
+    layer's by ``1/gain`` (as a network trained without normalisation can end up): the
+    function is the same, but layer ``loud``'s activations (about 1e5) overflow float16."""
+    rng = graphs._rng(seed)
+    g = tf.Graph()
+    with g.as_default():
+        h = tf.compat.v1.placeholder(tf.float32, [None, width], name="x")
+        for i in range(depth):
+            scale = np.sqrt(2.0 / width) * (gain if i == loud else 1.0 / gain if i == loud + 1
+                                            else 1.0)
+            w = (rng.standard_normal((width, width)) * scale).astype(np.float32)
+            h = tf.nn.relu(tf.matmul(h, tf.constant(w, name=f"w{i}"), name=f"layer{i}"),
+                           name=f"relu{i}")
+        tf.identity(h, name="out")
+    return g.as_graph_def()
+
+
+def deep_cnn(seed=0, channels=16, depth=8, loud=4, gain=1e5):
+    """:func:`deep_mlp` as 3x3 convolutions over 16x16 images (input ``images``), with a
+    global average pool and a dense head: conv layer ``loud`` overflows float16."""
+    rng = graphs._rng(seed)
+    g = tf.Graph()
+    with g.as_default():
+        h = tf.compat.v1.placeholder(tf.float32, [None, 16, 16, 3], name="images")
+        c_in = 3
+        for i in range(depth):
+            scale = np.sqrt(2.0 / (9 * c_in)) * (gain if i == loud else 1.0 / gain
+                                                 if i == loud + 1 else 1.0)
+            w = (rng.standard_normal((3, 3, c_in, channels)) * scale).astype(np.float32)
+            h = tf.nn.relu(tf.nn.conv2d(h, tf.constant(w, name=f"k{i}"), 1, "SAME",
+                                        name=f"conv{i}"), name=f"relu{i}")
+            c_in = channels
+        pooled = tf.reduce_mean(h, axis=[1, 2], name="pool")
+        w = tf.constant(rng.standard_normal((channels, 10)).astype(np.float32), name="wout")
+        tf.identity(tf.matmul(pooled, w, name="head"), name="out")
+    return g.as_graph_def()
+
+
+def images(n=8, seed=0):
+    return {"images": np.random.default_rng(seed).uniform(0, 1, (n, 16, 16, 3)).astype(np.float32)}
+
+
 def inputs(width, n=16, scale=1.0, seed=0):
     return {"x": (np.random.default_rng(seed).standard_normal((n, width)) * scale).astype(np.float32)}
