@@ -19,8 +19,8 @@ _EXPORTS = {
     "convert_model": "pipeline",
     "AmpRewriteError": "errors", "InputError": "errors", "IRError": "errors", "LintError": "errors",
     "RuleError": "errors", "UnsupportedGraphError": "errors",
-    "Report": "report", "RuleSet": "rules", "load_rules": "rules", "tune": "tune",
-    "TuneResult": "tune",
+    "Report": "report", "RuleSet": "rules", "load_rules": "rules", "tune": "tuning",
+    "TuneResult": "tuning",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -253,7 +253,8 @@ def _check_paths(command: str, args) -> None:
                 raise InputError(f"{path}: already exists; pass --force to replace it")
             _check_writable(path, "output", *[p for p in inputs if p])
         if args.report:
-            _check_writable(args.report, "report", args.input, args.output, rules_out)
+            _check_writable(args.report, "report", args.output, rules_out,
+                            *[p for p in inputs if p])
         check_container(args.input, args.output)
     if command == "convert":
         _check_convert_outputs(args)

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import bench as bench_mod
 from . import kernels as kernels_mod
 from . import report_html
-from . import tune as tune_mod
+from . import tuning
 from . import verify as verify_mod
 from .errors import InputError
 from .files import atomic_write
@@ -124,7 +124,7 @@ def bench(args) -> int:
 
 def tune(args) -> int:
     bar = None if args.quiet or not sys.stderr.isatty() else _tune_progress
-    result = tune_mod.tune(args.input, args.output, feeds=args.inputs, metric=args.metric,
+    result = tuning.tune(args.input, args.output, feeds=args.inputs, metric=args.metric,
                            tolerance=args.tolerance, max_trials=args.max_trials,
                            holdout=args.holdout, rules_out=args.rules_out,
                            signature=args.signature, outputs=args.output_tensor,

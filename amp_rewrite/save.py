@@ -75,10 +75,23 @@ def save(model: Model, out_path: str | os.PathLike, *, force: bool = False) -> N
 
 
 # ----------------------------------------------------------------- SavedModel directories
-def save_saved_model(model: Model, out_path: Path, *, force: bool = False) -> None:
-    """Write the SavedModel to directory ``out_path``: built as a hidden folder beside it and
-    renamed into place; an existing output is moved aside first, and only with ``force``."""
+def check_destination(model: Model, out_path: str | os.PathLike, *, force: bool = False) -> None:
+    """Raise the InputError :func:`save` would raise for ``out_path`` before writing anything,
+    so that a command doing long work first can refuse at once."""
     out_path = Path(out_path)
+    if model.kind == "savedmodel":
+        _check_saved_model_destination(model, out_path, force)
+        return
+    if out_path.exists() and not force:
+        raise InputError(f"{out_path}: already exists; pass --force to replace it")
+    if out_path.is_dir():
+        raise InputError(f"{out_path}: is a directory")
+    folder = out_path.parent if str(out_path.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"{out_path}: folder {folder} does not exist")
+
+
+def _check_saved_model_destination(model: Model, out_path: Path, force: bool) -> None:
     if out_path.exists() and not force:
         raise InputError(f"{out_path}: already exists; pass --force to replace it")
     if out_path.exists() and not out_path.is_dir():
@@ -94,6 +107,14 @@ def save_saved_model(model: Model, out_path: Path, *, force: bool = False) -> No
     if Path(model.path).resolve() in parent.resolve().parents or \
             Path(model.path).resolve() == parent.resolve():
         raise InputError(f"{out_path}: inside the input SavedModel {model.path}; write it elsewhere")
+
+
+def save_saved_model(model: Model, out_path: Path, *, force: bool = False) -> None:
+    """Write the SavedModel to directory ``out_path``: built as a hidden folder beside it and
+    renamed into place; an existing output is moved aside first, and only with ``force``."""
+    out_path = Path(out_path)
+    _check_saved_model_destination(model, out_path, force)
+    parent = out_path.parent if str(out_path.parent) else Path(".")
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=parent))
     except OSError as exc:

@@ -7,6 +7,7 @@ scores sharing a large bias loses the differences that matter, (c) the test corp
 CNN+LSTM+attention export fed digits scaled to 1e5.
 """
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from amp_rewrite.errors import InputError
 from amp_rewrite.load import Model, load
 from amp_rewrite.pipeline import convert_file
 from amp_rewrite.rules import load_rules
-from amp_rewrite.tune import keep_rule, tune
+from amp_rewrite.tuning import keep_rule, tune
 
 v1 = tf.compat.v1
 TOL = 1e-2
@@ -83,14 +84,20 @@ def test_cli_writes_graph_and_rules_that_reapply_to_the_same_graph(tmp_path, cap
         samples += ["--inputs", tmp_path / f"s{i}.npz"]
         np.savez(tmp_path / f"s{i}.npz", **feed)
     out = tmp_path / "tuned.pb"
-    code, stdout, err = run_cli(capsys, ["tune", src, "-o", out, *samples, "--tolerance", TOL])
+    code, stdout, err = run_cli(capsys, ["tune", src, "-o", out, *samples, "--tolerance", TOL,
+                                         "--keep", "mix", "--min-matrix-intensity", "0"])
     assert code == 0, err
     rules = tmp_path / "tuned.pb.tune.toml"
     assert "keep_fp32 biased (BiasAdd)" in stdout and "trials" in stdout
     text = rules.read_text()
     assert 'glob = "biased"' in text and "attention:0 added" in text
+    # the command the file says reapplies it gives the same bytes
+    reapply = next(line for line in text.splitlines() if line.startswith("# Reapply: "))
+    flags = reapply.split()[6:]
+    assert flags[-2:] == ["--rules", "THIS_FILE"] and "--keep" in flags
     again = tmp_path / "again.pb"
-    convert_file(src, again, rules=[rules])
+    code, _, err = run_cli(capsys, [src, "-o", again, *flags[:-1], rules])
+    assert code == 0, err
     assert again.read_bytes() == out.read_bytes()
     # refused before any work: the output exists
     code, _, err = run_cli(capsys, ["tune", src, "-o", out, *samples])
@@ -115,6 +122,43 @@ def test_relax_moves_what_only_the_lists_kept_float32_and_reapplies(tmp_path):
     assert 'glob = "pool"\naction = "force_lowp"' in text
     convert_file(src, tmp_path / "again.pb", rules=[tmp_path / "out.pb.tune.toml"])
     assert (tmp_path / "again.pb").read_bytes() == (tmp_path / "out.pb").read_bytes()
+
+
+def test_outputs_are_refused_before_the_search_and_inputs_never_written(tmp_path, capsys):
+    src = tmp_path / "sum.pb"
+    src.write_bytes(tune_graphs.large_sum().SerializeToString())
+    sample = tmp_path / "s.npz"
+    np.savez(sample, **tune_graphs.inputs(64, scale=10.0))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    (tmp_path / "adir").mkdir()
+    for argv, message in [
+            (["-o", tmp_path / "adir", "--force"], "is a directory"),
+            (["-o", tmp_path / "o.pb", "--report", sample], "would overwrite"),
+            (["-o", tmp_path / "o.pb", "--rules-out", src, "--force"], "would overwrite")]:
+        code, _, err = run_cli(capsys, ["tune", src, "--inputs", sample, *argv])
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    # a SavedModel output inside the input SavedModel: refused before any trial
+    with pytest.raises(InputError, match="inside the input SavedModel"):
+        tune(KERAS_EXPORT, KERAS_EXPORT / "sub", feeds=[{"keras_tensor": np.zeros((2, 8, 8, 1),
+                                                                                  np.float32)}])
+    assert not (KERAS_EXPORT / "sub").exists() and not (KERAS_EXPORT / "sub.tune.toml").exists()
+
+
+def test_force_lowp_on_a_while_is_refused_with_a_warning(tmp_path):
+    """A functional op takes its dtypes from its functions: forcing one would break its
+    contract with them (found by tune --relax on the Keras export)."""
+    rules = tmp_path / "while.toml"
+    rules.write_text('[[override]]\nglob = "*/lstm_1/while"\naction = "force_lowp"\n')
+    report = convert_file(KERAS_EXPORT, tmp_path / "out", rules=[rules])
+    assert any("force_lowp refused" in w and "(While)" in w for w in report.warnings)
+    assert all(n.code != "user_force" for n in report.nodes if n.op == "While")
+
+
+def test_public_tune_is_the_function_whatever_was_imported_first():
+    importlib.import_module("amp_rewrite.commands")   # the CLI's module imports .tuning
+    from amp_rewrite import tune as public
+    assert callable(public) and public.__module__ == "amp_rewrite.tuning"
 
 
 def test_budget_and_unmeetable_tolerance_end_with_a_message_and_nothing_written(tmp_path, capsys):

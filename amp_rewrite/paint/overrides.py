@@ -1,12 +1,14 @@
 """Step 6 of painting: rule-file overrides that force low precision (``force_lowp``).
 
-An override cannot move the graph's interface (a warning says so) nor an op TensorFlow has no
+An override cannot move the graph's interface (a warning says so), a functional op (While, If,
+Case, a function call: its dtypes are its functions' signatures), nor an op TensorFlow has no
 kernel for in the target dtype (the item is blocked with ``no_kernel`` and a warning). An
 override that matches no node is warned about.
 """
 
 from __future__ import annotations
 
+from ..ops import FUNCTIONAL_OPS
 from ..signatures import device_type
 from .decisions import Decision
 from .state import PaintState
@@ -17,6 +19,16 @@ def force_overrides(s: PaintState) -> None:
     for idx, (name, attr) in enumerate(s.items):
         rule = s.rules.node_rule(name)
         if rule is None or rule.action != "force_lowp" or idx in s.allow:
+            continue
+        op = s.nodes[name].op
+        if op in FUNCTIONAL_OPS:
+            # its dtypes are its functions' signatures: painting the bodies decides them
+            if name not in refused:
+                refused.add(name)
+                s.warnings.append(f"force_lowp refused for `{name}` ({op}) by override "
+                                  f"{rule.pattern} ({rule.source}): a {op} takes its dtypes "
+                                  "from its functions' signatures; override the nodes inside "
+                                  "its functions instead")
             continue
         if idx in s.blocked:
             why = _REFUSED.get(s.blocked[idx].code)

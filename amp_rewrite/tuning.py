@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import math
 import os
-import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -55,12 +55,13 @@ from .dtypes import BFLOAT16, HALF, TARGET_NAMES
 from .errors import InputError, UnsupportedGraphError
 from .files import atomic_write, check_container, same_file
 from .load import Model, load
+from .ops import FUNCTIONAL_OPS
 from .passes import Options
 from .pipeline import convert_model
 from .report import Report
 from .rules import NodeRule
 from .runner import GraphRunner, Runner, SavedModelRunner, load_inputs, share_weights
-from .save import save
+from .save import check_destination, save
 from .training import training_parts
 from .verify import REL_L2, TOP1, Attribution, ErrorStats, attribute, criteria
 
@@ -202,9 +203,14 @@ class _Trial:
         return max(self.scores)
 
     def close(self) -> None:
+        """Close the runner, and delete the SavedModel it ran from (a copy per trial would
+        otherwise fill the disk with up to --max-trials copies of the model)."""
         if self.runner is not None:
+            folder = getattr(self.runner, "path", None) if self.model.kind == "savedmodel" else None
             self.runner.close()
             self.runner = None
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 # ----------------------------------------------------------------- the search
@@ -352,6 +358,7 @@ class _Tuner:
         lowp = {n.name for n in passing.report.nodes if n.precision in _LOWP}
         candidates = [n.name for n in passing.report.nodes
                       if n.precision == "float32" and n.code in RELAXABLE
+                      and n.op not in FUNCTIONAL_OPS
                       and n.name not in passing.keep and self.neighbours.get(n.name, set()) & lowp]
         return self._bisect(passing, candidates, lambda t, group: (t.keep, t.force | set(group)),
                             "relax", "relaxing: more nodes may run in low precision")
@@ -396,9 +403,8 @@ def _lowp_sources(tensor: str, found: Attribution) -> list[str]:
 
 
 def keep_rule(node: str, action: str = "keep_fp32") -> NodeRule:
-    """An override (``keep_fp32`` or ``force_lowp``) matching exactly ``node``."""
-    if re.search(r"[*?\[\]]", node):
-        return NodeRule(action, None, f"^{re.escape(node)}$", _SOURCE)
+    """An override (``keep_fp32`` or ``force_lowp``) matching exactly ``node``: a glob of the
+    name itself, as TensorFlow's node names hold none of ``*?[]``."""
     return NodeRule(action, node, None, _SOURCE)
 
 
@@ -428,8 +434,8 @@ def _neighbours(model: Model) -> dict[str, set[str]]:
 def _open(model: Model, signature: str | None, outputs: Sequence[str]) -> Runner:
     if model.kind == "savedmodel":
         if outputs:
-            raise InputError(f"{model.path}: --output applies to graph files; a SavedModel's "
-                             "signature names its outputs")
+            raise InputError(f"{model.path}: output tensors (--output-tensor) apply to graph "
+                             "files; a SavedModel's signature names its outputs")
         return SavedModelRunner(model.path, signature)
     return GraphRunner(model, signature, outputs, optimize=False)
 
@@ -489,6 +495,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
             _open(model, signature, outputs) as ref:
         tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
                        max_trials, signature, progress, Path(workdir))
+        held = _feed_list(holdout, ref, "holdout")
         try:
             tuner.check_baseline()
             start, kept, final, note = tuner.run(relax)
@@ -498,7 +505,6 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                 [n for n in tuner.order_forced(final)], _lowp(start.report),
                 _lowp(final.report), final.model, final.report, message=note,
                 trial_log=tuner.log)
-            held = _feed_list(holdout, tuner.ref, "holdout")
             if held:
                 result.holdout_before = _score_on(tuner, start, held)
                 result.holdout_after = _score_on(tuner, final, held)
@@ -508,8 +514,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     result.seconds = time.perf_counter() - started
     if result.ok and out_paths is not None:
         out, rules_path = out_paths
+        save(result.model, out, force=force)    # checked before the search, as the rules path
         atomic_write(rules_path, rules_text(result, model, opts).encode("utf-8"), force=force)
-        save(result.model, out, force=force)
         result.rules_file = str(rules_path)
     return result
 
@@ -547,8 +553,8 @@ def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
 
 
 def _check_outputs(model: Model, output, rules_out, force: bool):
-    """The output and rules paths, checked before any work: not the input, not existing
-    unless ``force``, in a folder that exists."""
+    """The output and rules paths, checked before any work as saving would check them: not
+    the input nor inside it, not existing unless ``force``, in a folder that exists."""
     if output is None:
         return None
     out = Path(output)
@@ -557,42 +563,44 @@ def _check_outputs(model: Model, output, rules_out, force: bool):
         raise InputError(f"{out}: the output, the rules file and the input must be three files")
     if model.path.exists():
         check_container(model.path, out)
-    for path in (out, rules_path):
-        if path.exists() and not force:
-            raise InputError(f"{path}: already exists; pass --force to replace it")
-        if not path.parent.is_dir() and str(path.parent):
-            raise InputError(f"{path}: folder {path.parent} does not exist")
+    check_destination(model, out, force=force)
+    if rules_path.exists() and not force:
+        raise InputError(f"{rules_path}: already exists; pass --force to replace it")
+    if rules_path.is_dir() or not rules_path.parent.is_dir():
+        raise InputError(f"{rules_path}: is a directory, or its folder does not exist")
+    if model.kind == "savedmodel" and Path(model.path).resolve() in rules_path.resolve().parents:
+        raise InputError(f"{rules_path}: inside the input SavedModel {model.path}; write it "
+                         "elsewhere (--rules-out)")
     return out, rules_path
 
 
 def rules_text(result: TuneResult, model: Model, options: Options) -> str:
     """The rules file of the overrides chosen: reapplied with ``--rules`` (after the same
     rule files tune was given) it gives the same conversion."""
-    given = [str(r) for r in options.rules or ()] if not hasattr(options.rules, "lists") else []
+    flags = ["--target", options.target, "--device", options.device]
+    if not hasattr(options.rules, "lists"):     # files, not a RuleSet object
+        flags += [x for r in options.rules or () for x in ("--rules", str(r))]
+    flags += [x for name in options.keep for x in ("--keep", name)]
+    flags += ["--lowp-io"] if options.lowp_io else []
+    flags += ["--fold-constants"] if options.fold_constants else []
+    if options.min_matrix_intensity is not None:
+        flags += ["--min-matrix-intensity", f"{options.min_matrix_intensity:g}"]
     lines = [f"# Written by amp-rewrite tune for {model.path}: the overrides with which",
              f"# every one of {result.samples} sample(s) meets {result.metric} <= "
              f"{result.tolerance:g} ({options.target}, device {options.device}).",
              f"# Painted graph {result.before:.3g} -> tuned {result.after:.3g}; {result.trials} "
              f"trials, {result.seconds:.1f} s.",
-             "# Reapply: amp-rewrite IN -o OUT --target " + options.target + " --device "
-             + options.device + "".join(f" --rules {r}" for r in given) + " --rules THIS_FILE",
+             "# Reapply: amp-rewrite IN -o OUT " + " ".join(flags) + " --rules THIS_FILE",
              ""]
     for k in result.kept:
-        rule = keep_rule(k.node)
-        key = f'glob = "{rule.glob}"' if rule.glob is not None else f"regex = {_toml_str(rule.regex)}"
         why = (f"{k.tensor} added {k.added:.3g} to the error (trial {k.trial})" if k.tensor
                else f"kept with every low-precision node (trial {k.trial})")
-        lines += [f"# {k.op}: {why}", "[[override]]", key, 'action = "keep_fp32"', ""]
+        lines += [f"# {k.op}: {why}", "[[override]]", f'glob = "{k.node}"',
+                  'action = "keep_fp32"', ""]
     for name in result.forced:
-        rule = keep_rule(name, "force_lowp")
-        key = f'glob = "{rule.glob}"' if rule.glob is not None else f"regex = {_toml_str(rule.regex)}"
         lines += ["# the rule lists kept it float32; the tolerance holds in low precision",
-                  "[[override]]", key, 'action = "force_lowp"', ""]
+                  "[[override]]", f'glob = "{name}"', 'action = "force_lowp"', ""]
     return "\n".join(lines)
-
-
-def _toml_str(text: str) -> str:
-    return "'" + text + "'" if "'" not in text else '"' + text.replace("\\", "\\\\") + '"'
 
 
 __all__ = ["METRICS", "Kept", "TuneResult", "default_tolerance", "keep_rule", "rules_text", "tune"]
