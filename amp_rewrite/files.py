@@ -68,9 +68,9 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def atomic_write(path: Path, data: bytes, *, force: bool = False) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
-    path = Path(path)
+def check_file_destination(path: Path, *, force: bool = False) -> Path:
+    """The InputError :func:`atomic_write` would raise for ``path`` (it exists and ``force``
+    is not set, it is a directory, its folder is missing); returns the folder."""
     if path.exists() and not force:
         raise InputError(f"{path}: already exists; pass --force to replace it")
     if path.is_dir():
@@ -78,6 +78,13 @@ def atomic_write(path: Path, data: bytes, *, force: bool = False) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise InputError(f"{path}: folder {folder} does not exist")
+    return folder
+
+
+def atomic_write(path: Path, data: bytes, *, force: bool = False) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
+    path = Path(path)
+    folder = check_file_destination(path, force=force)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     except OSError as exc:

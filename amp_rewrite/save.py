@@ -26,7 +26,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import py_checkpoint_reader
 
 from .errors import InputError
-from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, atomic_write
+from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, atomic_write, check_file_destination
 from .load import Model
 
 log = logging.getLogger(__name__)
@@ -82,13 +82,7 @@ def check_destination(model: Model, out_path: str | os.PathLike, *, force: bool 
     if model.kind == "savedmodel":
         _check_saved_model_destination(model, out_path, force)
         return
-    if out_path.exists() and not force:
-        raise InputError(f"{out_path}: already exists; pass --force to replace it")
-    if out_path.is_dir():
-        raise InputError(f"{out_path}: is a directory")
-    folder = out_path.parent if str(out_path.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"{out_path}: folder {folder} does not exist")
+    check_file_destination(out_path, force=force)
 
 
 def _check_saved_model_destination(model: Model, out_path: Path, force: bool) -> None:

@@ -53,7 +53,7 @@ import numpy as np
 
 from .dtypes import BFLOAT16, HALF, TARGET_NAMES
 from .errors import InputError, UnsupportedGraphError
-from .files import atomic_write, check_container, same_file
+from .files import atomic_write, check_container, check_file_destination, same_file
 from .load import Model, load
 from .ops import FUNCTIONAL_OPS
 from .passes import Options
@@ -83,37 +83,31 @@ Metric = Callable[[Outputs, Outputs], float]
 
 
 # ----------------------------------------------------------------- metrics
-def _rel_l2(ref: Outputs, out: Outputs) -> float:
-    worst = 0.0
+def _stats(ref: Outputs, out: Outputs, top1: bool = False):
+    """Each output's :class:`~amp_rewrite.verify.ErrorStats`."""
     for name, a in ref.items():
         s = ErrorStats(0.0, 0.0)
-        s.update(a, out[name], top1=False)
-        worst = max(worst, s.rel_l2)
-    return worst
+        s.update(a, out[name], top1=top1)
+        yield s
+
+
+def _rel_l2(ref: Outputs, out: Outputs) -> float:
+    return max((s.rel_l2 for s in _stats(ref, out)), default=0.0)
 
 
 def _max_abs(ref: Outputs, out: Outputs) -> float:
-    worst = 0.0
-    for name, a in ref.items():
-        s = ErrorStats(0.0, 0.0)
-        s.update(a, out[name], top1=False)
-        worst = max(worst, s.max_abs_error)
-    return worst
+    return max((s.max_abs_error for s in _stats(ref, out)), default=0.0)
 
 
 def _top1(ref: Outputs, out: Outputs) -> float:
     """The share of rows whose argmax moved, on the outputs that are batches of scores."""
-    worst = None
-    for name, a in ref.items():
-        s = ErrorStats(0.0, 0.0)
-        s.update(a, out[name])
-        if s.top1 is not None:
-            worst = max(worst or 0.0, (s.rows - s.agree) / s.rows)
-    if worst is None:
+    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, top1=True)
+             if s.top1 is not None]
+    if not moved:
         raise InputError("metric top1: no output is a batch of scores (a rank-2 float output "
-                         "whose last dimension is over 1); pick one with --output or choose "
-                         "another --metric")
-    return worst
+                         "whose last dimension is over 1); pick one with --output-tensor or "
+                         "choose another --metric")
+    return max(moved)
 
 
 _BUILTIN: dict[str, Metric] = {"rel_l2": _rel_l2, "max_abs": _max_abs, "top1": _top1}
@@ -564,10 +558,7 @@ def _check_outputs(model: Model, output, rules_out, force: bool):
     if model.path.exists():
         check_container(model.path, out)
     check_destination(model, out, force=force)
-    if rules_path.exists() and not force:
-        raise InputError(f"{rules_path}: already exists; pass --force to replace it")
-    if rules_path.is_dir() or not rules_path.parent.is_dir():
-        raise InputError(f"{rules_path}: is a directory, or its folder does not exist")
+    check_file_destination(rules_path, force=force)
     if model.kind == "savedmodel" and Path(model.path).resolve() in rules_path.resolve().parents:
         raise InputError(f"{rules_path}: inside the input SavedModel {model.path}; write it "
                          "elsewhere (--rules-out)")
