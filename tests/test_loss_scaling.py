@@ -329,6 +329,35 @@ def test_checkpoint_keeps_scale_and_counters(tmp_path):
     assert np.array_equal(fresh.variables()["w1"], trainer.variables()["w1"])
 
 
+def test_checkpoint_from_before_conversion_restores_with_the_graphs_own_saver(tmp_path, capfd):
+    """Resuming: the FP32 run's checkpoint restores into the converted graph without a
+    var_list; the loss-scale state it does not hold starts fresh, and the restore says so."""
+    meta = build("mlp", "adam")
+    original = Trainer(meta)
+    original.train(3)
+    with original.graph.as_default():
+        path = original.saver.save(original.sess, str(tmp_path / "fp32"))
+    out, _ = convert(meta)
+    resumed = Trainer(out)
+    resumed.train(2)
+    resumed.step(overflow_feed())
+    assert resumed.fetch(SCALE, SKIPPED) == [2.0 ** 14, 1]
+    capfd.readouterr()
+    with resumed.graph.as_default():
+        resumed.saver.restore(resumed.sess, path)
+    assert resumed.fetch(SCALE, SKIPPED) == [2.0 ** 15, 0]     # fresh, not the run's
+    assert "holds no loss-scale state" in capfd.readouterr().err
+    theirs, ours = original.variables(), resumed.variables()
+    assert all(np.array_equal(theirs[name], ours[name]) for name in theirs)
+    # a checkpoint written after conversion holds the state and restores it, silently
+    resumed.step(overflow_feed())
+    with resumed.graph.as_default():
+        path = resumed.saver.save(resumed.sess, str(tmp_path / "amp"))
+        resumed.saver.restore(resumed.sess, path)
+    assert resumed.fetch(SCALE, SKIPPED) == [2.0 ** 14, 1]
+    assert "loss-scale state" not in capfd.readouterr().err
+
+
 def test_cli_converts_meta_file_and_refuses_missing_seed(tmp_path, capsys):
     src, dst = tmp_path / "train.meta", tmp_path / "train_amp.meta"
     src.write_bytes(build("mlp", "adam").SerializeToString())

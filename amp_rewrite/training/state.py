@@ -1,5 +1,6 @@
 """The loss-scale state: resource variables added to the graph, wired into the user's init op,
-the MetaGraph's ``variables`` collection and the Saver, so a checkpoint keeps them.
+the MetaGraph's ``variables`` collection and the Saver, so a checkpoint keeps them (and a
+checkpoint written before conversion still restores: the state then starts fresh).
 
 Variables are resource variables whatever the graph uses, so a read taken in a step is a
 value (not a ref that a later assign in the same step could change under it).
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2
 from tensorflow.python.framework import tensor_util
 
+from ..dtypes import INT32
 from ..errors import UnsupportedGraphError
 from ..ir import Graph, TensorRef
 from ..ops import SAVER_OPS, VARIABLE_CREATORS
@@ -147,23 +150,109 @@ def has_saver(graph: Graph) -> bool:
 
 
 def add_to_saver(graph: Graph, meta_graph, variables: list[StateVar]) -> bool:
-    """Add the variables to the graph's one V2 Saver (SaveV2 + RestoreV2); False if there is none."""
+    """Save the variables with the graph's one V2 Saver (SaveV2 + RestoreV2), and restore them
+    only from a checkpoint that holds them; False if there is no such Saver.
+
+    The Saver's own RestoreV2 is left as it was, so a checkpoint written before conversion
+    restores whole with the converted graph's Saver. The state is restored beside it, under
+    a condition read off the checkpoint's index file (:func:`_restore_if_saved`): from a
+    checkpoint written after conversion, the state is restored; from one written before, it
+    starts fresh (its initial values), and the restore prints a line saying so.
+    """
     found = _saver_nodes(graph, meta_graph)
     if found is None:
         return False
     save, restore, restore_all = found
     names = [v.name for v in variables]
-    for node, port in ((save, 1), (save, 2), (restore, 1), (restore, 2)):
-        _string_list(graph.node(graph.input(node.name, port).node), names if port == 1 else [""] * len(names))
-    base = len(restore.attr["dtypes"].list.type)
+    for port in (1, 2):
+        _string_list(graph.node(graph.input(save.name, port).node),
+                     names if port == 1 else [""] * len(names))
     _grow(save, [v.dtype for v in variables])
-    _grow(restore, [v.dtype for v in variables])
     for var in variables:
         graph.append_input(save.name, var.read)
-    scope = restore.name.rsplit("/", 1)[0] + "/" if "/" in restore.name else ""
-    for i, var in enumerate(variables):
-        value = nd.op(graph, "Identity", f"{scope}{var.name}/restore", [TensorRef(restore.name, base + i)],
-                      T=var.dtype)
-        done = assign(graph, var, value, f"{scope}{var.name}/restore/Assign")
-        graph.add_control_edge(done, restore_all)
+    _restore_if_saved(graph, graph.input(restore.name, 0), restore_all, variables)
     return True
+
+
+def _restore_if_saved(graph: Graph, prefix: TensorRef, restore_all: str,
+                      variables: list[StateVar]) -> None:
+    """Before ``restore_all`` completes: if the checkpoint at ``prefix`` holds the variables,
+    restore them, else assign their initial values and print that they start fresh.
+
+    TensorFlow has no op that asks a checkpoint for a key, and RestoreV2 fails on a missing
+    one. The checkpoint's ``.index`` file names every key it holds; keys there are stored
+    after the prefix they share with the key before them, so the test looks for the first
+    variable's name without its scope's first word (``loss_scale/...``), which no key outside
+    the scope shares. A Switch on the answer runs one branch (v1 control flow, as the Saver's
+    graph is v1); a Merge joins them into ``restore_all``.
+    """
+    scope = f"{SCOPE}/restore_if_saved"
+    names = sorted(v.name for v in variables)
+    key = names[0].split("_", 1)[1]
+    index = nd.add(graph, "StringJoin", f"{scope}/index_path",
+                   [prefix, _string_const(graph, f"{scope}/suffix", ".index")],
+                   {"N": attr_value_pb2.AttrValue(i=2), "separator": attr_value_pb2.AttrValue(s=b"")})
+    contents = nd.add(graph, "ReadFile", f"{scope}/index", [index])
+    size = nd.add(graph, "StringLength", f"{scope}/size", [contents],
+                  {"unit": attr_value_pb2.AttrValue(s=b"BYTE")})
+    last = nd.binary(graph, "Maximum", f"{scope}/last",
+                     nd.binary(graph, "Sub", f"{scope}/span", size,
+                               nd.const(graph, f"{scope}/key_length", len(key) - 1, INT32), INT32),
+                     nd.const(graph, f"{scope}/zero", 0, INT32), INT32)
+    starts = nd.op(graph, "Range", f"{scope}/starts", [nd.const(graph, f"{scope}/first", 0, INT32),
+                   last, nd.const(graph, f"{scope}/step", 1, INT32)], Tidx=INT32)
+    lengths = nd.add(graph, "Fill", f"{scope}/lengths",
+                     [nd.op(graph, "Shape", f"{scope}/count", [starts], T=INT32, out_type=INT32),
+                      nd.const(graph, f"{scope}/key_length_full", len(key), INT32)],
+                     {"T": nd.type_attr(INT32), "index_type": nd.type_attr(INT32)})
+    windows = nd.add(graph, "Substr", f"{scope}/windows", [contents, starts, lengths],
+                     {"T": nd.type_attr(INT32), "unit": attr_value_pb2.AttrValue(s=b"BYTE")})
+    equal = nd.add(graph, "Equal", f"{scope}/is_key",
+                   [windows, _string_const(graph, f"{scope}/key", key)],
+                   {"T": nd.type_attr(types_pb2.DT_STRING),
+                    "incompatible_shape_error": attr_value_pb2.AttrValue(b=True)})
+    saved = nd.add(graph, "Any", f"{scope}/saved", [equal, nd.const(graph, f"{scope}/axis", 0, INT32)],
+                   {"Tidx": nd.type_attr(INT32), "keep_dims": attr_value_pb2.AttrValue(b=False)})
+    switch = nd.op(graph, "Switch", f"{scope}/switch", [prefix, saved], T=types_pb2.DT_STRING)
+    fresh, held = TensorRef(switch.node, 0), TensorRef(switch.node, 1)
+    values = nd.add(graph, "RestoreV2", f"{scope}/restore",
+                    [held, _string_const(graph, f"{scope}/names", names),
+                     _string_const(graph, f"{scope}/slices", [""] * len(names))],
+                    {"dtypes": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+                        type=[_by_name(variables, n).dtype for n in names]))})
+    restored = [assign(graph, _by_name(variables, n),
+                       nd.op(graph, "Identity", f"{scope}/{n}/value", [TensorRef(values.node, i)],
+                             T=_by_name(variables, n).dtype), f"{scope}/{n}/restore")
+                for i, n in enumerate(names)]
+    gate = nd.op(graph, "Identity", f"{scope}/fresh", [fresh], T=types_pb2.DT_STRING)
+    # a control edge from the untaken branch makes a node dead too: the initial values pass
+    # only when the checkpoint does not hold the state
+    started = [assign(graph, var, nd.op(graph, "Identity", f"{scope}/{var.name}/initial",
+                                         [TensorRef(var.initial)], control=[gate.node], T=var.dtype),
+                      f"{scope}/{var.name}/start") for var in variables]
+    note = nd.add(graph, "StringJoin", f"{scope}/note",
+                  [_string_const(graph, f"{scope}/note_head", "amp-rewrite: checkpoint "), fresh,
+                   _string_const(graph, f"{scope}/note_tail", " holds no loss-scale state "
+                                 "(written before conversion): the loss scale starts fresh")],
+                  {"N": attr_value_pb2.AttrValue(i=3), "separator": attr_value_pb2.AttrValue(s=b"")})
+    printed = nd.add(graph, "PrintV2", f"{scope}/print", [note],
+                     {"output_stream": attr_value_pb2.AttrValue(s=b"stderr"),
+                      "end": attr_value_pb2.AttrValue(s=b"\n")})
+    joined = nd.add(graph, "Merge", f"{scope}/done", [
+        nd.op(graph, "Identity", f"{scope}/restored", [held], control=restored,
+              T=types_pb2.DT_STRING),
+        nd.op(graph, "Identity", f"{scope}/started", [fresh], control=started + [printed.node],
+              T=types_pb2.DT_STRING)],
+        {"T": nd.type_attr(types_pb2.DT_STRING), "N": attr_value_pb2.AttrValue(i=2)})
+    graph.add_control_edge(joined.node, restore_all)
+
+
+def _by_name(variables: list[StateVar], name: str) -> StateVar:
+    return next(v for v in variables if v.name == name)
+
+
+def _string_const(graph: Graph, name: str, value) -> TensorRef:
+    array = np.asarray(value, dtype=object)
+    proto = tensor_util.make_tensor_proto(array, dtype=types_pb2.DT_STRING, shape=array.shape)
+    return nd.add(graph, "Const", name, (), {"dtype": nd.type_attr(types_pb2.DT_STRING),
+                                             "value": attr_value_pb2.AttrValue(tensor=proto)})
