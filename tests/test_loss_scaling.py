@@ -6,7 +6,10 @@ bundled digits data; the float16 graphs run on TensorFlow's CPU float16 kernels.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -639,3 +642,59 @@ def test_tape_gradient_sums_outside_the_scope_are_part_of_the_backward_pass():
     found = report.extra["loss_scaling"]
     assert len(found["gradients"]) == len(found["updates"]) == 2
     assert [u["op"] for u in found["updates"]] == ["ResourceApplyGradientDescent"] * 2
+
+
+# ----------------------------------------------------------------- replicas
+def _mirrored(*argv) -> list[dict]:
+    script = Path(__file__).parent / "mirrored_step.py"
+    proc = subprocess.run([sys.executable, str(script), *map(str, argv)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_mirrored_strategy_replicas_skip_the_same_steps_and_stay_identical(tmp_path):
+    """A MirroredStrategy step over two CPUs (a TF1 MetaGraph: TF 2.21 cannot save a TF2 step
+    that calls strategy.run), converted to float16: an overflow on replica 1 alone skips the
+    step on both replicas (one finiteness check over both replicas' gradients, which the
+    replicas then sum), the replicas' weights stay bit-identical, and the step's returned
+    loss can still be fetched on the skipped step."""
+    _mirrored("build", tmp_path / "mirrored.meta")
+    report = convert_file(tmp_path / "mirrored.meta", tmp_path / "amp.meta", target="float16",
+                          device="cpu")
+    scaling = report.to_dict()["loss_scaling"]
+    assert len(scaling["seeds"]) == 2 and len(scaling["gradients"]) == 8
+    assert report.summary()["matrix_converted"] == report.summary()["matrix_total"] > 0
+    steps = _mirrored("train", tmp_path / "amp.meta", 6, 3)
+    assert [s["changed"] for s in steps] == [[True, True]] * 3 + [[False, False]] + [[True, True]] * 2
+    assert all(s["identical"] for s in steps)
+    assert [s["global_steps"] for s in steps] == [[1, 1], [2, 2], [3, 3], [3, 3], [4, 4], [5, 5]]
+    assert [s["state"] for s in steps][2:5] == [[32768.0, 0.0], [16384.0, 1.0], [16384.0, 1.0]]
+    assert math.isnan(steps[3]["loss"]) and steps[5]["loss"] < steps[0]["loss"]
+
+
+def test_a_loss_fetched_after_the_train_op_has_a_value_on_a_skipped_step():
+    """``with tf.control_dependencies([train_op]): out = tf.identity(loss)`` waits on the
+    updates, which a skipped step does not run: it waits on their join instead."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 64], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [None], name="y")
+        w = tf.compat.v1.get_variable("w", initializer=np.full((64, 10), 0.01, np.float32),
+                                      use_resource=True)
+        logits = tf.matmul(x, w)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits),
+                              name="loss")
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        with tf.control_dependencies([train]):
+            tf.identity(loss, name="loss_after")
+        tf.compat.v1.global_variables_initializer()
+        meta = tf.compat.v1.train.export_meta_graph()
+    out, _ = convert(meta)
+    trainer = Trainer(out)
+    feed = next(batches(1))
+    assert np.isfinite(trainer.sess.run("loss_after:0", feed))
+    before = trainer.variables()["w"]
+    assert not np.isfinite(trainer.sess.run("loss_after:0", {**feed, "x:0": feed["x:0"] * 1e30}))
+    assert trainer.fetch(SKIPPED) == [1]
+    assert np.array_equal(trainer.variables()["w"], before)

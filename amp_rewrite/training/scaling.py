@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tensorflow.core.framework import attr_value_pb2
+
 from ..dtypes import BOOL, FLOAT, INT64
 from ..ir import Graph, TensorRef
 from ..ops import is_variable_write
@@ -50,8 +52,9 @@ def insert_loss_scaling(graph: Graph, backprop: Backprop, config: ScaleConfig) -
     finite = _all_finite(graph, unscaled)
 
     train_ops = _sinks(graph, backprop.updates)
-    _gate_updates(graph, backprop.updates, unscaled, finite)
+    switches = _gate_updates(graph, backprop.updates, unscaled, finite)
     gated_writes = _gate_other_writes(graph, backprop.updates, train_ops, finite)
+    _keep_results_alive(graph, switches, finite)
     updates = _state_updates(graph, config, finite, scale, skipped, good)
     group = nd.noop(graph, f"{SCOPE}/update", control=updates)
     for name in train_ops:
@@ -99,8 +102,9 @@ def _sinks(graph: Graph, updates: list[str]) -> list[str]:
 
 
 def _gate_updates(graph: Graph, updates: list[str], unscaled: list[TensorRef],
-                  finite: TensorRef) -> None:
-    """Route each update's gradient-derived inputs through ``Switch(x, finite):1``."""
+                  finite: TensorRef) -> list[str]:
+    """Route each update's gradient-derived inputs through ``Switch(x, finite):1``; returns
+    the Switch nodes."""
     derived = descendants(graph, [u.node for u in unscaled])
     switches: dict[TensorRef, TensorRef] = {}
     for update in updates:
@@ -112,6 +116,47 @@ def _gate_updates(graph: Graph, updates: list[str], unscaled: list[TensorRef],
                 switch = nd.op(graph, "Switch", f"{ref.node}/amp_skip_if_not_finite", [ref, finite], T=dtype)
                 switches[ref] = TensorRef(switch.node, 1)
             graph.set_input(update, port, switches[ref])
+    return [ref.node for ref in switches.values()]
+
+
+def _keep_results_alive(graph: Graph, switches: list[str], finite: TensorRef) -> None:
+    """Let what the step computes after its updates, without leading to a write, run on a
+    skipped step too.
+
+    A skipped step leaves everything after a gated update dead. That is right for writes
+    (the global step waits on the updates) but not for a result the user fetches: a loss
+    taken ``with tf.control_dependencies([train_op])``, or the per-replica loss a
+    MirroredStrategy step returns, would have no value ("Retval does not have value"). Such
+    a node (no write after it, no data input that is dead) waits instead on a join, a Merge
+    of "the updates ran" and "the step was skipped", which is alive either way.
+    """
+    dead = descendants(graph, switches, control=True) - set(switches)
+    writes = [n for n in dead if is_variable_write(graph.node(n).op)]
+    before_writes = ancestors(graph, writes) if writes else set()
+    alive: list[str] = []
+    revived: set[str] = set()
+    for name in graph.topological_order():
+        if name not in dead or name in before_writes:
+            continue
+        if all(ref.node not in dead or ref.node in revived for ref in graph.inputs(name)):
+            revived.add(name)
+            alive.append(name)
+    gate = None
+    for name in alive:
+        waits = [c for c in graph.control_inputs(name) if c in dead and c not in revived]
+        if not waits:
+            continue
+        if gate is None:
+            gate = nd.op(graph, "Switch", f"{SCOPE}/results_gate", [finite, finite], T=BOOL).node
+        ran = nd.op(graph, "Identity", f"{name}/amp_updates_ran", [TensorRef(gate, 1)],
+                    control=waits, T=BOOL)
+        skipped = nd.op(graph, "Identity", f"{name}/amp_step_skipped", [TensorRef(gate, 0)],
+                        T=BOOL)
+        join = nd.add(graph, "Merge", f"{name}/amp_after_updates", [ran, skipped],
+                      {"T": nd.type_attr(BOOL), "N": attr_value_pb2.AttrValue(i=2)})
+        for src in waits:
+            graph.remove_control_edge(src, name)
+        graph.add_control_edge(join.node, name)
 
 
 def _gate_other_writes(graph: Graph, updates: list[str], train_ops: list[str],
