@@ -148,8 +148,11 @@ def tune(args) -> int:
 
 
 def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:
-    sys.stderr.write(f"\rtune: trial {done} (budget {budget})  metric {metric:.3g}  "
-                     f"kept {kept} in float32   ")
+    """One line, redrawn per trial: the budget used as a bar, the last metric, nodes kept."""
+    width = 30
+    filled = min(width, width * done // budget)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] trial {done}/{budget}  "
+                     f"metric {metric:.3g}  kept {kept} in float32   ")
     sys.stderr.flush()
 
 
