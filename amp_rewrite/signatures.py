@@ -212,11 +212,17 @@ def _kernels(op: str):
 
 def allowed_by_opdef(node: Node, attr: TypeAttr, dtype: int) -> bool:
     """Whether the OpDef's allowed_values for ``attr`` admit ``dtype``."""
-    od = op_def(node.op)
+    return _allowed(node.op, attr.attr, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _allowed(op: str, attr: str, dtype: int) -> bool:
+    # asked once per node and attr while painting: the OpDef's attr list is walked once per op
+    od = op_def(op)
     if od is None:
         return False
     for a in od.attr:
-        if a.name == attr.attr:
+        if a.name == attr:
             allowed = a.allowed_values.list.type
             return not allowed or dtype in allowed
     return False
