@@ -1,0 +1,181 @@
+"""Keras applications and a BERT-style encoder: FP32 against amp-rewrite's bfloat16 and
+grappler's own bfloat16 pass, on this CPU, in one run.
+
+Each model (``weights=None``, batch 8, frozen to constants) runs three ways in one process:
+the FP32 graph; ``amp_rewrite.convert(gd, target="bfloat16", device="cpu")``; and the FP32
+graph in a session with grappler's ``auto_mixed_precision_onednn_bfloat16`` pass on (oneDNN's
+bfloat16 mode, as ``TF_ENABLE_ONEDNN_OPTS=1`` turns on even on CPUs without AVX-512). After two
+warm-up runs each, ``--rounds`` rounds run the three round-robin, the order rotating per round;
+the table gives the medians and FP32 median / variant median. Conversion time is ours
+(``convert``) beside grappler's pass alone on the same graph (``tf_optimizer.OptimizeGraph``);
+the logits' relative L2 error is against FP32 on the same images.
+
+Run: ``.venv/bin/python benchmarks/keras_models.py [--rounds 7] [--write]`` (about 15 minutes
+on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
+from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
+    convert_variables_to_constants_v2)
+
+from benchmd import publish  # noqa: E402
+from scaling import grappler_amp  # noqa: E402
+from amp_rewrite import convert, hardware  # noqa: E402
+
+v1 = tf.compat.v1
+SECTION = "## Keras models"
+BATCH = 8
+
+
+def bert_encoder(layers: int = 4, width: int = 256, heads: int = 4, seq: int = 128):
+    import keras
+    ids = keras.Input((seq,), dtype="int32")
+    h = keras.layers.Embedding(8000, width)(ids)
+    h = h + keras.layers.Embedding(seq, width)(keras.ops.arange(seq))
+    for _ in range(layers):
+        a = keras.layers.MultiHeadAttention(heads, width // heads)(h, h)
+        h = keras.layers.LayerNormalization()(h + a)
+        f = keras.layers.Dense(width, )(keras.layers.Dense(4 * width, activation="gelu")(h))
+        h = keras.layers.LayerNormalization()(h + f)
+    out = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(h))
+    return keras.Model(ids, out)
+
+
+def models():
+    import keras
+    apps = keras.applications
+    return {
+        "ResNet50": (lambda: apps.ResNet50(weights=None, classifier_activation=None), "images"),
+        "MobileNetV2": (lambda: apps.MobileNetV2(weights=None, classifier_activation=None), "images"),
+        "DenseNet121": (lambda: apps.DenseNet121(weights=None, classifier_activation=None), "images"),
+        "EfficientNetB0": (lambda: apps.EfficientNetB0(weights=None, classifier_activation=None), "images"),
+        "ConvNeXtTiny": (lambda: apps.ConvNeXtTiny(weights=None, classifier_activation=None), "images"),
+        "BERT-style encoder (4 layers, 256 wide, seq 128)": (bert_encoder, "tokens"),
+    }
+
+
+def freeze(model, kind: str):
+    """The model as a frozen GraphDef, its input and output tensor names, and a feed."""
+    rng = np.random.default_rng(0)
+    if kind == "images":
+        spec = tf.TensorSpec([BATCH, 224, 224, 3], tf.float32, name="x")
+        value = rng.uniform(0, 1, (BATCH, 224, 224, 3)).astype(np.float32)
+    else:
+        spec = tf.TensorSpec([BATCH, 128], tf.int32, name="x")
+        value = rng.integers(0, 8000, (BATCH, 128)).astype(np.int32)
+    fn = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
+    frozen = convert_variables_to_constants_v2(fn)
+    return frozen.graph.as_graph_def(), frozen.inputs[0].name, frozen.outputs[0].name, value
+
+
+def _session(graph_def, amp: bool):
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    config = config_pb2.ConfigProto()
+    if amp:
+        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = \
+            rewriter_config_pb2.RewriterConfig.ON
+    return v1.Session(graph=g, config=config)
+
+
+def measure(name: str, build, kind: str, rounds: int) -> dict:
+    import keras
+    keras.utils.set_random_seed(0)
+    gd, inp, out, value = freeze(build(), kind)
+    start = time.perf_counter()
+    ours_gd, report = convert(gd, target="bfloat16", device="cpu")
+    ours_convert = time.perf_counter() - start
+    start = time.perf_counter()
+    grappler_amp(gd, out.split(":")[0])
+    grappler_convert = time.perf_counter() - start
+    sessions = {"fp32": _session(gd, False), "ours": _session(ours_gd, False),
+                "grappler": _session(gd, True)}
+    feed = {inp: value}
+    outputs = {k: np.asarray(s.run(out, feed), np.float64) for k, s in sessions.items()}
+    for s in sessions.values():
+        s.run(out, feed)
+    times = {k: [] for k in sessions}
+    order = list(sessions)
+    for r in range(rounds):
+        for k in order[r % 3:] + order[:r % 3]:
+            t = time.perf_counter()
+            sessions[k].run(out, feed)
+            times[k].append(time.perf_counter() - t)
+    for s in sessions.values():
+        s.close()
+    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    ref = outputs["fp32"]
+
+    def err(k):
+        return float(np.linalg.norm(outputs[k] - ref) / max(np.linalg.norm(ref), 1e-30))
+
+    summary = report.summary()
+    return {"name": name, "nodes": len(gd.node), "fp32_ms": med["fp32"], "ours_ms": med["ours"],
+            "grappler_ms": med["grappler"], "ours_err": err("ours"), "grappler_err": err("grappler"),
+            "ours_convert_s": ours_convert, "grappler_convert_s": grappler_convert,
+            "matrix": f"{summary['matrix_converted']}/{summary['matrix_total']}"}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--only", action="append", default=[], help="model names to run")
+    p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = p.parse_args()
+    rows = []
+    for name, (build, kind) in models().items():
+        if args.only and not any(o in name for o in args.only):
+            continue
+        try:
+            rows.append(measure(name, build, kind, args.rounds))
+        except Exception as exc:  # noqa: BLE001 - a model that fails is a row saying so
+            rows.append({"name": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
+        print(rows[-1], file=sys.stderr, flush=True)
+    lines = [SECTION, "",
+             "`benchmarks/keras_models.py`: Keras applications (`weights=None`, 224x224x3) and a "
+             "BERT-style encoder, batch 8, frozen; FP32, amp-rewrite's bfloat16 conversion "
+             "(`--device cpu`, default options) and grappler's `auto_mixed_precision_onednn_bfloat16` "
+             f"on the FP32 graph, run round-robin in one process, {args.rounds} rounds after 2 "
+             f"warm-up runs, medians; on {hardware.describe()}, {os.cpu_count()} cores, "
+             f"TensorFlow {tf.__version__}, Python {platform.python_version()}. Ratios are FP32 "
+             "time / variant time (above 1: faster than FP32); errors are the logits' relative "
+             "L2 error against FP32.",
+             "",
+             "| model | nodes | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | "
+             "grappler ms (ratio) | ours / grappler speed | rel. L2 error ours / grappler | "
+             "conversion s: ours / grappler |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['name']} | {r['nodes']} | {r['matrix']} | {r['fp32_ms']:.0f} | "
+            f"{r['ours_ms']:.0f} ({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['grappler_ms']:.0f} "
+            f"({r['fp32_ms'] / r['grappler_ms']:.2f}x) | {r['grappler_ms'] / r['ours_ms']:.2f}x | "
+            f"{r['ours_err']:.1e} / {r['grappler_err']:.1e} | {r['ours_convert_s']:.2f} / "
+            f"{r['grappler_convert_s']:.2f} |")
+    lines += ["", "The machine is shared with other jobs, so absolute times are noisy; the "
+              "ratios come from runs interleaved in one process. \"ours / grappler speed\" above "
+              "1 means amp-rewrite's graph ran faster than grappler's. Conversion times are one "
+              "conversion each (grappler's pass alone, without the session's other passes)."]
+    return publish("\n".join(lines), args.write)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
