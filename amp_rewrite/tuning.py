@@ -316,7 +316,8 @@ class _Tuner:
         while not current.score <= self.tolerance:
             if self.trials >= self.max_trials:
                 return start, kept, current, (f"not met within --max-trials {self.max_trials}: "
-                                              f"best metric {current.score:.3g}")
+                                              f"the last trial's metric is {current.score:.3g} "
+                                              f"with {len(kept)} node(s) kept")
             new = self.culprits(current, kept, names)
             why = "attribution"
             if not new:
