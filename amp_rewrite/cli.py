@@ -21,7 +21,7 @@ import sys
 import traceback
 
 from .errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
-from .files import check_container, same_file
+from .files import check_container, same_file, tune_rules_path
 from .loss_scale import scale_config
 
 PROG = "amp-rewrite"
@@ -247,7 +247,7 @@ def _check_paths(command: str, args) -> None:
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
     if command == "tune":
-        rules_out = args.rules_out or f"{args.output}.tune.toml"
+        rules_out = args.rules_out or str(tune_rules_path(args.output))
         for path in (args.output, rules_out):
             if os.path.exists(path) and not args.force:
                 raise InputError(f"{path}: already exists; pass --force to replace it")

@@ -68,6 +68,13 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def tune_rules_path(output: str | os.PathLike) -> Path:
+    """Where ``tune`` writes its rules file by default: beside the output,
+    ``<output>.tune.toml`` (the CLI checks it before TensorFlow loads, the library writes it)."""
+    output = Path(output)
+    return output.with_name(output.name + ".tune.toml")
+
+
 def check_file_destination(path: Path, *, force: bool = False) -> Path:
     """The InputError :func:`atomic_write` would raise for ``path`` (it exists and ``force``
     is not set, it is a directory, its folder is missing); returns the folder."""

@@ -53,7 +53,8 @@ import numpy as np
 
 from .dtypes import BFLOAT16, HALF, TARGET_NAMES
 from .errors import InputError, UnsupportedGraphError
-from .files import atomic_write, check_container, check_file_destination, same_file
+from .files import (atomic_write, check_container, check_file_destination, same_file,
+                    tune_rules_path)
 from .load import Model, load
 from .ops import FUNCTIONAL_OPS
 from .passes import Options
@@ -196,6 +197,11 @@ class _Trial:
     def score(self) -> float:
         return max(self.scores)
 
+    @property
+    def forced(self) -> list[str]:
+        """The nodes forced into low precision, in graph order."""
+        return [n.name for n in self.report.nodes if n.name in self.force]
+
     def close(self) -> None:
         """Close the runner, and delete the SavedModel it ran from (a copy per trial would
         otherwise fill the disk with up to --max-trials copies of the model)."""
@@ -219,19 +225,10 @@ class _Tuner:
         self.ref_outputs = [self._outputs(ref, f) for f in feeds]
         self.crit = criteria()
         self.trials = self.folders = 0
+        # every trial made, by its (keep, force) sets: none is run twice, and each is closed
+        # at the end (closing one twice is harmless)
         self.seen: dict[tuple[frozenset[str], frozenset[str]], _Trial] = {}
-        self.order: list[str] = []          # nodes in the order the search kept them
-        self.neighbours = _neighbours(model)
         self.log: list[dict] = []
-        self._made: list[_Trial] = []
-
-    def order_forced(self, t: _Trial) -> list[str]:
-        """``t``'s forced nodes in graph order."""
-        return [n.name for n in t.report.nodes if n.name in t.force]
-
-    def open_trials(self) -> list[_Trial]:
-        """Every trial made (closing one twice is harmless)."""
-        return self._made
 
     def _outputs(self, runner: Runner, feed: Mapping) -> dict[str, np.ndarray]:
         return dict(zip(self.ref.outputs, runner.callable()(feed)))
@@ -261,11 +258,10 @@ class _Tuner:
         converted, report = convert_model(self.model, dataclasses.replace(self.options, rules=rules))
         runner = self._open_converted(converted)
         t = _Trial(keep, [], converted, report, runner, force)
-        self._made.append(t)
+        self.seen[(keep, force)] = t
         t.scores = [self._score(want, self._outputs(runner, feed))
                     for feed, want in zip(self.feeds, self.ref_outputs)]
         ok = t.score <= self.tolerance
-        self.seen[(keep, force)] = t
         self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
                          "forced": len(force), "metric": t.score, "ok": ok})
         log.info("trial %d (%s): %d kept, %d forced, metric %.3g %s", self.trials - 1, why,
@@ -331,30 +327,30 @@ class _Tuner:
                         f"in float32 kept, the metric is still {current.score:.3g} > "
                         f"{self.tolerance:g}")
             kept.update((k.node, k) for k in new)
-            self.order += [k.node for k in new]
             if current is not start:
                 current.close()
             current = self.trial(kept, why)
-        current, note = self._release(current)
+        current, note = self._release(current, list(kept))
         kept = {k: v for k, v in kept.items() if k in current.keep}
         if relax and not note:
             current, note = self._relax(current)
         return start, kept, current, note
 
-    def _release(self, passing: _Trial) -> tuple[_Trial, str]:
-        """Release kept nodes in halves, last kept first (module docstring, step 3)."""
-        order = [k for k in reversed(self.order) if k in passing.keep]
-        return self._bisect(passing, order, lambda t, group: (t.keep - set(group), t.force),
+    def _release(self, passing: _Trial, kept: list[str]) -> tuple[_Trial, str]:
+        """Release ``kept`` (in the order the search kept them) in halves, last kept first
+        (module docstring, step 3)."""
+        return self._bisect(passing, kept[::-1], lambda t, group: (t.keep - set(group), t.force),
                             "release", "releasing kept nodes: some may not be needed")
 
     def _relax(self, passing: _Trial) -> tuple[_Trial, str]:
         """Force into low precision, in halves, the float32 nodes next to low-precision ones
         that the lists (not the tolerance, an interface or a kernel) kept float32 (step 4)."""
         lowp = {n.name for n in passing.report.nodes if n.precision in _LOWP}
+        neighbours = _neighbours(self.model)    # only relax needs the graph's edges
         candidates = [n.name for n in passing.report.nodes
                       if n.precision == "float32" and n.code in RELAXABLE
                       and n.op not in FUNCTIONAL_OPS
-                      and n.name not in passing.keep and self.neighbours.get(n.name, set()) & lowp]
+                      and n.name not in passing.keep and neighbours.get(n.name, set()) & lowp]
         return self._bisect(passing, candidates, lambda t, group: (t.keep, t.force | set(group)),
                             "relax", "relaxing: more nodes may run in low precision")
 
@@ -497,14 +493,15 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
             result = TuneResult(
                 final.score <= tolerance, name, tolerance, len(tuner.feeds), tuner.trials,
                 0.0, start.score, final.score, list(kept.values()),
-                [n for n in tuner.order_forced(final)], _lowp(start.report),
+                final.forced, _lowp(start.report),
                 _lowp(final.report), final.model, final.report, message=note,
                 trial_log=tuner.log)
             if held:
-                result.holdout_before = _score_on(tuner, start, held)
-                result.holdout_after = _score_on(tuner, final, held)
+                wanted = [tuner._outputs(ref, f) for f in held]
+                result.holdout_before = _score_on(tuner, start, held, wanted)
+                result.holdout_after = _score_on(tuner, final, held, wanted)
         finally:
-            for t in tuner.open_trials():
+            for t in tuner.seen.values():
                 t.close()
     result.seconds = time.perf_counter() - started
     if result.ok and out_paths is not None:
@@ -515,11 +512,11 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     return result
 
 
-def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict]) -> float:
+def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict]) -> float:
+    """``t``'s worst score on ``feeds``, whose float32 outputs are ``wanted``."""
     runner = t.runner or tuner._open_converted(t.model)
     try:
-        return max(tuner._score(tuner._outputs(tuner.ref, f), tuner._outputs(runner, f))
-                   for f in feeds)
+        return max(tuner._score(want, tuner._outputs(runner, f)) for f, want in zip(feeds, wanted))
     finally:
         if runner is not t.runner:
             runner.close()
@@ -553,7 +550,7 @@ def _check_outputs(model: Model, output, rules_out, force: bool):
     if output is None:
         return None
     out = Path(output)
-    rules_path = Path(rules_out) if rules_out is not None else out.with_name(out.name + ".tune.toml")
+    rules_path = Path(rules_out) if rules_out is not None else tune_rules_path(out)
     if same_file(model.path, out) or same_file(model.path, rules_path) or same_file(out, rules_path):
         raise InputError(f"{out}: the output, the rules file and the input must be three files")
     if model.path.exists():
