@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2
 from tensorflow.python.framework import tensor_util
 
@@ -23,6 +22,7 @@ from . import nodes as nd
 
 #: the name scope of every node loss scaling adds
 SCOPE = "amp_loss_scale"
+STRING = types_pb2.DT_STRING
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def add_to_collections(meta_graph, variables: list[StateVar]) -> bool:
 
 def _string_list(node, extra: list[str]) -> None:
     values = [v.decode() for v in tensor_util.MakeNdarray(node.attr["value"].tensor).ravel()]
-    proto = tensor_util.make_tensor_proto(values + extra, dtype=types_pb2.DT_STRING)
+    proto = tensor_util.make_tensor_proto(values + extra, dtype=STRING)
     node.attr["value"].tensor.CopyFrom(proto)
     node.attr.pop("_output_shapes", None)   # a recorded shape would contradict the longer list
 
@@ -187,10 +187,11 @@ def _restore_if_saved(graph: Graph, prefix: TensorRef, restore_all: str,
     graph is v1); a Merge joins them into ``restore_all``.
     """
     scope = f"{SCOPE}/restore_if_saved"
-    names = sorted(v.name for v in variables)
+    ordered = sorted(variables, key=lambda v: v.name)    # the checkpoint's key order
+    names = [v.name for v in ordered]
     key = names[0].split("_", 1)[1]
     index = nd.add(graph, "StringJoin", f"{scope}/index_path",
-                   [prefix, _string_const(graph, f"{scope}/suffix", ".index")],
+                   [prefix, nd.const(graph, f"{scope}/suffix", ".index", STRING)],
                    {"N": attr_value_pb2.AttrValue(i=2), "separator": attr_value_pb2.AttrValue(s=b"")})
     contents = nd.add(graph, "ReadFile", f"{scope}/index", [index])
     size = nd.add(graph, "StringLength", f"{scope}/size", [contents],
@@ -208,51 +209,41 @@ def _restore_if_saved(graph: Graph, prefix: TensorRef, restore_all: str,
     windows = nd.add(graph, "Substr", f"{scope}/windows", [contents, starts, lengths],
                      {"T": nd.type_attr(INT32), "unit": attr_value_pb2.AttrValue(s=b"BYTE")})
     equal = nd.add(graph, "Equal", f"{scope}/is_key",
-                   [windows, _string_const(graph, f"{scope}/key", key)],
-                   {"T": nd.type_attr(types_pb2.DT_STRING),
+                   [windows, nd.const(graph, f"{scope}/key", key, STRING)],
+                   {"T": nd.type_attr(STRING),
                     "incompatible_shape_error": attr_value_pb2.AttrValue(b=True)})
     saved = nd.add(graph, "Any", f"{scope}/saved", [equal, nd.const(graph, f"{scope}/axis", 0, INT32)],
                    {"Tidx": nd.type_attr(INT32), "keep_dims": attr_value_pb2.AttrValue(b=False)})
-    switch = nd.op(graph, "Switch", f"{scope}/switch", [prefix, saved], T=types_pb2.DT_STRING)
+    switch = nd.op(graph, "Switch", f"{scope}/switch", [prefix, saved], T=STRING)
     fresh, held = TensorRef(switch.node, 0), TensorRef(switch.node, 1)
     values = nd.add(graph, "RestoreV2", f"{scope}/restore",
-                    [held, _string_const(graph, f"{scope}/names", names),
-                     _string_const(graph, f"{scope}/slices", [""] * len(names))],
+                    [held, nd.const(graph, f"{scope}/names", names, STRING),
+                     nd.const(graph, f"{scope}/slices", [""] * len(names), STRING)],
                     {"dtypes": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
-                        type=[_by_name(variables, n).dtype for n in names]))})
-    restored = [assign(graph, _by_name(variables, n),
-                       nd.op(graph, "Identity", f"{scope}/{n}/value", [TensorRef(values.node, i)],
-                             T=_by_name(variables, n).dtype), f"{scope}/{n}/restore")
-                for i, n in enumerate(names)]
-    gate = nd.op(graph, "Identity", f"{scope}/fresh", [fresh], T=types_pb2.DT_STRING)
+                        type=[v.dtype for v in ordered]))})
+    restored = [assign(graph, v, nd.op(graph, "Identity", f"{scope}/{v.name}/value",
+                                       [TensorRef(values.node, i)], T=v.dtype),
+                       f"{scope}/{v.name}/restore")
+                for i, v in enumerate(ordered)]
+    gate = nd.op(graph, "Identity", f"{scope}/fresh", [fresh], T=STRING)
     # a control edge from the untaken branch makes a node dead too: the initial values pass
     # only when the checkpoint does not hold the state
     started = [assign(graph, var, nd.op(graph, "Identity", f"{scope}/{var.name}/initial",
                                          [TensorRef(var.initial)], control=[gate.node], T=var.dtype),
                       f"{scope}/{var.name}/start") for var in variables]
     note = nd.add(graph, "StringJoin", f"{scope}/note",
-                  [_string_const(graph, f"{scope}/note_head", "amp-rewrite: checkpoint "), fresh,
-                   _string_const(graph, f"{scope}/note_tail", " holds no loss-scale state "
-                                 "(written before conversion): the loss scale starts fresh")],
+                  [nd.const(graph, f"{scope}/note_head", "amp-rewrite: checkpoint ", STRING), fresh,
+                   nd.const(graph, f"{scope}/note_tail", " holds no loss-scale state "
+                            "(written before conversion): the loss scale starts fresh", STRING)],
                   {"N": attr_value_pb2.AttrValue(i=3), "separator": attr_value_pb2.AttrValue(s=b"")})
     printed = nd.add(graph, "PrintV2", f"{scope}/print", [note],
                      {"output_stream": attr_value_pb2.AttrValue(s=b"stderr"),
                       "end": attr_value_pb2.AttrValue(s=b"\n")})
     joined = nd.add(graph, "Merge", f"{scope}/done", [
         nd.op(graph, "Identity", f"{scope}/restored", [held], control=restored,
-              T=types_pb2.DT_STRING),
+              T=STRING),
         nd.op(graph, "Identity", f"{scope}/started", [fresh], control=started + [printed.node],
-              T=types_pb2.DT_STRING)],
-        {"T": nd.type_attr(types_pb2.DT_STRING), "N": attr_value_pb2.AttrValue(i=2)})
+              T=STRING)],
+        {"T": nd.type_attr(STRING), "N": attr_value_pb2.AttrValue(i=2)})
     graph.add_control_edge(joined.node, restore_all)
 
-
-def _by_name(variables: list[StateVar], name: str) -> StateVar:
-    return next(v for v in variables if v.name == name)
-
-
-def _string_const(graph: Graph, name: str, value) -> TensorRef:
-    array = np.asarray(value, dtype=object)
-    proto = tensor_util.make_tensor_proto(array, dtype=types_pb2.DT_STRING, shape=array.shape)
-    return nd.add(graph, "Const", name, (), {"dtype": nd.type_attr(types_pb2.DT_STRING),
-                                             "value": attr_value_pb2.AttrValue(tensor=proto)})
