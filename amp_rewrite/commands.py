@@ -148,12 +148,8 @@ def tune(args) -> int:
 
 
 def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:
-    """One line, redrawn per trial: the budget used as a bar, the last metric, nodes kept."""
-    width = 30
-    filled = min(width, width * done // budget)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] trial {done}/{budget}  "
-                     f"metric {metric:.3g}  kept {kept} in float32   ")
-    sys.stderr.flush()
+    """The trial budget used, the last metric, nodes kept (the caller ends the line)."""
+    _draw_bar(done, budget, f"trial {done}/{budget}  metric {metric:.3g}  kept {kept} in float32   ")
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -161,11 +157,17 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def _progress_bar(done: int, total: int) -> None:
-    width = 30
-    filled = width * done // total
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rounds")
+    _draw_bar(done, total, f"{done}/{total} rounds")
     if done == total:
         sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _draw_bar(done: int, total: int, text: str) -> None:
+    """Redraw the progress line on stderr: a bar of ``done`` out of ``total``, then ``text``."""
+    width = 30
+    filled = min(width, width * done // total)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}")
     sys.stderr.flush()
 
 
