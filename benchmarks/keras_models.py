@@ -17,6 +17,7 @@ on 2 cores).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -28,12 +29,12 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
 from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
     convert_variables_to_constants_v2)
 
 from benchmd import publish  # noqa: E402
 from scaling import grappler_amp  # noqa: E402
+from train_step import session, time_round_robin  # noqa: E402
 from amp_rewrite import convert, hardware  # noqa: E402
 
 v1 = tf.compat.v1
@@ -82,17 +83,6 @@ def freeze(model, kind: str):
     return frozen.graph.as_graph_def(), frozen.inputs[0].name, frozen.outputs[0].name, value
 
 
-def _session(graph_def, amp: bool):
-    g = tf.Graph()
-    with g.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
-    config = config_pb2.ConfigProto()
-    if amp:
-        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = \
-            rewriter_config_pb2.RewriterConfig.ON
-    return v1.Session(graph=g, config=config)
-
-
 def measure(name: str, build, kind: str, rounds: int) -> dict:
     import keras
     keras.utils.set_random_seed(0)
@@ -103,19 +93,12 @@ def measure(name: str, build, kind: str, rounds: int) -> dict:
     start = time.perf_counter()
     grappler_amp(gd, out.split(":")[0])
     grappler_convert = time.perf_counter() - start
-    sessions = {"fp32": _session(gd, False), "ours": _session(ours_gd, False),
-                "grappler": _session(gd, True)}
+    sessions = {"fp32": session(gd, False), "ours": session(ours_gd, False),
+                "grappler": session(gd, True)}
     feed = {inp: value}
     outputs = {k: np.asarray(s.run(out, feed), np.float64) for k, s in sessions.items()}
-    for s in sessions.values():
-        s.run(out, feed)
-    times = {k: [] for k in sessions}
-    order = list(sessions)
-    for r in range(rounds):
-        for k in order[r % 3:] + order[:r % 3]:
-            t = time.perf_counter()
-            sessions[k].run(out, feed)
-            times[k].append(time.perf_counter() - t)
+    times = time_round_robin({k: functools.partial(s.run, out, feed) for k, s in sessions.items()},
+                             rounds, warmup=1)
     for s in sessions.values():
         s.close()
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}

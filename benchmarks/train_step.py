@@ -121,6 +121,7 @@ def to_bfloat16(graph_def):
 
 
 def session(graph_def, grappler_amp: bool):
+    """A Session over ``graph_def``, with grappler's oneDNN bfloat16 pass on if asked."""
     g = tf.Graph()
     with g.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
@@ -128,9 +129,7 @@ def session(graph_def, grappler_amp: bool):
     if grappler_amp:
         config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
             rewriter_config_pb2.RewriterConfig.ON)
-    sess = v1.Session(graph=g, config=config)
-    sess.run("init")
-    return sess
+    return v1.Session(graph=g, config=config)
 
 
 def time_round_robin(steps: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
@@ -157,6 +156,8 @@ def bench_model(title: str, body, batch: int, lr: float, optimizer: str, rounds:
     bf16, report = to_bfloat16(fp32)
     sessions = {"fp32": session(fp32, False), "amp-rewrite": session(bf16, False),
                 "grappler": session(fp32, True)}
+    for sess in sessions.values():
+        sess.run("init")
     counters = {name: iter(feeds) for name in sessions}
     losses = {name: [] for name in sessions}
 
