@@ -1,0 +1,120 @@
+"""One change's effect on conversion time and memory: two checkouts side by side.
+
+Builds the ``benchmarks/scaling.py`` graphs once, then converts each in fresh processes of two
+checkouts of this repository, alternating (before, after, before, after ...), so drift in the
+machine's speed falls on both; medians of ``--runs``. ``--before`` is a revision (checked out in
+a temporary git worktree), ``--after`` a revision or, by default, this working tree.
+``--write LABEL`` adds a row per graph to the "Conversion speed, change by change" section of
+BENCHMARKS.md (earlier rows are kept: the section is the change history).
+
+Run: ``.venv/bin/python benchmarks/changes.py --before HEAD~1 --write "what changed"``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import scaling
+from benchmd import BENCHMARKS, write_section
+
+SECTION = "## Conversion speed, change by change"
+
+
+def checkout(rev: str, folder: Path) -> Path:
+    path = folder / rev.replace("/", "_").replace("~", "_")
+    subprocess.run(["git", "-C", str(scaling.ROOT), "worktree", "add", "--detach", "-q", str(path),
+                    rev], check=True)
+    return path
+
+
+def compare(paths: dict[str, Path], graphs: dict[str, Path], runs: int) -> list[dict]:
+    rows = []
+    for graph, file in graphs.items():
+        got: dict[str, list[dict]] = {side: [] for side in paths}
+        for i in range(runs):
+            sides = list(paths) if i % 2 == 0 else list(paths)[::-1]
+            for side in sides:
+                got[side].append(scaling.convert_in_child(file, cwd=paths[side]))
+        row = {"graph": graph, "bytes": file.stat().st_size}
+        for side, results in got.items():
+            row[side + "_s"] = statistics.median(r["seconds"] for r in results)
+            row[side + "_mb"] = statistics.median(r["peak_kib"] - r["base_kib"] for r in results) / 1024
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def lines(rows: list[dict], label: str, before: str) -> list[str]:
+    out = []
+    for r in rows:
+        mb = r["bytes"] / 2**20
+        out.append(f"| {label} | {r['graph']} | {r['before_s']:.2f} -> {r['after_s']:.2f} "
+                   f"({r['before_s'] / r['after_s']:.2f}x) | {r['before_mb']:.0f} -> "
+                   f"{r['after_mb']:.0f} ({r['before_mb'] / mb:.1f}x -> {r['after_mb'] / mb:.1f}x "
+                   f"the GraphDef) | {before} |")
+    return out
+
+
+def write(new_lines: list[str], runs: int) -> None:
+    text = BENCHMARKS.read_text() if BENCHMARKS.exists() else ""
+    start = text.find(SECTION + "\n")
+    old_rows = []
+    if start >= 0:
+        end = text.find("\n## ", start + len(SECTION))
+        body = text[start:end if end >= 0 else len(text)]
+        old_rows = [ln for ln in body.splitlines() if ln.startswith("| ") and not ln.startswith("| change ")]
+    head = [f"{SECTION}\n",
+            "`benchmarks/changes.py`: each change to the conversion, its parent commit against "
+            "it, converting the same `benchmarks/scaling.py` graphs in fresh processes of the two "
+            "checkouts in turn (median of the runs; in-process `convert(gd, target=\"bfloat16\", "
+            "device=\"cpu\")`; peak memory above the process's baseline as in \"Conversion "
+            f"speed\"). Measured on {platform.machine()}, {os.cpu_count()} cores "
+            f"({scaling.hardware.describe()}), TensorFlow {scaling.tf.__version__}, {runs} runs "
+            "each for the newest rows.\n",
+            "| change | graph | seconds before -> after | peak MB before -> after | before = |",
+            "| --- | --- | --- | --- | --- |"]
+    write_section("\n".join(head + old_rows + new_lines) + "\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--before", required=True, help="a revision, e.g. HEAD~1")
+    p.add_argument("--after", help="a revision (default: this working tree)")
+    p.add_argument("--graphs", nargs="+", default=["mlp:30000", "train:30000"],
+                   help="kind:nodes of benchmarks/scaling.py graphs")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--write", metavar="LABEL", help="add the rows to BENCHMARKS.md under LABEL")
+    args = p.parse_args()
+    before = subprocess.run(["git", "-C", str(scaling.ROOT), "rev-parse", "--short", args.before],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        paths = {"before": checkout(args.before, folder),
+                 "after": checkout(args.after, folder) if args.after else scaling.ROOT}
+        try:
+            graphs = {}
+            for spec in args.graphs:
+                kind, nodes = spec.split(":")
+                graphs[f"{kind} {nodes}"] = scaling.write_graph(kind, int(nodes), folder)
+            rows = compare(paths, graphs, args.runs)
+        finally:
+            for side, path in paths.items():
+                if path != scaling.ROOT:
+                    subprocess.run(["git", "-C", str(scaling.ROOT), "worktree", "remove", "--force",
+                                    str(path)], check=False)
+    new = lines(rows, args.write or "(not written)", before)
+    print("\n".join(new))
+    if args.write:
+        write(new, args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
