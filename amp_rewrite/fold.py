@@ -21,7 +21,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from tensorflow.python.grappler import tf_optimizer
 
 from .errors import InputError
-from .ir import Graph
+from .ir import Graph, copy_except
 from .ops import VARIABLE_OPS
 from .paint import interface_names
 
@@ -79,7 +79,6 @@ def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.G
         log.warning("--fold-constants: folding would drop %r, so nothing was folded", lost[0])
         return graph_def
     out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    del out.node[:]
+    copy_except(graph_def, out, "node")
     out.node.extend(folded.node)
     return out

@@ -27,7 +27,7 @@ from .library import (FunctionGraph, check_call_types, drop_unreachable,
 from .report import Report
 from .rewrite import Target, rewrite
 from .rules import RuleSet
-from .signatures import strip_graph_defaults, with_defaults
+from .signatures import graph_with_defaults, strip_graph_defaults
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ def _lower(graph_def, graphs, roots, signatures, target, report, protected,
            rounds) -> BoundaryLowering:
     """Run :class:`BoundaryLowering` over the functions and ``graph_def``'s own nodes, lint
     what changed, write the graph's nodes back and record the result in ``report``."""
-    filled, added = with_defaults(graph_def)
-    main = Graph.from_graph_def(filled)
+    main, added = graph_with_defaults(graph_def)
     lowering = BoundaryLowering(graphs, main, roots, signatures, target,
                                 inserted=set(report.casts_added), protected=protected)
     lowering.run(rounds)
@@ -82,7 +81,7 @@ def _lower(graph_def, graphs, roots, signatures, target, report, protected,
     for owner in sorted(changed, key=str):
         lint.lint(main if owner is None else graphs[owner].graph)
     if None in changed:
-        out = main.to_graph_def(filled)
+        out = main.to_graph_def()
         strip_graph_defaults(out, added)
         del graph_def.node[:]
         graph_def.node.extend(out.node)

@@ -21,12 +21,12 @@ from .dtypes import TARGETS
 from .emulate import emulate_float16
 from .errors import InputError
 from .functions import kept, paint_library, rules_for, split_keep
-from .ir import Graph
+from .ir import Graph, copy_except
 from .library import check_call_types
 from .report import Report
 from .rewrite import Target, rewrite
 from .rules import RuleSet, load_rules
-from .signatures import strip_graph_defaults, with_defaults
+from .signatures import graph_with_defaults, strip_graph_defaults
 from .training import (HINTS, add_function_state, add_loss_scaling, function_train_steps,
                        scale_config, scale_train_functions)
 
@@ -93,31 +93,29 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     options.check()
     rules = rules or options.rule_set()
     meta = meta_graph_pb2.MetaGraphDef()
-    meta.CopyFrom(meta_graph)
-    problems = check_call_types(meta.graph_def)
+    copy_except(meta_graph, meta, "graph_def")   # the graph is written once converted
+    source = meta_graph.graph_def
+    problems = check_call_types(source)
     if problems:  # the input's fault: the same check on the output would call it ours
         raise InputError(f"the input graph is not valid: {problems[0]}")
     interface = signature_tensors(meta)
-    graph_def = meta.graph_def
     if options.fold_constants:
-        graph_def = fold.fold_constants(graph_def, set(options.keep) | interface)
-    filled, added = with_defaults(graph_def)
-    graph = Graph.from_graph_def(filled)
-    keep = kept(interface=interface, user=split_keep(options.keep, graph, filled.library))
-    calls = {f.signature.name: f.signature for f in filled.library.function}
+        source = fold.fold_constants(source, set(options.keep) | interface)
+    graph, added = graph_with_defaults(source)
+    keep = kept(interface=interface, user=split_keep(options.keep, graph, source.library))
+    calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = options.painting_target()
     work, report = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                            calls=calls)
     config = scale_config(options.loss_scale, options.target,
                           dict(options.loss_scale_options or {})) if loss_scaling else None
-    steps, state = _scale_graph(work, graph, meta, filled.library, config, options, main_rules,
+    steps, state = _scale_graph(work, graph, meta, source.library, config, options, main_rules,
                                 report) if config is not None else ([], None)
-    out = work.to_graph_def(filled)
+    out = work.to_graph_def(source, into=meta.graph_def)
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
-    meta.graph_def.CopyFrom(out)
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)

@@ -19,7 +19,7 @@ from tensorflow.python.client import pywrap_tf_session
 from tensorflow.python.framework import device_spec, kernels, op_def_registry
 
 from .dtypes import INVALID, base_dtype
-from .ir import Node
+from .ir import Graph, Node
 
 _CACHE = "signatures.types"   # node.meta key of the cached port mapping (see invalidate)
 
@@ -301,16 +301,20 @@ def strip_defaults(node_def, names) -> None:
             del node_def.attr[name]
 
 
-def with_defaults(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, dict[str, list[str]]]:
-    """A copy of ``graph_def`` with default attrs filled in, and which ones each node got."""
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    added = {nd.name: fill_defaults(nd) for nd in out.node}
-    return out, {k: v for k, v in added.items() if v}
+def graph_with_defaults(graph_def: graph_pb2.GraphDef) -> tuple[Graph, dict[str, list[str]]]:
+    """The IR of ``graph_def`` with default attrs filled in its nodes, and which ones each node
+    got (:func:`strip_graph_defaults` takes them out of the output again)."""
+    graph = Graph.from_graph_def(graph_def)
+    added = {}
+    for node in graph.nodes():
+        names = fill_defaults(node.proto)
+        if names:
+            added[node.name] = names
+    return graph, added
 
 
 def strip_graph_defaults(graph_def: graph_pb2.GraphDef, added: dict[str, list[str]]) -> None:
-    """Undo :func:`with_defaults` on the nodes it filled, in place."""
+    """Undo :func:`graph_with_defaults` on the nodes it filled, in place."""
     for nd in graph_def.node:
         if nd.name in added:
             strip_defaults(nd, added[nd.name])

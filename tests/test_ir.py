@@ -175,3 +175,26 @@ def test_copy_is_independent_of_the_original():
     assert g.node("a").meta["mark"] == 1 and "T" not in g.node("a").attr
     assert g.inputs("b")[0] == TensorRef("a") and "new" not in g
     assert c.to_graph_def() != g.to_graph_def()
+
+
+def test_a_name_freed_by_remove_node_is_a_new_node_in_the_graph_and_its_copies():
+    # every NodeDef lives in the graph's one store, a removed one too: a later node of the same
+    # name must be the new NodeDef, in the graph and in a copy
+    g = chain()
+    g.remove_node("c")
+    g.add_node("Relu", "c", [TensorRef("b")], attrs=T)
+    for graph in (g, g.copy()):
+        assert graph.node("c").op == "Relu" and graph.inputs("c") == [TensorRef("b")]
+        assert [(n.name, n.op) for n in graph.to_graph_def().node][-1] == ("c", "Relu")
+
+
+def test_to_graph_def_into_replaces_what_it_held_and_the_input_is_not_changed():
+    gd = graph_def(("x", "Placeholder", []), ("y", "Relu", ["x"]))
+    gd.version = 7
+    before = gd.SerializeToString()
+    g = Graph.from_graph_def(gd)
+    g.node("y").attr["T"].type = types_pb2.DT_HALF
+    into = graph_def(("old", "NoOp", []))
+    out = g.to_graph_def(gd, into=into)
+    assert out is into and [n.name for n in out.node] == ["x", "y"] and out.version == 7
+    assert gd.SerializeToString() == before
