@@ -67,29 +67,27 @@ def copy_except(src, dst, skip: str) -> None:
 
 
 class Node:
-    """A node of a :class:`Graph`: a ``NodeDef`` plus the analysis results in :attr:`meta`."""
+    """A node of a :class:`Graph`: a ``NodeDef`` plus the analysis results in :attr:`meta`.
 
-    __slots__ = ("proto", "meta")
+    ``name``, ``op`` and ``attr`` are the NodeDef's, held as attributes because passes read
+    them millions of times on large graphs; change the op with :meth:`set_op` only.
+    """
+
+    __slots__ = ("proto", "meta", "name", "op", "attr")
 
     def __init__(self, proto: node_def_pb2.NodeDef):
         self.proto = proto
         self.meta: dict = {}
+        self.name: str = proto.name
+        self.op: str = proto.op
+        self.attr = proto.attr   # the message's own map: edits through it edit the NodeDef
 
-    @property
-    def name(self) -> str:
-        return self.proto.name
-
-    @property
-    def op(self) -> str:
-        return self.proto.op
+    def set_op(self, op: str) -> None:
+        self.proto.op = self.op = op
 
     @property
     def device(self) -> str:
         return self.proto.device
-
-    @property
-    def attr(self):
-        return self.proto.attr
 
     def __repr__(self) -> str:
         return f"Node({self.name!r}, op={self.op!r})"

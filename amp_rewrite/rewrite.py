@@ -8,6 +8,7 @@ and the lint. Function libraries, loss scaling and file formats are the callers'
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Mapping
@@ -93,23 +94,32 @@ def check_input(graph: Graph) -> None:
     arity and dtype matches its OpDef, type attrs hold allowed dtypes) run on the input, so a
     broken input is reported as the user's problem, not as a failed lint of our output.
     """
-    budget = _SPARE_PORTS + sum(1 for _ in graph.data_edges())
+    declared = 0
+    budget = None   # counted only once the ports declared pass the spare: edges cost a pass
     for node in graph.nodes():
         if node.op == "Const":
             _check_const(node)
-        od = op_def(node.op)
-        for arg in list(od.input_arg) + list(od.output_arg) if od is not None else ():
-            if not arg.number_attr:
-                continue
-            n = node.attr[arg.number_attr].i if arg.number_attr in node.attr else -1
-            budget -= max(n, 0)
-            if n < 0 or budget < 0:
-                raise InputError(f"node {node.name!r} ({node.op}) has {arg.number_attr}={n}, "
+        for name in _number_attrs(node.op):
+            n = node.attr[name].i if name in node.attr else -1
+            declared += max(n, 0)
+            if declared > _SPARE_PORTS and budget is None:
+                budget = _SPARE_PORTS + sum(1 for _ in graph.data_edges())
+            if n < 0 or (budget is not None and declared > budget):
+                raise InputError(f"node {node.name!r} ({node.op}) has {name}={n}, "
                                  "not a usable port count")
     problems = lint.lint_problems(graph)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(f"the input graph is not valid: {problems[0]}{more}")
+
+
+@functools.lru_cache(maxsize=None)
+def _number_attrs(op: str) -> tuple[str, ...]:
+    """The number attrs of ``op``'s inputs and outputs, one per argument (two arguments may
+    share one: each declares that many ports)."""
+    od = op_def(op)
+    return tuple(arg.number_attr for arg in (list(od.input_arg) + list(od.output_arg)
+                                             if od is not None else ()) if arg.number_attr)
 
 
 def _check_const(node) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tensorflow.core.framework import graph_pb2, op_def_pb2
 from tensorflow.python.client import pywrap_tf_session
@@ -24,9 +25,9 @@ from .ir import Graph, Node
 _CACHE = "signatures.types"   # node.meta key of the cached port mapping (see invalidate)
 
 
-@dataclass(frozen=True, order=True)
-class TypeAttr:
-    """A type attribute of a node; ``index`` picks one element of a ``list(type)`` attr."""
+class TypeAttr(NamedTuple):
+    """A type attribute of a node; ``index`` picks one element of a ``list(type)`` attr. A
+    named tuple: hashed by the hundred thousand while painting, and ordered like the pair."""
 
     attr: str
     index: int = -1
@@ -283,13 +284,20 @@ def fill_defaults(node_def) -> list[str]:
     Graphs saved with ``strip_default_attrs`` (SavedModels) lack attrs, type attrs among them,
     that the type model reads.
     """
-    od = op_def(node_def.op)
     added = []
-    for attr in od.attr if od is not None else ():
-        if attr.name not in node_def.attr and attr.HasField("default_value"):
-            node_def.attr[attr.name].CopyFrom(attr.default_value)
-            added.append(attr.name)
+    for name, default in _defaults(node_def.op):
+        if name not in node_def.attr:
+            node_def.attr[name].CopyFrom(default)
+            added.append(name)
     return added
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults(op: str) -> tuple:
+    """``(attr name, default AttrValue)`` of every attr of ``op`` that has a default."""
+    od = op_def(op)
+    return tuple((a.name, a.default_value) for a in (od.attr if od is not None else ())
+                 if a.HasField("default_value"))
 
 
 def strip_defaults(node_def, names) -> None:

@@ -22,7 +22,7 @@ def upgrade(graph: Graph, device: str) -> list[str]:
     done = []
     for node in graph.nodes():
         if node.op in _V2 and device in device_type(node, device):
-            node.proto.op = _V2[node.op]
+            node.set_op(_V2[node.op])
             node.attr["U"].type = FLOAT
             invalidate(node)
             done.append(node.name)
@@ -34,6 +34,6 @@ def restore(graph: Graph, names: list[str]) -> None:
     for name in names:
         node = graph.node(name)
         if node.attr["T"].type == FLOAT:
-            node.proto.op = _V1[node.op]
+            node.set_op(_V1[node.op])
             del node.attr["U"]
             invalidate(node)

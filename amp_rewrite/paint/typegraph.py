@@ -91,6 +91,8 @@ def tensorlist_clusters(graph: Graph) -> list[tuple[list[str], list[str]]]:
     """Groups of float32 TensorList ops whose handles meet, through any op that carries a
     DT_VARIANT (Identity, Reshape, Pack, ConcatLists, loop plumbing ...), as grappler follows
     them: ``(the TensorList ops, the other nodes the handles pass)``."""
+    if not any(is_tensorlist_op(node.op) for node in graph.nodes()):
+        return []   # no group to find: spare the pass over every edge
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
