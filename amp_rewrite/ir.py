@@ -20,6 +20,7 @@ call (:meth:`Graph.copy`).
 
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import Iterable, Iterator, NamedTuple
 
@@ -93,8 +94,20 @@ class Node:
         return f"Node({self.name!r}, op={self.op!r})"
 
 
+# Edge keys and attribute dicts are shared by every edge with the same ports (a graph has a
+# few distinct port pairs and hundreds of thousands of edges): no pass ever edits an edge's
+# dict, an edit replaces the edge.
+@functools.lru_cache(maxsize=None)
 def _data(src_port: int, dst_port: int) -> dict:
     return {"kind": _DATA, "src_port": src_port, "dst_port": dst_port}
+
+
+@functools.lru_cache(maxsize=None)
+def _data_key(port: int) -> tuple:
+    return (_DATA, port)
+
+
+_CONTROL_DATA = {"kind": _CONTROL}
 
 
 class Graph:
@@ -145,12 +158,12 @@ class Graph:
                     src = text[1:]
                     if src not in graph._ids:
                         raise InputError(f"node {name!r} has a control input from missing node {src!r}")
-                    graph._link(src, name, (_CONTROL, src), {"kind": _CONTROL})
+                    graph._link(src, name, (_CONTROL, src), _CONTROL_DATA)
                 else:
                     ref = TensorRef.parse(text)
                     if ref.node not in graph._ids:
                         raise InputError(f"node {name!r} reads missing node {ref.node!r}")
-                    graph._link(ref.node, name, (_DATA, port), _data(ref.port, port))
+                    graph._link(ref.node, name, _data_key(port), _data(ref.port, port))
                     port += 1
         return graph
 
@@ -354,7 +367,7 @@ class Graph:
         node = Node(proto)
         self._insert(node, after)
         for port, ref in enumerate(inputs):
-            self._link(ref.node, proto.name, (_DATA, port), _data(ref.port, port))
+            self._link(ref.node, proto.name, _data_key(port), _data(ref.port, port))
         for src in control_inputs:
             self.add_control_edge(src, proto.name)
         return node
@@ -363,7 +376,7 @@ class Graph:
         """Make ``dst`` run after ``src`` (one control edge per pair; adding it again is a no-op)."""
         self._require(src, f"cannot add a control edge from missing node {src!r}")
         self._require(dst, f"cannot add a control edge to missing node {dst!r}")
-        self._link(src, dst, (_CONTROL, src), {"kind": _CONTROL})
+        self._link(src, dst, (_CONTROL, src), _CONTROL_DATA)
 
     def remove_control_edge(self, src: str, dst: str) -> None:
         if src not in self._ids or (_CONTROL, src) not in self._g._succ[src].get(dst, {}):
@@ -375,13 +388,13 @@ class Graph:
         self._require(src.node, f"cannot read missing node {src.node!r}")
         old = self.input(consumer, port)
         self._unlink(old.node, consumer, (_DATA, port))
-        self._link(src.node, consumer, (_DATA, port), _data(src.port, port))
+        self._link(src.node, consumer, _data_key(port), _data(src.port, port))
 
     def append_input(self, consumer: str, src: TensorRef) -> int:
         """Add one more data input to ``consumer``; returns its port."""
         port = len(self.inputs(consumer))
         self._require(src.node, f"cannot read missing node {src.node!r}")
-        self._link(src.node, consumer, (_DATA, port), _data(src.port, port))
+        self._link(src.node, consumer, _data_key(port), _data(src.port, port))
         return port
 
     def replace_uses(self, old: TensorRef, new: TensorRef, exclude: Iterable[str] = ()) -> int:
@@ -425,6 +438,5 @@ class Graph:
             new._g._pred[name] = {}
         for src, nbrs in self._g._succ.items():
             for dst, keyed in nbrs.items():
-                new._g._succ[src][dst] = new._g._pred[dst][src] = {
-                    key: dict(d) for key, d in keyed.items()}
+                new._g._succ[src][dst] = new._g._pred[dst][src] = dict(keyed)
         return new
