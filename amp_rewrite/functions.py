@@ -110,14 +110,14 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
         body_keep = kept(boundary=fg.boundary(),
                          user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
-        work, sub = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures)
+        sub, _ = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures)
     except InputError as exc:
         # TensorFlow ran this body; if it is not a graph we can take, it stays as it was
         report.warnings.append(f"function {name!r} left as it is: {exc}")
         log.warning("function %r left as it is: %s", name, exc)
         return None
     merge_report(report, name, sub, exclude=fg.boundary())
-    return dataclasses.replace(fg, graph=work)
+    return fg
 
 
 def kept(*, boundary=(), interface=(), user=()) -> dict[str, tuple[str, str]]:

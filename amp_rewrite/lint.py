@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Collection
 
-from .dtypes import LOW_PRECISION, dtype_name
+from .before import Before
+from .dtypes import INVALID, LOW_PRECISION, dtype_name
 from .errors import LintError
 from .ir import Graph
 from .ops import VARIABLE_OPS
@@ -16,7 +17,7 @@ from .rules import RuleSet
 from .signatures import TypeAttr, allowed_by_opdef, get_dtype, input_dtype, node_types, output_dtype
 
 
-def lint_problems(graph: Graph, *, original: Graph | None = None,
+def lint_problems(graph: Graph, *, original: Before | None = None,
                   rules: RuleSet | None = None, only: Collection[str] | None = None) -> list[str]:
     """Every problem found, as one sentence each naming the node; empty when the graph is sound.
 
@@ -24,7 +25,8 @@ def lint_problems(graph: Graph, *, original: Graph | None = None,
     so they are checked on the exported GraphDef); each data edge's producer dtype equals what
     the consumer's OpDef expects; every type attribute holds a dtype its OpDef allows; no
     deny-list op runs in low precision (unless a user override forced it); variable ops keep
-    their dtypes; an op TensorFlow does not register sees the dtypes it saw before.
+    their dtypes; an op TensorFlow does not register sees the dtypes it saw before. Those last
+    three compare with ``original``, the record of the graph before the conversion.
 
     ``only`` limits the checks to those nodes and the edges into them: a pass that knows what
     it changed (and the readers of what it retyped) need not lint what ``original`` already
@@ -43,7 +45,7 @@ def lint_problems(graph: Graph, *, original: Graph | None = None,
         if rules is not None:
             problems += _deny_problems(node, types, rules, original)
         if original is not None and node.op in VARIABLE_OPS and node.name in original:
-            problems += _variable_problems(node, types, original.node(node.name))
+            problems += _variable_problems(node, types, original)
     return problems
 
 
@@ -94,7 +96,7 @@ def _attr_problems(node, types) -> list[str]:
     return problems
 
 
-def _deny_problems(node, types, rules: RuleSet, original: Graph | None) -> list[str]:
+def _deny_problems(node, types, rules: RuleSet, original: Before | None) -> list[str]:
     """A deny op the conversion moved to low precision, unless the user forced it."""
     if rules.category(node.op) != "deny" or rules.level == "unsafe_force_all":
         return []
@@ -106,13 +108,14 @@ def _deny_problems(node, types, rules: RuleSet, original: Graph | None) -> list[
             if get_dtype(node, attr) in LOW_PRECISION and _was_float(original, node.name, attr)]
 
 
-def _variable_problems(node, types, before) -> list[str]:
+def _variable_problems(node, types, original: Before) -> list[str]:
+    was = original.dtypes(node.name)
     return [f"variable op {node.name!r} ({node.op}) changed {attr} from "
-            f"{dtype_name(get_dtype(before, attr))} to {dtype_name(get_dtype(node, attr))}"
-            for attr in types.attrs if get_dtype(node, attr) != get_dtype(before, attr)]
+            f"{dtype_name(was.get(attr, INVALID))} to {dtype_name(get_dtype(node, attr))}"
+            for attr in types.attrs if get_dtype(node, attr) != was.get(attr, INVALID)]
 
 
-def _unknown_op_edges(graph: Graph, original: Graph, names: list[str]) -> list[str]:
+def _unknown_op_edges(graph: Graph, original: Before, names: list[str]) -> list[str]:
     """An op with no OpDef (a custom op) must see the dtypes it saw before on every edge."""
     problems = []
     for name in names:
@@ -120,10 +123,7 @@ def _unknown_op_edges(graph: Graph, original: Graph, names: list[str]) -> list[s
             src, dst = graph.node(ref.node), graph.node(name)
             if name not in original or (node_types(src) is not None and node_types(dst) is not None):
                 continue
-            old_ref = original.input(name, port)
-            was = output_dtype(original.node(old_ref.node), old_ref.port)
-            if was is None:
-                was = input_dtype(original.node(name), port)
+            was = original.edge_dtype(name, port)
             now = output_dtype(src, ref.port)
             if now is None:
                 now = input_dtype(dst, port)
@@ -133,10 +133,9 @@ def _unknown_op_edges(graph: Graph, original: Graph, names: list[str]) -> list[s
     return problems
 
 
-def _was_float(original: Graph | None, name: str, attr: TypeAttr) -> bool:
-    if original is None or name not in original:
-        return True
-    return get_dtype(original.node(name), attr) not in LOW_PRECISION
+def _was_float(original: Before | None, name: str, attr: TypeAttr) -> bool:
+    was = original.dtype(name, attr) if original is not None else None
+    return was is None or was not in LOW_PRECISION
 
 
 def lint(graph: Graph, **kwargs) -> None:

@@ -19,6 +19,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from . import fold, lint
 from .dtypes import TARGETS
 from .emulate import emulate_float16
+from .before import Before
 from .errors import InputError
 from .functions import kept, paint_library, rules_for, split_keep
 from .ir import Graph, copy_except
@@ -106,13 +107,13 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = options.painting_target()
-    work, report = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
-                           calls=calls)
+    report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
+                             calls=calls)
     config = scale_config(options.loss_scale, options.target,
                           dict(options.loss_scale_options or {})) if loss_scaling else None
-    steps, state = _scale_graph(work, graph, meta, source.library, config, options, main_rules,
+    steps, state = _scale_graph(graph, before, meta, source.library, config, options, main_rules,
                                 report) if config is not None else ([], None)
-    out = work.to_graph_def(source, into=meta.graph_def)
+    out = graph.to_graph_def(source, into=meta.graph_def)
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
@@ -127,7 +128,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     return meta, report
 
 
-def _scale_graph(work: Graph, original: Graph, meta, library, config, options: Options,
+def _scale_graph(work: Graph, original: Before, meta, library, config, options: Options,
                  rules: RuleSet, report: Report) -> tuple[list[str], dict | None]:
     """Loss scaling in the graph's own nodes, in place; or, when its train step is a library
     function it calls, the state variables in the graph: returns those functions and what the

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from .dtypes import BFLOAT16, FLOAT, HALF, dtype_name
+from .before import Before
 from .ir import Graph
 from .ops import MATRIX_OPS
 from .paint import Painting
@@ -214,24 +215,24 @@ def _deny_path(report: Report, node: NodeReport, most: int = 12) -> list[str]:
     return path if len(path) <= most else path[:3] + ["..."] + path[-(most - 4):]
 
 
-def build_report(graph: Graph, original: Graph, painting: Painting, *, target: str, device: str,
+def build_report(graph: Graph, original: Before, painting: Painting, *, target: str, device: str,
                  rules) -> Report:
-    """Assemble the report of one conversion from the painting and the converted graph."""
+    """Assemble the report of one conversion from the painting, the converted graph and the
+    record of what it was (a node the conversion removed is reported as it was)."""
     nodes = []
-    for node in original.nodes():
-        name = node.name
-        after = graph.node(name) if name in graph else node
-        types = node_types(after)
-        attrs = {}
-        precision = "none"
-        if types is not None:
-            attrs = {str(a): dtype_name(get_dtype(after, a)) for a in types.attrs}
-            precision = precision_of(after)
+    for name, op in original.nodes():
+        if name in graph:
+            after = graph.node(name)
+            types = node_types(after)
+            attrs = {} if types is None else {a: get_dtype(after, a) for a in types.attrs}
+        else:
+            attrs = original.dtypes(name)
         decision = painting.node_decision(name)
-        nodes.append(NodeReport(name, node.op, precision,
+        nodes.append(NodeReport(name, op, _precision(op, attrs) if attrs else "none",
                                 decision.code if decision else "none",
                                 decision.text if decision else "",
-                                list(decision.via) if decision else [], attrs))
+                                list(decision.via) if decision else [],
+                                {str(a): dtype_name(d) for a, d in attrs.items()}))
     return Report(target=target, device=device, rules=list(rules.sources), env=list(rules.env),
                   level=rules.level, nodes=nodes, warnings=list(painting.warnings))
 
@@ -242,15 +243,20 @@ def precision_of(node) -> str:
     types = node_types(node)
     if types is None:
         return "none"
-    dtypes = {get_dtype(node, a) for a in types.attrs}
-    low = sorted(_LOWP_NAMES[d] for d in dtypes if d in _LOWP_NAMES)
+    return _precision(node.op, {a: get_dtype(node, a) for a in types.attrs})
+
+
+def _precision(op: str, dtypes: dict) -> str:
+    """:func:`precision_of` for a node of ``op`` whose type attributes hold ``dtypes``."""
+    held = set(dtypes.values())
+    low = sorted(_LOWP_NAMES[d] for d in held if d in _LOWP_NAMES)
     if not low:
-        return "float32" if FLOAT in dtypes else "none"
-    if len(low) > 1 or (FLOAT in dtypes and not _only_fixed_float(node)):
+        return "float32" if FLOAT in held else "none"
+    if len(low) > 1 or (FLOAT in held and not _only_fixed_float(op)):
         return "mixed"
     return low[0]
 
 
-def _only_fixed_float(node) -> bool:
+def _only_fixed_float(op: str) -> bool:
     # FusedBatchNormV3 keeps U=float by design (scale/offset/mean/variance): still "in target"
-    return node.op.startswith("FusedBatchNorm") or node.op == "_FusedBatchNormEx"
+    return op.startswith("FusedBatchNorm") or op == "_FusedBatchNormEx"

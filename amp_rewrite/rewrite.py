@@ -1,9 +1,9 @@
 """One graph, painted and cast: the core every graph and every function body goes through.
 
 :func:`rewrite` takes an IR graph that nothing outside it calls into (a graph's own nodes, or a
-function body with its arguments and results kept float32) and returns a converted copy and
-its :class:`~amp_rewrite.report.Report`: :func:`check_input`, then painting, casts, the report
-and the lint. Function libraries, loss scaling and file formats are the callers' business.
+function body with its arguments and results kept float32) and converts it in place:
+:func:`check_input`, then painting, casts, the :class:`~amp_rewrite.report.Report` and the lint.
+Function libraries, loss scaling and file formats are the callers' business.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Mapping
 from tensorflow.core.framework import op_def_pb2
 
 from . import casts, lint, upgrades
+from .before import Before
 from .dtypes import LOW_PRECISION, TARGETS
 from .errors import InputError
 from .ir import Graph
@@ -45,46 +46,46 @@ class Target:
 
 def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
             keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
-            calls: Mapping[str, op_def_pb2.OpDef] | None = None) -> tuple[Graph, Report]:
-    """Convert ``graph`` for ``target``; returns a new graph (the input is not changed) and the
-    report.
+            calls: Mapping[str, op_def_pb2.OpDef] | None = None) -> tuple[Report, Before]:
+    """Convert ``graph`` for ``target``, in place; returns the report and the record of what
+    the graph was (:class:`Before`, for later lints: the graph itself is not copied).
 
     ``calls`` maps library function names to their signatures: a node whose op is one of them
     (a direct call) is typed by the signature.
 
     ``keep`` maps nodes whose dtypes must not change to the ``(code, reason)`` they are kept
     for (see :func:`~amp_rewrite.paint.paint`).
-    Raises :class:`InputError` for a graph TensorFlow would not import, :class:`LintError` if
-    the result fails the lint (our bug).
+    Raises :class:`InputError` for a graph TensorFlow would not import (the graph is then not
+    changed), :class:`LintError` if the result fails the lint (our bug).
     """
     for node in graph.nodes():
         if calls and node.op in calls:
             set_call_signature(node, calls[node.op])
     check_input(graph)
-    work = graph.copy()
-    upgraded = upgrades.upgrade(work, target.device)
-    already = [n.name for n in work.nodes() if node_types(n) and
+    before = Before(graph)
+    unknown = sorted({n.op for n in graph.nodes() if node_types(n) is None})
+    upgraded = upgrades.upgrade(graph, target.device)
+    already = [n.name for n in graph.nodes() if node_types(n) and
                any(get_dtype(n, a) in LOW_PRECISION for a in node_types(n).attrs)]
-    painting = paint(work, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
+    painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
                      lowp_io=lowp_io, min_intensity=target.min_intensity)
-    stats = casts.apply_painting(work, painting)
-    upgrades.restore(work, upgraded)
-    report = build_report(work, graph, painting, target=target.dtype, device=target.device,
+    stats = casts.apply_painting(graph, painting)
+    upgrades.restore(graph, upgraded)
+    report = build_report(graph, before, painting, target=target.dtype, device=target.device,
                           rules=rules)
     report.casts_added = stats.added
     report.casts_removed = stats.removed
     report.consts_converted = stats.consts
-    unknown = sorted({n.op for n in graph.nodes() if node_types(n) is None})
     if unknown:
         report.warnings.append("ops not registered with TensorFlow left as they are: "
                                + ", ".join(unknown))
     if already:
         report.warnings.append(f"the input already has {len(already)} low-precision nodes "
                                f"(e.g. {already[0]!r}); they are left as they are")
-    lint.lint(work, original=graph, rules=rules, only=stats.lint_scope(work) | set(upgraded))
+    lint.lint(graph, original=before, rules=rules, only=stats.lint_scope(graph) | set(upgraded))
     for w in report.warnings:
         log.warning(w)
-    return work, report
+    return report, before
 
 
 def check_input(graph: Graph) -> None:

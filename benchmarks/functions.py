@@ -69,7 +69,8 @@ def unlowered(graph_def):
     """bfloat16 with every function boundary kept float32."""
     rules = load_rules("bfloat16")
     target = Target("bfloat16", "CPU")
-    work, report = rewrite(Graph.from_graph_def(graph_def), rules, target)
+    work = Graph.from_graph_def(graph_def)
+    report, _ = rewrite(work, rules, target)
     out = work.to_graph_def(graph_def)
     paint_library(out, rules, report, target, lower=False)
     return out

@@ -1,0 +1,75 @@
+"""The lint's comparisons with the graph before conversion (a :class:`Before` record): each
+catches the fault it names, and a graph left as it was passes."""
+
+import pytest
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
+
+from amp_rewrite import lint
+from amp_rewrite.before import Before
+from amp_rewrite.ir import Graph, TensorRef
+from amp_rewrite.report import build_report
+from amp_rewrite.rules import load_rules
+from amp_rewrite.signatures import TypeAttr
+
+pytestmark = pytest.mark.fast
+
+FLOAT, HALF = types_pb2.DT_FLOAT, types_pb2.DT_HALF
+
+
+def typed(dtype) -> attr_value_pb2.AttrValue:
+    return attr_value_pb2.AttrValue(type=dtype)
+
+
+def graph() -> Graph:
+    gd = graph_pb2.GraphDef()
+    gd.node.add(name="x", op="Placeholder").attr["dtype"].CopyFrom(typed(FLOAT))
+    gd.node.add(name="w", op="VarHandleOp").attr["dtype"].CopyFrom(typed(FLOAT))
+    gd.node.add(name="e", op="Exp", input=["x"]).attr["T"].CopyFrom(typed(FLOAT))
+    gd.node.add(name="custom", op="NotARegisteredOp", input=["e"])
+    return Graph.from_graph_def(gd)
+
+
+def test_an_unchanged_graph_passes():
+    g = graph()
+    assert lint.lint_problems(g, original=Before(g), rules=load_rules("float16")) == []
+
+
+def test_a_variable_whose_dtype_changed_is_caught():
+    g = graph()
+    before = Before(g)
+    g.node("w").attr["dtype"].type = HALF
+    assert lint.lint_problems(g, original=before) == [
+        "variable op 'w' (VarHandleOp) changed dtype from float to half"]
+
+
+def test_a_deny_op_moved_to_low_precision_is_caught_unless_it_was_already():
+    g = graph()
+    before = Before(g)
+    g.node("e").attr["T"].type = HALF
+    g.node("x").attr["dtype"].type = HALF
+    rules = load_rules("float16")
+    assert "deny op 'e' (Exp) runs in half" in lint.lint_problems(g, original=before, rules=rules)
+    assert lint.lint_problems(g, original=Before(g), rules=rules) == []   # it was float16 before
+
+
+def test_an_unregistered_op_fed_another_dtype_is_caught():
+    g = graph()
+    before = Before(g)
+    attrs = {"SrcT": typed(FLOAT), "DstT": typed(HALF)}
+    g.add_node("Cast", "to_half", [TensorRef("e")], attrs=attrs)
+    g.set_input("custom", 0, TensorRef("to_half"))
+    assert lint.lint_problems(g, original=before) == [
+        "edge to_half -> 'custom':0 of an unregistered op carried float and now carries half"]
+
+
+def test_the_report_shows_a_removed_node_as_it_was():
+    g = graph()
+    before = Before(g)
+    g.remove_node("custom")
+    g.remove_node("e")
+    painting = type("NoPainting", (), {"node_decision": lambda self, name: None, "warnings": []})()
+    report = build_report(g, before, painting, target="float16", device="GPU",
+                          rules=load_rules("float16"))
+    e = next(n for n in report.nodes if n.name == "e")
+    assert (e.op, e.precision, e.attrs) == ("Exp", "float32", {"T": "float"})
+    assert before.dtype("e", TypeAttr("T")) == FLOAT and "e" in before and "gone" not in before
