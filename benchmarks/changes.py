@@ -69,7 +69,8 @@ def write(new_lines: list[str], runs: int) -> None:
     if start >= 0:
         end = text.find("\n## ", start + len(SECTION))
         body = text[start:end if end >= 0 else len(text)]
-        old_rows = [ln for ln in body.splitlines() if ln.startswith("| ") and not ln.startswith("| change ")]
+        old_rows = [ln for ln in body.splitlines()
+                    if ln.startswith("| ") and not ln.startswith(("| change ", "| ---"))]
     head = [f"{SECTION}\n",
             "`benchmarks/changes.py`: each change to the conversion, its parent commit against "
             "it, converting the same `benchmarks/scaling.py` graphs in fresh processes of the two "
