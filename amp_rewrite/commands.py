@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import bench as bench_mod
+from . import hardware
 from . import kernels as kernels_mod
 from . import report_html
 from . import tuning
@@ -103,6 +104,7 @@ def kernels(args) -> int:
     if args.json:
         _write_json(args.json, report.to_dict())
     if not args.quiet:
+        print(hardware.machine_line())
         print(kernels_mod.format_report(report))
     return 0
 
@@ -118,6 +120,7 @@ def bench(args) -> int:
     if args.html:
         report_html.write_bench_report(args.html, result, args.converted)
     if not args.quiet:
+        print(hardware.machine_line())
         print(bench_mod.format_result(result))
     return 0
 

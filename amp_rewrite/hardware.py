@@ -24,17 +24,41 @@ FP16_MATRIX_FLAGS = ("amx_fp16", "avx512_fp16")
 ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
+@functools.lru_cache(maxsize=None)
+def _cpuinfo(field: str) -> str | None:
+    """The value of ``field`` on the first processor of ``/proc/cpuinfo`` (None: not there)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == field:
+            return value.strip()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
+    return frozenset((_cpuinfo("flags") or "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``."""
+    return _cpuinfo("model name") or "unknown CPU"
+
+
+_UNIT_NAMES = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "amx_fp16": "AMX-FP16",
+               "avx512_fp16": "AVX512-FP16"}
+
+
+def machine_line() -> str:
+    """The first line of ``kernels`` and ``bench``: the CPU and its 16-bit matrix units, since
+    what a converted model gains depends on them."""
+    units = [name for flag, name in _UNIT_NAMES.items() if flag in cpu_flags()]
+    held = ", ".join(units) if units else ("none: bfloat16 and float16 matrix work runs slower "
+                                           "than float32 on this CPU")
+    return f"CPU: {cpu_model()}; 16-bit matrix units: {held}"
 
 
 def bf16_matrix_unit() -> str | None:
@@ -57,12 +81,14 @@ def onednn_enabled() -> bool:
 
 
 def describe() -> str:
-    """One line for reports and benchmark tables: the CPU's 16-bit matrix support."""
+    """One line for reports and benchmark tables: the CPU's model and its 16-bit matrix support."""
     unit = bf16_matrix_unit()
     if unit == "amx_bf16":
-        return "AMX-BF16"
-    if unit == "avx512_bf16":
-        return "AVX512-BF16, no AMX"
-    if "avx512f" in cpu_flags():
-        return "AVX-512 without BF16"
-    return "AVX2 only" if "avx2" in cpu_flags() else "no AVX2"
+        support = "AMX-BF16"
+    elif unit == "avx512_bf16":
+        support = "AVX512-BF16, no AMX"
+    elif "avx512f" in cpu_flags():
+        support = "AVX-512 without BF16"
+    else:
+        support = "AVX2 only" if "avx2" in cpu_flags() else "no AVX2"
+    return f"{cpu_model()}: {support}"

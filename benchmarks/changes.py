@@ -51,18 +51,18 @@ def compare(paths: dict[str, Path], graphs: dict[str, Path], runs: int) -> list[
     return rows
 
 
-def lines(rows: list[dict], label: str, before: str) -> list[str]:
+def lines(rows: list[dict], label: str, before: str, runs: int) -> list[str]:
     out = []
     for r in rows:
         mb = r["bytes"] / 2**20
         out.append(f"| {label} | {r['graph']} | {r['before_s']:.2f} -> {r['after_s']:.2f} "
                    f"({r['before_s'] / r['after_s']:.2f}x) | {r['before_mb']:.0f} -> "
                    f"{r['after_mb']:.0f} ({r['before_mb'] / mb:.1f}x -> {r['after_mb'] / mb:.1f}x "
-                   f"the GraphDef) | {before} |")
+                   f"the GraphDef) | {before} | {runs} |")
     return out
 
 
-def write(new_lines: list[str], runs: int) -> None:
+def write(new_lines: list[str]) -> None:
     text = BENCHMARKS.read_text() if BENCHMARKS.exists() else ""
     start = text.find(SECTION + "\n")
     old_rows = []
@@ -77,10 +77,11 @@ def write(new_lines: list[str], runs: int) -> None:
             "checkouts in turn (median of the runs; in-process `convert(gd, target=\"bfloat16\", "
             "device=\"cpu\")`; peak memory above the process's baseline as in \"Conversion "
             f"speed\"). Measured on {platform.machine()}, {os.cpu_count()} cores "
-            f"({scaling.hardware.describe()}), TensorFlow {scaling.tf.__version__}, {runs} runs "
-            "each for the newest rows.\n",
-            "| change | graph | seconds before -> after | peak MB before -> after | before = |",
-            "| --- | --- | --- | --- | --- |"]
+            f"({scaling.hardware.describe()}), TensorFlow {scaling.tf.__version__}. The machine's "
+            "speed drifts by a fifth between minutes: read single rows' seconds with that in "
+            "mind; peak memory does not drift.\n",
+            "| change | graph | seconds before -> after | peak MB before -> after | before = | runs |",
+            "| --- | --- | --- | --- | --- | --- |"]
     write_section("\n".join(head + old_rows + new_lines) + "\n")
 
 
@@ -110,10 +111,10 @@ def main() -> int:
                 if path != scaling.ROOT:
                     subprocess.run(["git", "-C", str(scaling.ROOT), "worktree", "remove", "--force",
                                     str(path)], check=False)
-    new = lines(rows, args.write or "(not written)", before)
+    new = lines(rows, args.write or "(not written)", before, args.runs)
     print("\n".join(new))
     if args.write:
-        write(new, args.runs)
+        write(new)
     return 0
 
 

@@ -43,3 +43,17 @@ def test_bench_library_call_and_bad_input(cnn_bf16, tmp_path):
     assert result.batch == 2 and result.speedup > 0
     assert cli.main(["bench", str(EXAMPLE), str(cnn_bf16), "--runs", "0"]) == 2
     assert cli.main(["bench", str(EXAMPLE), str(tmp_path / "none.pb")]) == 2
+
+
+def test_bench_names_the_cpu_and_its_16bit_units_first(cnn_bf16, capsys):
+    # what a converted model gains depends on the CPU: the figures come under its name
+    assert cli.main(["bench", str(EXAMPLE), str(cnn_bf16), "--runs", "1", "--warmup", "0"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                 if line.startswith("model name"))
+    flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
+                 if line.startswith("flags"))
+    assert first.startswith(f"CPU: {model}; 16-bit matrix units: ")
+    assert ("AVX512-BF16" in first) == ("avx512_bf16" in flags)
+    assert ("AMX-BF16" in first) == ("amx_bf16" in flags)
+    assert ("none:" in first) == (not {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"} & set(flags))
