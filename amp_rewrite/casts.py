@@ -20,7 +20,7 @@ from . import consts
 from .dtypes import CONVERTIBLE, FLOAT, LOW_PRECISION, dtype_name
 from .ir import Graph, TensorRef
 from .paint import Painting
-from .signatures import TypeAttr, input_dtype, output_dtype, set_dtype
+from .signatures import TypeAttr, input_dtype, node_types, output_dtype, set_dtype
 
 
 @dataclass
@@ -43,12 +43,14 @@ class CastStats:
 def apply_painting(graph: Graph, painting: Painting) -> CastStats:
     """Rewrite ``graph`` in place to the dtypes ``painting`` decided; returns what was added."""
     stats = CastStats()
-    # What each edge carried before painting: an op TensorFlow does not register (a custom op)
-    # has no OpDef to say what it reads or makes, so its edges keep these dtypes.
-    before = {(ref, name, port): (output_dtype(graph.node(ref.node), ref.port),
-                                  input_dtype(graph.node(name), port))
-              for ref, name, port in graph.data_edges()}
-    originally_read = {n for n in graph.names() if graph.consumers(n) or graph.control_consumers(n)}
+    # What each edge into or out of an op TensorFlow does not register (a custom op) carried
+    # before painting: it has no OpDef to say what it reads or makes, so its edges keep these.
+    before = {}
+    for ref, name, port in graph.data_edges():
+        src, dst = graph.node(ref.node), graph.node(name)
+        if node_types(src) is None or node_types(dst) is None:
+            before[(ref, name, port)] = (output_dtype(src, ref.port), input_dtype(dst, port))
+    originally_read = {n for n in graph.names() if graph.is_read(n)}
     retargeted = {name for (name, attr), d in painting.decisions.items()
                   if d.code == "cast_retargeted" and attr == TypeAttr("DstT")}
     _retype(graph, painting, stats)
@@ -77,9 +79,10 @@ def _cast_edges(graph: Graph, before: dict, retargeted: set[str], stats: CastSta
         for port, ref in enumerate(graph.inputs(name)):
             have = output_dtype(graph.node(ref.node), ref.port)
             want = input_dtype(graph.node(name), port)
-            old_have, old_want = before[(ref, name, port)]
-            have = old_want if have is None else have
-            want = old_have if want is None else want
+            if have is None or want is None:
+                old_have, old_want = before.get((ref, name, port), (None, None))
+                have = old_want if have is None else have
+                want = old_have if want is None else want
             if have == want or have not in CONVERTIBLE or want not in CONVERTIBLE:
                 continue
             stats.touched.add(name)

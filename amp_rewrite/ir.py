@@ -294,6 +294,11 @@ class Graph:
         out.sort()
         return out
 
+    def is_read(self, name: str) -> bool:
+        """Whether any node reads ``name`` (a data or a control edge)."""
+        self._require(name, f"no node named {name!r}")
+        return bool(self._g._succ[name])
+
     def control_consumers(self, name: str) -> list[str]:
         self._require(name, f"no node named {name!r}")
         return sorted(dst for dst, keyed in self._g._succ[name].items() if (_CONTROL, name) in keyed)

@@ -18,7 +18,8 @@ from .signatures import TypeAttr, allowed_by_opdef, get_dtype, input_dtype, node
 
 
 def lint_problems(graph: Graph, *, original: Before | None = None,
-                  rules: RuleSet | None = None, only: Collection[str] | None = None) -> list[str]:
+                  rules: RuleSet | None = None, only: Collection[str] | None = None,
+                  imported: bool = False) -> list[str]:
     """Every problem found, as one sentence each naming the node; empty when the graph is sound.
 
     Checks: node names are unique and every input names an existing node (the IR refuses both,
@@ -30,10 +31,11 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
 
     ``only`` limits the checks to those nodes and the edges into them: a pass that knows what
     it changed (and the readers of what it retyped) need not lint what ``original`` already
-    passed.
+    passed. ``imported``: the graph is as :meth:`Graph.from_graph_def` built it, which refused
+    repeated names and dangling inputs already, so the names are not checked again.
     """
     names = graph.names() if only is None else [n for n in graph.names() if n in only]
-    problems = _name_problems(graph, names)
+    problems = [] if imported else _name_problems(graph, names)
     if original is not None:
         problems += _unknown_op_edges(graph, original, names)
     for node in (graph.node(n) for n in names):

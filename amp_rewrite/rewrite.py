@@ -108,7 +108,7 @@ def check_input(graph: Graph) -> None:
             if n < 0 or (budget is not None and declared > budget):
                 raise InputError(f"node {node.name!r} ({node.op}) has {name}={n}, "
                                  "not a usable port count")
-    problems = lint.lint_problems(graph)
+    problems = lint.lint_problems(graph, imported=True)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(f"the input graph is not valid: {problems[0]}{more}")
