@@ -22,22 +22,24 @@ class Before:
         # one the type model shares between nodes of the same layout
         self._dtypes: dict[str, tuple[tuple[TypeAttr, ...], tuple[int, ...]]] = {}
         self._edges: dict[tuple[str, int], int] = {}
+        unregistered = []
         for node in graph.nodes():
             self._ops[node.name] = node.op
             types = node_types(node)
             if types is None:
+                unregistered.append(node.name)
                 continue
             self._dtypes[node.name] = (types.attrs, tuple(get_dtype(node, a) for a in types.attrs))
-        for node in graph.nodes():
-            for port, ref in enumerate(graph.inputs(node.name)):
-                src = graph.node(ref.node)
-                if node_types(src) is not None and node_types(node) is not None:
-                    continue
-                was = output_dtype(src, ref.port)
-                if was is None:
-                    was = input_dtype(node, port)
-                if was is not None:
-                    self._edges[(node.name, port)] = was
+        edges = {(name, port, ref) for name in unregistered
+                 for port, ref in enumerate(graph.inputs(name))}
+        edges.update((reader, port, graph.input(reader, port)) for name in unregistered
+                     for reader, port in graph.consumers(name))
+        for name, port, ref in edges:
+            was = output_dtype(graph.node(ref.node), ref.port)
+            if was is None:
+                was = input_dtype(graph.node(name), port)
+            if was is not None:
+                self._edges[(name, port)] = was
 
     def __contains__(self, name: str) -> bool:
         return name in self._ops

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from tensorflow.core.framework import attr_value_pb2
 
 from . import consts
+from .before import Before
 from .dtypes import CONVERTIBLE, FLOAT, LOW_PRECISION, dtype_name
 from .ir import Graph, TensorRef
 from .paint import Painting
-from .signatures import TypeAttr, input_dtype, node_types, output_dtype, set_dtype
+from .signatures import TypeAttr, input_dtype, output_dtype, set_dtype
 
 
 @dataclass
@@ -40,16 +41,13 @@ class CastStats:
         return scope
 
 
-def apply_painting(graph: Graph, painting: Painting) -> CastStats:
-    """Rewrite ``graph`` in place to the dtypes ``painting`` decided; returns what was added."""
+def apply_painting(graph: Graph, painting: Painting, before: Before) -> CastStats:
+    """Rewrite ``graph`` in place to the dtypes ``painting`` decided; returns what was added.
+
+    ``before`` records the graph before painting: an op TensorFlow does not register (a custom
+    op) has no OpDef to say what it reads or makes, so its edges keep the dtypes they had.
+    """
     stats = CastStats()
-    # What each edge into or out of an op TensorFlow does not register (a custom op) carried
-    # before painting: it has no OpDef to say what it reads or makes, so its edges keep these.
-    before = {}
-    for ref, name, port in graph.data_edges():
-        src, dst = graph.node(ref.node), graph.node(name)
-        if node_types(src) is None or node_types(dst) is None:
-            before[(ref, name, port)] = (output_dtype(src, ref.port), input_dtype(dst, port))
     originally_read = {n for n in graph.names() if graph.is_read(n)}
     retargeted = {name for (name, attr), d in painting.decisions.items()
                   if d.code == "cast_retargeted" and attr == TypeAttr("DstT")}
@@ -72,7 +70,7 @@ def _retype(graph: Graph, painting: Painting, stats: CastStats) -> None:
             stats.consts.append(name)
 
 
-def _cast_edges(graph: Graph, before: dict, retargeted: set[str], stats: CastStats) -> None:
+def _cast_edges(graph: Graph, before: Before, retargeted: set[str], stats: CastStats) -> None:
     """Put a cast on every edge whose two ends now disagree (one per source tensor and dtype)."""
     made: dict[tuple[TensorRef, int], TensorRef] = {}
     for name in list(graph.names()):
@@ -80,9 +78,9 @@ def _cast_edges(graph: Graph, before: dict, retargeted: set[str], stats: CastSta
             have = output_dtype(graph.node(ref.node), ref.port)
             want = input_dtype(graph.node(name), port)
             if have is None or want is None:
-                old_have, old_want = before.get((ref, name, port), (None, None))
-                have = old_want if have is None else have
-                want = old_have if want is None else want
+                was = before.edge_dtype(name, port)
+                have = was if have is None else have
+                want = was if want is None else want
             if have == want or have not in CONVERTIBLE or want not in CONVERTIBLE:
                 continue
             stats.touched.add(name)

@@ -69,7 +69,7 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
                any(get_dtype(n, a) in LOW_PRECISION for a in node_types(n).attrs)]
     painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
                      lowp_io=lowp_io, min_intensity=target.min_intensity)
-    stats = casts.apply_painting(graph, painting)
+    stats = casts.apply_painting(graph, painting, before)
     upgrades.restore(graph, upgraded)
     report = build_report(graph, before, painting, target=target.dtype, device=target.device,
                           rules=rules)
