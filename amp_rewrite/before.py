@@ -9,6 +9,7 @@ register (whose dtypes nothing else vouches for), the dtype each carried.
 
 from __future__ import annotations
 
+from .dtypes import LOW_PRECISION
 from .ir import Graph
 from .signatures import TypeAttr, get_dtype, input_dtype, node_types, output_dtype
 
@@ -22,14 +23,20 @@ class Before:
         # one the type model shares between nodes of the same layout
         self._dtypes: dict[str, tuple[tuple[TypeAttr, ...], tuple[int, ...]]] = {}
         self._edges: dict[tuple[str, int], int] = {}
-        unregistered = []
+        unregistered: list[str] = []
+        self.unregistered_ops = set()   # ops of nodes TensorFlow does not register
+        self.low_precision: list[str] = []   # nodes with a type attribute already 16-bit
         for node in graph.nodes():
             self._ops[node.name] = node.op
             types = node_types(node)
             if types is None:
                 unregistered.append(node.name)
+                self.unregistered_ops.add(node.op)
                 continue
-            self._dtypes[node.name] = (types.attrs, tuple(get_dtype(node, a) for a in types.attrs))
+            dtypes = tuple(get_dtype(node, a) for a in types.attrs)
+            self._dtypes[node.name] = (types.attrs, dtypes)
+            if any(d in LOW_PRECISION for d in dtypes):
+                self.low_precision.append(node.name)
         edges = {(name, port, ref) for name in unregistered
                  for port, ref in enumerate(graph.inputs(name))}
         edges.update((reader, port, graph.input(reader, port)) for name in unregistered

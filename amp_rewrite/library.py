@@ -61,6 +61,8 @@ def reachable(nodes, library: function_pb2.FunctionDefLibrary, extra_roots=()) -
     """Library functions reachable from ``nodes`` and ``extra_roots``, in depth-first order."""
     by_name = {f.signature.name: f for f in library.function}
     names = set(by_name)
+    if not names:
+        return []   # nothing to reach: spare the look at every node's attrs
     order: list[str] = []
     stack = []
     for nd in nodes:

@@ -17,13 +17,13 @@ from tensorflow.core.framework import op_def_pb2
 
 from . import casts, lint, upgrades
 from .before import Before
-from .dtypes import LOW_PRECISION, TARGETS
+from .dtypes import TARGETS
 from .errors import InputError
 from .ir import Graph
 from .paint import paint
 from .report import Report, build_report
 from .rules import RuleSet
-from .signatures import get_dtype, node_types, op_def, set_call_signature
+from .signatures import op_def, set_call_signature
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,7 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
             set_call_signature(node, calls[node.op])
     check_input(graph)
     before = Before(graph)
-    unknown = sorted({n.op for n in graph.nodes() if node_types(n) is None})
     upgraded = upgrades.upgrade(graph, target.device)
-    already = [n.name for n in graph.nodes() if node_types(n) and
-               any(get_dtype(n, a) in LOW_PRECISION for a in node_types(n).attrs)]
     painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
                      lowp_io=lowp_io, min_intensity=target.min_intensity)
     stats = casts.apply_painting(graph, painting, before)
@@ -76,12 +73,13 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     report.casts_added = stats.added
     report.casts_removed = stats.removed
     report.consts_converted = stats.consts
-    if unknown:
+    if before.unregistered_ops:
         report.warnings.append("ops not registered with TensorFlow left as they are: "
-                               + ", ".join(unknown))
-    if already:
-        report.warnings.append(f"the input already has {len(already)} low-precision nodes "
-                               f"(e.g. {already[0]!r}); they are left as they are")
+                               + ", ".join(sorted(before.unregistered_ops)))
+    if before.low_precision:
+        report.warnings.append(f"the input already has {len(before.low_precision)} "
+                               f"low-precision nodes (e.g. {before.low_precision[0]!r}); they are "
+                               "left as they are")
     lint.lint(graph, original=before, rules=rules, only=stats.lint_scope(graph) | set(upgraded))
     for w in report.warnings:
         log.warning(w)

@@ -73,3 +73,17 @@ def test_the_report_shows_a_removed_node_as_it_was():
     e = next(n for n in report.nodes if n.name == "e")
     assert (e.op, e.precision, e.attrs) == ("Exp", "float32", {"T": "float"})
     assert before.dtype("e", TypeAttr("T")) == FLOAT and "e" in before and "gone" not in before
+
+
+def test_the_report_warns_of_unregistered_ops_and_of_an_input_already_16bit():
+    from amp_rewrite import convert
+    gd = graph_pb2.GraphDef()
+    gd.node.add(name="x", op="Placeholder").attr["dtype"].CopyFrom(typed(FLOAT))
+    cast = gd.node.add(name="h", op="Cast", input=["x"])
+    cast.attr["SrcT"].CopyFrom(typed(FLOAT))
+    cast.attr["DstT"].CopyFrom(typed(HALF))
+    gd.node.add(name="custom", op="NotARegisteredOp", input=["h"])
+    _, report = convert(gd)
+    assert "ops not registered with TensorFlow left as they are: NotARegisteredOp" in report.warnings
+    assert ("the input already has 1 low-precision nodes (e.g. 'h'); they are left as they are"
+            in report.warnings)
