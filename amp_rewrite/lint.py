@@ -75,12 +75,13 @@ def _edge_problems(graph: Graph, node, types) -> list[str]:
         problems.append(f"node {node.name!r} ({node.op}) has {len(inputs)} data inputs, its "
                         f"OpDef expects {len(types.inputs)}")
     for port, ref in enumerate(inputs):
-        src_types = node_types(graph.node(ref.node))
+        src = graph.node(ref.node)
+        src_types = node_types(src)
         if src_types is not None and ref.port >= len(src_types.outputs):
             problems.append(f"node {node.name!r} reads output {ref.port} of {ref.node!r}, which "
                             f"has {len(src_types.outputs)} outputs")
             continue
-        have = output_dtype(graph.node(ref.node), ref.port)
+        have = output_dtype(src, ref.port)
         want = input_dtype(node, port)
         if have is not None and want is not None and have != want:
             problems.append(f"edge {ref} -> {node.name!r}:{port} ({node.op}) carries "

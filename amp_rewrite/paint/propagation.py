@@ -76,10 +76,9 @@ def paint_between_allow(s: PaintState) -> None:
             allow[i] = Decision(True, "between_allow",
                                 f"{cat[i]} op on a path from allow op `{a}` to allow op `{b}`", (a, b))
 
-    for root in roots:
-        s.tg.dfs([root], "in",
-                 lambda i, r: i == r or (i not in upstream_of_allow and i in downstream),
-                 lambda i, parent, r: between(i, r))
+    s.tg.dfs(roots, "in",
+             lambda i, r: i == r or (i not in upstream_of_allow and i in downstream),
+             lambda i, parent, r: between(i, r))
 
 
 def paint_infer_after_allow(s: PaintState) -> None:
@@ -107,9 +106,8 @@ def spread_through_clear(s: PaintState) -> None:
         src = s.items[parent][0]
         allow[i] = Decision(True, "clear_spread", f"clear op next to low-precision `{src}`", (src,))
 
-    for root in sorted(allow):
-        s.tg.dfs([root], "both",
-                 lambda i, r: i == r or (i not in allow and i not in s.deny_parent
-                                         and s.cat[i] == "clear"
-                                         and not s.reads_ref[s.items[i][0]] and s.free(i)),
-                 lambda i, parent, r: spread(i, parent))
+    s.tg.dfs(sorted(allow), "both",
+             lambda i, r: i == r or (i not in allow and i not in s.deny_parent
+                                     and s.cat[i] == "clear"
+                                     and not s.reads_ref(s.items[i][0]) and s.free(i)),
+             lambda i, parent, r: spread(i, parent))

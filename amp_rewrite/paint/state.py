@@ -39,7 +39,7 @@ class PaintState:
         self.deny_root: dict[int, int] = {}   # the deny op each deny-reached item came from
         self.warnings: list[str] = []
         self._kernel: dict[int, bool] = {}
-        self.reads_ref = {name: _reads_ref(graph, node) for name, node in self.nodes.items()}
+        self._reads_ref: dict[str, bool] = {}
 
     def kernel_ok(self, idx: int) -> bool:
         """Whether TensorFlow has a kernel for the item's node with the item in the target dtype."""
@@ -49,6 +49,13 @@ class PaintState:
             self._kernel[idx] = kernel_supports(node, {attr: self.target},
                                                 device_type(node, self.device))
         return self._kernel[idx]
+
+    def reads_ref(self, name: str) -> bool:
+        """Whether the node reads a ref (VariableV2) tensor: painting it would break the
+        variable's reads. Asked of few nodes (clear ops next to painted ones): found on demand."""
+        if name not in self._reads_ref:
+            self._reads_ref[name] = _reads_ref(self.graph, self.nodes[name])
+        return self._reads_ref[name]
 
     def free(self, idx: int) -> bool:
         """Not blocked, float32, and TensorFlow has a kernel for it in the target dtype."""
@@ -95,7 +102,7 @@ def interface_names(graph: Graph, keep: Mapping[str, tuple[str, str]],
             continue
         if node.op in PLACEHOLDER_OPS:
             out[node.name] = ("interface", "graph input (Placeholder)")
-        elif not graph.consumers(node.name):
+        elif not graph.is_read(node.name) or not graph.consumers(node.name):
             types = node_types(node)
             if types and any(output_dtype(node, i) == FLOAT for i in range(len(types.outputs))):
                 out[node.name] = ("interface", "graph output (nothing in the graph reads it)")

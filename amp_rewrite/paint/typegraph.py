@@ -23,25 +23,31 @@ class TypeGraph:
         self.graph = graph
         self.items: list[TNode] = []
         self.index: dict[TNode, int] = {}
+        typed = {}   # name -> its port layout, for the nodes TensorFlow registers
         for name in order:
             types = node_types(graph.node(name))
             if types is None:
                 continue
+            typed[name] = types
             for attr in types.attrs:
                 self.index[(name, attr)] = len(self.items)
                 self.items.append((name, attr))
         self.fanin: list[set[int]] = [set() for _ in self.items]
         self.fanout: list[set[int]] = [set() for _ in self.items]
-        for ref, dst, port in graph.data_edges():
-            src_types = node_types(graph.node(ref.node))
-            dst_types = node_types(graph.node(dst))
-            if src_types is None or dst_types is None:
+        index = self.index
+        for dst in graph.names():
+            dst_types = typed.get(dst)
+            if dst_types is None:
                 continue
-            if ref.port >= len(src_types.outputs) or port >= len(dst_types.inputs):
-                continue
-            a, b = src_types.outputs[ref.port].attr, dst_types.inputs[port].attr
-            if a is not None and b is not None:
-                self.add_edge(self.index[(ref.node, a)], self.index[(dst, b)])
+            for port, ref in enumerate(graph.inputs(dst)):
+                src_types = typed.get(ref.node)
+                if src_types is None:
+                    continue
+                if ref.port >= len(src_types.outputs) or port >= len(dst_types.inputs):
+                    continue
+                a, b = src_types.outputs[ref.port].attr, dst_types.inputs[port].attr
+                if a is not None and b is not None:
+                    self.add_edge(index[(ref.node, a)], index[(dst, b)])
         self.clusters = tensorlist_clusters(graph)
         self._join_tensorlists()
 
@@ -52,6 +58,7 @@ class TypeGraph:
     def dfs(self, roots: list[int], direction: str, enter, visit) -> None:
         """Depth-first from each root on its own: ``enter(idx, root)`` gates each item,
         ``visit(idx, parent, root)`` sees each entered one; ``direction`` is in, out or both."""
+        fanin, fanout = self.fanin, self.fanout
         for root in roots:
             stack: list[tuple[int, int | None]] = [(root, None)]
             seen: set[int] = set()
@@ -61,13 +68,17 @@ class TypeGraph:
                     continue
                 seen.add(idx)
                 visit(idx, parent, root)
-                nbrs: set[int] = set()
-                if direction in ("in", "both"):
-                    nbrs |= self.fanin[idx]
-                if direction in ("out", "both"):
-                    nbrs |= self.fanout[idx]
+                if direction == "in":
+                    nbrs = fanin[idx]
+                elif direction == "out":
+                    nbrs = fanout[idx]
+                else:
+                    nbrs = fanin[idx] | fanout[idx]
+                # sorted, so the first path found (the reason recorded) does not depend on
+                # the order edges were added in
                 for n in sorted(nbrs, reverse=True):
-                    stack.append((n, idx))
+                    if n not in seen:
+                        stack.append((n, idx))
 
     def _join_tensorlists(self) -> None:
         """Join the element_dtype of TensorList writers to that of readers of the same list."""
