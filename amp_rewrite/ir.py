@@ -184,11 +184,12 @@ class Graph:
         out.Clear()
         if template is not None:
             copy_except(template, out, "node")
+        nodes = self._nodes
         for name in self.names():
             nd = out.node.add()
-            nd.CopyFrom(self.node(name).proto)
-            nd.input.extend(str(ref) for ref in self.inputs(name))
-            nd.input.extend("^" + src for src in self.control_inputs(name))
+            nd.CopyFrom(nodes[name].proto)
+            nd.input.extend([str(ref) for ref in self.inputs(name)]
+                            + ["^" + src for src in self.control_inputs(name)])
         return out
 
     def _require(self, name: str, message: str) -> None:
