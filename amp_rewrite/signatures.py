@@ -23,6 +23,7 @@ from .dtypes import INVALID, base_dtype
 from .ir import Graph, Node
 
 _CACHE = "signatures.types"   # node.meta key of the cached port mapping (see invalidate)
+_UNSET = object()
 
 
 class TypeAttr(NamedTuple):
@@ -79,8 +80,9 @@ def node_types(node: Node) -> NodeTypes | None:
     node, and shared by every node with the same op and counts; a pass that changes those
     attrs calls :func:`invalidate`.
     """
-    if _CACHE in node.meta:
-        return node.meta[_CACHE]
+    cached = node.meta.get(_CACHE, _UNSET)
+    if cached is not _UNSET:
+        return cached
     od = op_def(node.op)
     result = None if od is None else _layout(node.op, _counts(node, od))
     node.meta[_CACHE] = result
@@ -150,12 +152,11 @@ def invalidate(node: Node) -> None:
 
 def get_dtype(node: Node, attr: TypeAttr) -> int:
     """The current dtype a type attribute holds (DT_INVALID when unset)."""
-    value = node.attr[attr.attr] if attr.attr in node.attr else None
-    if value is None:
+    name, index = attr
+    attrs = node.attr
+    if name not in attrs:
         return INVALID
-    if attr.index < 0:
-        return value.type
-    return value.list.type[attr.index]
+    return attrs[name].type if index < 0 else attrs[name].list.type[index]
 
 
 def set_dtype(node: Node, attr: TypeAttr, dtype: int) -> None:
