@@ -6,6 +6,8 @@ names them ``float``, ``half`` and ``bfloat16``, users ``float16`` and ``bfloat1
 
 from __future__ import annotations
 
+import functools
+
 from tensorflow.core.framework import types_pb2
 
 FLOAT = types_pb2.DT_FLOAT
@@ -33,6 +35,7 @@ TARGET_NAMES = {dtype: name for name, dtype in TARGETS.items()}
 _REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100 in types.proto
 
 
+@functools.lru_cache(maxsize=None)
 def dtype_name(dtype: int) -> str:
     """``DT_HALF`` -> ``"half"``: the short name TensorFlow prints (``"dtype 34"`` for a value
     no DataType has: a damaged file names what it holds, the message does not crash)."""

@@ -50,15 +50,21 @@ class TypeGraph:
                     self.add_edge(index[(ref.node, a)], index[(dst, b)])
         self.clusters = tensorlist_clusters(graph)
         self._join_tensorlists()
+        # the walks' neighbour lists by direction (see dfs)
+        self._walk: dict[str, dict[int, tuple[int, ...]]] = {}
 
     def add_edge(self, a: int, b: int) -> None:
+        """Join two items (while the type graph is built: the walks read a sorted copy)."""
         self.fanout[a].add(b)
         self.fanin[b].add(a)
 
     def dfs(self, roots: list[int], direction: str, enter, visit) -> None:
         """Depth-first from each root on its own: ``enter(idx, root)`` gates each item,
         ``visit(idx, parent, root)`` sees each entered one; ``direction`` is in, out or both."""
-        fanin, fanout = self.fanin, self.fanout
+        # each item's neighbours sorted once per direction, when first visited: sorted, so the
+        # first path found (the reason recorded) does not depend on the order edges were added
+        # in; descending, so the lowest is popped first
+        order = self._walk.setdefault(direction, {})
         for root in roots:
             stack: list[tuple[int, int | None]] = [(root, None)]
             seen: set[int] = set()
@@ -68,17 +74,21 @@ class TypeGraph:
                     continue
                 seen.add(idx)
                 visit(idx, parent, root)
-                if direction == "in":
-                    nbrs = fanin[idx]
-                elif direction == "out":
-                    nbrs = fanout[idx]
-                else:
-                    nbrs = fanin[idx] | fanout[idx]
-                # sorted, so the first path found (the reason recorded) does not depend on
-                # the order edges were added in
-                for n in sorted(nbrs, reverse=True):
+                nbrs = order.get(idx)
+                if nbrs is None:
+                    nbrs = order[idx] = self._neighbours(idx, direction)
+                for n in nbrs:
                     if n not in seen:
                         stack.append((n, idx))
+
+    def _neighbours(self, idx: int, direction: str) -> tuple[int, ...]:
+        if direction == "in":
+            found = self.fanin[idx]
+        elif direction == "out":
+            found = self.fanout[idx]
+        else:
+            found = self.fanin[idx] | self.fanout[idx]
+        return tuple(sorted(found, reverse=True))
 
     def _join_tensorlists(self) -> None:
         """Join the element_dtype of TensorList writers to that of readers of the same list."""
