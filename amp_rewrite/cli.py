@@ -73,6 +73,10 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="least matrix work (FLOPs per element an op reads and writes) the "
                         "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
                         "float32 (default 128 for bfloat16 on cpu, else 0)")
+    p.add_argument("--cost-aware", action="store_true",
+                   help="never slower than float32 on this machine: for --device cpu --target "
+                        "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
+                        "island float32 (code cost)")
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")

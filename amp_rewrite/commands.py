@@ -38,7 +38,8 @@ def convert(args) -> int:
                           keep=args.keep, lowp_io=args.lowp_io,
                           fold_constants=args.fold_constants, loss_scale=args.loss_scale,
                           min_matrix_intensity=args.min_matrix_intensity,
-                          loss_scale_options=args.loss_scale_options, emulate=args.emulate)
+                          loss_scale_options=args.loss_scale_options, emulate=args.emulate,
+                          cost_aware=args.cost_aware)
     if args.report:
         atomic_write(Path(args.report), report.to_json().encode("utf-8"), force=True)
     if args.html:

@@ -10,13 +10,14 @@ graph restores keep their signatures.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from . import fold, lint
+from . import fold, hardware, lint
 from .dtypes import TARGETS
 from .emulate import emulate_float16
 from .before import Before
@@ -55,6 +56,7 @@ class Options:
     fold_constants: bool = False           # fold Const-only float32 subgraphs first
     min_matrix_intensity: float | None = None   # None: by device (DEFAULT_MIN_INTENSITY)
     emulate: bool = False                  # float16's float32 emulation (amp_rewrite.emulate)
+    cost_aware: bool = False               # never slower than float32 on this machine
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -79,7 +81,15 @@ class Options:
         least = self.min_matrix_intensity
         if least is None:
             least = DEFAULT_MIN_INTENSITY.get((self.target, self.device), 0.0)
+        if self.cost_aware and self.slower_here():
+            least = math.inf   # no island gains here: every one stays float32 (paint.islands)
         return Target(self.target, DEVICES[self.device], float(least))
+
+    def slower_here(self) -> bool:
+        """Whether the conversion asked for runs slower than float32 on this machine:
+        bfloat16 for a CPU that has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16)."""
+        return ((self.target, self.device) == ("bfloat16", "cpu")
+                and hardware.bf16_matrix_unit() is None)
 
 
 def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,

@@ -118,16 +118,24 @@ def _warn_if_slower_here(options: Options) -> None:
     """bfloat16 for a CPU that has no bfloat16 matrix unit runs slower than float32 there: say
     so (the model may be meant for another machine, so it is converted all the same). Logged,
     not in the report: the report depends on the input and options only, not on the machine."""
-    if options.target == "bfloat16" and options.device == "cpu" and hardware.bf16_matrix_unit() is None:
-        log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): the "
-                    "converted model runs slower than float32 here; it is for CPUs that have one "
-                    "(README \"Which CPUs gain from bfloat16\")", hardware.describe())
+    if not options.slower_here():
+        return
+    if options.cost_aware:
+        log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): "
+                    "--cost-aware kept every island float32, so the model runs as fast as the "
+                    "input here", hardware.describe())
+        return
+    log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): the "
+                "converted model runs slower than float32 here; it is for CPUs that have one "
+                "(README \"Which CPUs gain from bfloat16\"; --cost-aware keeps it float32 "
+                "here)", hardware.describe())
 
 
 def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str = "gpu",
             rules: RuleSet | Sequence[str | os.PathLike] | None = None,
             keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool = False,
-            min_matrix_intensity: float | None = None) -> tuple[graph_pb2.GraphDef, Report]:
+            min_matrix_intensity: float | None = None,
+            cost_aware: bool = False) -> tuple[graph_pb2.GraphDef, Report]:
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
     The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
@@ -136,12 +144,14 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
     float32 subgraphs first (graphs without variables); ``min_matrix_intensity`` is the least
     matrix work per element moved that a 16-bit island needs (None: 128 for bfloat16 on CPU, else 0;
-    README "Small matrix ops stay float32"). Painting and casts only: loss scaling needs the
+    README "Small matrix ops stay float32"); ``cost_aware`` keeps float32 what would run slower
+    than float32 on this machine (bfloat16 on a CPU with no bfloat16 matrix unit; README "Which
+    CPUs gain from bfloat16"). Painting and casts only: loss scaling needs the
     MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
     """
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io,
                       fold_constants=fold_constants, loss_scale="none",
-                      min_matrix_intensity=min_matrix_intensity)
+                      min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware)
     converted, report = convert_model(Model.of_graph_def(graph_def), options)
     return converted.graph_def, report
 

@@ -574,6 +574,7 @@ def rules_text(result: TuneResult, model: Model, options: Options) -> str:
     flags += ["--fold-constants"] if options.fold_constants else []
     if options.min_matrix_intensity is not None:
         flags += ["--min-matrix-intensity", f"{options.min_matrix_intensity:g}"]
+    flags += ["--cost-aware"] if options.cost_aware else []
     lines = [f"# Written by amp-rewrite tune for {model.path}: the overrides with which",
              f"# every one of {result.samples} sample(s) meets {result.metric} <= "
              f"{result.tolerance:g} ({options.target}, device {options.device}).",

@@ -1,6 +1,8 @@
 """Small matrix ops stay float32 on a CPU: matrix intensity from weight shapes, and painting
 that keeps an op float32 only where doing so saves casts."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -98,3 +100,55 @@ def test_cli_knob(tmp_path, capsys):
     mm = next(n for n in load(tmp_path / "a.pb").graph_def.node if n.op == "MatMul")
     assert mm.attr["T"].type == BF16
     assert main([str(src), "-o", str(tmp_path / "b.pb"), "--min-matrix-intensity", "-1"]) == 2
+
+
+def test_cost_aware_on_a_cpu_without_a_bfloat16_unit_keeps_every_island_float32(
+        tmp_path, monkeypatch, capsys):
+    """--cost-aware as on an AVX2-only CPU (the detection answers None, as it does there): the
+    big island that gains on AVX512-BF16 stays float32 too, code cost, and the graph computes
+    what the input does; a forced node still goes to bfloat16."""
+    from amp_rewrite import hardware
+    from amp_rewrite.cli import main
+    monkeypatch.setattr(hardware, "bf16_matrix_unit", lambda: None)
+    src = tmp_path / "m.pb"
+    src.write_bytes(chain([256, 256, 256]).SerializeToString())
+    out, report = tmp_path / "out.pb", tmp_path / "r.json"
+    assert main([str(src), "-o", str(out), "--target", "bfloat16", "--device", "cpu",
+                 "--cost-aware", "--report", str(report)]) == 0
+    gd = load(out).graph_def
+    assert not any(BF16 in (a.type for a in n.attr.values()) for n in gd.node)
+    decisions = {n["name"]: n for n in json.loads(report.read_text())["nodes"]}
+    assert decisions["mm0"]["code"] == decisions["mm1"]["code"] == "cost"
+    assert "--cost-aware: this CPU" in decisions["mm0"]["reason"]
+    assert "--cost-aware kept every island float32" in capsys.readouterr().err
+    x = np.random.default_rng(0).normal(size=(4, 256)).astype(np.float32)
+    runs = []
+    for graph_def in (chain([256, 256, 256]), gd):
+        with tf.Graph().as_default() as g:
+            tf.graph_util.import_graph_def(graph_def, name="")
+            with v1.Session(graph=g) as sess:
+                runs.append(sess.run("out:0", {"x:0": x}))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    # a user's force_lowp outranks the machine
+    rules = tmp_path / "force.toml"
+    rules.write_text('[[override]]\nregex = "^mm1$"\naction = "force_lowp"\n')
+    _, forced = convert(chain([256, 256, 256]), target="bfloat16", device="cpu",
+                        rules=[rules], cost_aware=True)
+    assert forced.node("mm1").precision == "bfloat16" and forced.node("mm0").code == "cost"
+
+
+def test_cost_aware_changes_nothing_where_the_cpu_has_a_bfloat16_unit(monkeypatch):
+    from amp_rewrite import hardware
+    monkeypatch.setattr(hardware, "bf16_matrix_unit", lambda: "avx512_bf16")
+    gd = chain([256, 256, 256])
+    plain, _ = convert(gd, target="bfloat16", device="cpu")
+    aware, report = convert(gd, target="bfloat16", device="cpu", cost_aware=True)
+    assert aware == plain and report.node("mm1").precision == "bfloat16"
+
+
+def test_a_force_lowp_override_lifts_a_cost_decision(tmp_path):
+    rules = tmp_path / "force.toml"
+    rules.write_text('[[override]]\nregex = "^mm0$"\naction = "force_lowp"\n')
+    _, report = convert(chain([32, 32]), target="bfloat16", device="cpu", rules=[rules])
+    assert (report.node("mm0").precision, report.node("mm0").code) == ("bfloat16", "user_force")
+    assert not [w for w in report.warnings if "force_lowp refused" in w]

@@ -11,6 +11,9 @@ one big matrix op keeps its small ones too: inside it they need no casts. Measur
 
 from __future__ import annotations
 
+import math
+
+from .. import hardware
 from ..costs import matrix_intensity
 from ..ops import MATRIX_OPS
 from .decisions import Decision
@@ -18,6 +21,9 @@ from .state import PaintState
 
 
 def drop_cheap_islands(s: PaintState) -> None:
+    """Put back in float32 the islands under ``s.min_intensity``; an infinite one (--cost-aware
+    on a CPU with no 16-bit matrix unit) puts back every island. Overrides come after: a
+    ``force_lowp`` lifts the ``cost`` code."""
     if s.min_intensity <= 0:
         return
     seen: set[int] = set()
@@ -26,12 +32,16 @@ def drop_cheap_islands(s: PaintState) -> None:
             continue
         island = _island(s, start)
         seen |= island
-        worth = _worth(s, island)
-        if worth is None or worth >= s.min_intensity:
-            continue
-        text = (f"in a {s.tname} island whose biggest matrix op does {worth:.0f} FLOPs per "
-                f"element it moves, under {s.min_intensity:g} (--min-matrix-intensity): its "
-                "casts and 16-bit neighbours would cost more than its matrix work saves")
+        if math.isinf(s.min_intensity):
+            text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix "
+                    f"unit, so {s.tname} would run slower than float32 here")
+        else:
+            worth = _worth(s, island)
+            if worth is None or worth >= s.min_intensity:
+                continue
+            text = (f"in a {s.tname} island whose biggest matrix op does {worth:.0f} FLOPs per "
+                    f"element it moves, under {s.min_intensity:g} (--min-matrix-intensity): its "
+                    "casts and 16-bit neighbours would cost more than its matrix work saves")
         for idx in island:
             s.allow.pop(idx)
             s.blocked[idx] = Decision(False, "cost", text)

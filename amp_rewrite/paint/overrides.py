@@ -1,6 +1,7 @@
 """Step 6 of painting: rule-file overrides that force low precision (``force_lowp``).
 
-An override cannot move the graph's interface (a warning says so), a functional op (While, If,
+An override lifts a ``cost`` decision (the cost model estimates; the user knows). It cannot
+move the graph's interface (a warning says so), a functional op (While, If,
 Case, a function call: its dtypes are its functions' signatures), nor an op TensorFlow has no
 kernel for in the target dtype (the item is blocked with ``no_kernel`` and a warning). An
 override that matches no node is warned about.
@@ -30,6 +31,8 @@ def force_overrides(s: PaintState) -> None:
                                   "from its functions' signatures; override the nodes inside "
                                   "its functions instead")
             continue
+        if idx in s.blocked and s.blocked[idx].code == "cost":
+            del s.blocked[idx]   # the cost model estimates; an override is the user's word
         if idx in s.blocked:
             why = _REFUSED.get(s.blocked[idx].code)
             if why is not None and name not in refused:
