@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import tempfile
 import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -33,7 +35,7 @@ from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
     convert_variables_to_constants_v2)
 
 from benchmd import publish  # noqa: E402
-from scaling import grappler_amp  # noqa: E402
+from scaling import convert_in_child, grappler_amp  # noqa: E402
 from train_step import session, time_round_robin  # noqa: E402
 from amp_rewrite import convert, hardware  # noqa: E402
 
@@ -93,6 +95,11 @@ def measure(name: str, build, kind: str, rounds: int) -> dict:
     start = time.perf_counter()
     grappler_amp(gd, out.split(":")[0])
     grappler_convert = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:   # peak memory of each conversion, in a child
+        path = Path(tmp) / "frozen.pb"
+        path.write_bytes(gd.SerializeToString())
+        peaks = {who: (lambda r: (r["peak_kib"] - r["base_kib"]) / 1024)(convert_in_child(path, who))
+                 for who in ("ours", out.split(":")[0])}
     sessions = {"fp32": session(gd, False), "ours": session(ours_gd, False),
                 "grappler": session(gd, True)}
     feed = {inp: value}
@@ -111,6 +118,7 @@ def measure(name: str, build, kind: str, rounds: int) -> dict:
     return {"name": name, "nodes": len(gd.node), "fp32_ms": med["fp32"], "ours_ms": med["ours"],
             "grappler_ms": med["grappler"], "ours_err": err("ours"), "grappler_err": err("grappler"),
             "ours_convert_s": ours_convert, "grappler_convert_s": grappler_convert,
+            "ours_mb": peaks["ours"], "grappler_mb": peaks[out.split(":")[0]],
             "matrix": f"{summary['matrix_converted']}/{summary['matrix_total']}"}
 
 
@@ -120,12 +128,18 @@ def main() -> int:
     p.add_argument("--only", action="append", default=[], help="model names to run")
     p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = p.parse_args()
+    return publish(run(args.rounds, args.only), args.write)
+
+
+def run(rounds: int = 7, only=()) -> str:
+    """Every model (or those whose names contain one of ``only``) three ways; the section's
+    Markdown."""
     rows = []
     for name, (build, kind) in models().items():
-        if args.only and not any(o in name for o in args.only):
+        if only and not any(o in name for o in only):
             continue
         try:
-            rows.append(measure(name, build, kind, args.rounds))
+            rows.append(measure(name, build, kind, rounds))
         except Exception as exc:  # noqa: BLE001 - a model that fails is a row saying so
             rows.append({"name": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
         print(rows[-1], file=sys.stderr, flush=True)
@@ -133,7 +147,7 @@ def main() -> int:
              "`benchmarks/keras_models.py`: Keras applications (`weights=None`, 224x224x3) and a "
              "BERT-style encoder, batch 8, frozen; FP32, amp-rewrite's bfloat16 conversion "
              "(`--device cpu`, default options) and grappler's `auto_mixed_precision_onednn_bfloat16` "
-             f"on the FP32 graph, run round-robin in one process, {args.rounds} rounds after 2 "
+             f"on the FP32 graph, run round-robin in one process, {rounds} rounds after 2 "
              f"warm-up runs, medians; on {hardware.describe()}, {os.cpu_count()} cores, "
              f"TensorFlow {tf.__version__}, Python {platform.python_version()}. Ratios are FP32 "
              "time / variant time (above 1: faster than FP32); errors are the logits' relative "
@@ -141,23 +155,25 @@ def main() -> int:
              "",
              "| model | nodes | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | "
              "grappler ms (ratio) | ours / grappler speed | rel. L2 error ours / grappler | "
-             "conversion s: ours / grappler |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "conversion s: ours / grappler | conversion peak MB: ours / grappler |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | | |")
             continue
         lines.append(
             f"| {r['name']} | {r['nodes']} | {r['matrix']} | {r['fp32_ms']:.0f} | "
             f"{r['ours_ms']:.0f} ({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['grappler_ms']:.0f} "
             f"({r['fp32_ms'] / r['grappler_ms']:.2f}x) | {r['grappler_ms'] / r['ours_ms']:.2f}x | "
             f"{r['ours_err']:.1e} / {r['grappler_err']:.1e} | {r['ours_convert_s']:.2f} / "
-            f"{r['grappler_convert_s']:.2f} |")
+            f"{r['grappler_convert_s']:.2f} | {r['ours_mb']:.0f} / {r['grappler_mb']:.0f} |")
     lines += ["", "The machine is shared with other jobs, so absolute times are noisy; the "
               "ratios come from runs interleaved in one process. \"ours / grappler speed\" above "
               "1 means amp-rewrite's graph ran faster than grappler's. Conversion times are one "
-              "conversion each (grappler's pass alone, without the session's other passes)."]
-    return publish("\n".join(lines), args.write)
+              "conversion each (grappler's pass alone, without the session's other passes); "
+              "conversion peak memory is each one's peak above its process's baseline, in a "
+              "child process of its own (`benchmarks/scaling.py`)."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
