@@ -187,7 +187,8 @@ def measure_cli(path: Path, runs: int) -> dict:
 def cli_lines(label: str, result: dict) -> list[str]:
     rest = result["cli"] - result["convert"]
     return [f"\nThe CLI end to end on {label} (`amp-rewrite IN -o OUT --target bfloat16 "
-            f"--device cpu`): {result['cli']:.2f} s, of which the conversion in process takes "
+            f"--device cpu`): {result['cli']:.2f} s, of which the conversion alone, timed inside a "
+            f"fresh process, takes "
             f"{result['convert']:.2f} s; the other {rest:.2f} s (start-up, load, save) against "
             f"{result['import']:.2f} s for a bare `python -c 'import tensorflow'`, medians of "
             "the same interleaved runs."]
