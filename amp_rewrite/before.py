@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .dtypes import LOW_PRECISION
 from .ir import Graph
-from .signatures import TypeAttr, get_dtype, input_dtype, node_types, output_dtype
+from .signatures import TypeAttr, edge_dtype, get_dtype, node_types
 
 
 class Before:
@@ -42,9 +42,7 @@ class Before:
         edges.update((reader, port, graph.input(reader, port)) for name in unregistered
                      for reader, port in graph.consumers(name))
         for name, port, ref in edges:
-            was = output_dtype(graph.node(ref.node), ref.port)
-            if was is None:
-                was = input_dtype(graph.node(name), port)
+            was = edge_dtype(graph.node(ref.node), ref.port, graph.node(name), port)
             if was is not None:
                 self._edges[(name, port)] = was
 

@@ -48,14 +48,12 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or "unknown CPU"
 
 
-_UNIT_NAMES = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "amx_fp16": "AMX-FP16",
-               "avx512_fp16": "AVX512-FP16"}
-
-
 def machine_line() -> str:
     """The first line of ``kernels`` and ``bench``: the CPU and its 16-bit matrix units, since
     what a converted model gains depends on them."""
-    units = [name for flag, name in _UNIT_NAMES.items() if flag in cpu_flags()]
+    flags = cpu_flags()
+    units = [flag.upper().replace("_", "-") for flag in BF16_MATRIX_FLAGS + FP16_MATRIX_FLAGS
+             if flag in flags]   # amx_bf16 -> AMX-BF16
     held = ", ".join(units) if units else ("none: bfloat16 and float16 matrix work runs slower "
                                            "than float32 on this CPU")
     return f"CPU: {cpu_model()}; 16-bit matrix units: {held}"

@@ -14,7 +14,8 @@ from .errors import LintError
 from .ir import Graph
 from .ops import VARIABLE_OPS
 from .rules import RuleSet
-from .signatures import TypeAttr, allowed_by_opdef, get_dtype, input_dtype, node_types, output_dtype
+from .signatures import (TypeAttr, allowed_by_opdef, edge_dtype, get_dtype, input_dtype, node_types,
+                         output_dtype)
 
 
 def lint_problems(graph: Graph, *, original: Before | None = None,
@@ -127,9 +128,7 @@ def _unknown_op_edges(graph: Graph, original: Before, names: list[str]) -> list[
             if name not in original or (node_types(src) is not None and node_types(dst) is not None):
                 continue
             was = original.edge_dtype(name, port)
-            now = output_dtype(src, ref.port)
-            if now is None:
-                now = input_dtype(dst, port)
+            now = edge_dtype(src, ref.port, dst, port)
             if was is not None and now is not None and was != now:
                 problems.append(f"edge {ref} -> {name!r}:{port} of an unregistered op carried "
                                 f"{dtype_name(was)} and now carries {dtype_name(now)}")

@@ -8,7 +8,6 @@ Function libraries, loss scaling and file formats are the callers' business.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Mapping
@@ -23,7 +22,7 @@ from .ir import Graph
 from .paint import paint
 from .report import Report, build_report
 from .rules import RuleSet
-from .signatures import op_def, set_call_signature
+from .signatures import number_args, set_call_signature
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def check_input(graph: Graph) -> None:
     for node in graph.nodes():
         if node.op == "Const":
             _check_const(node)
-        for name in _number_attrs(node.op):
+        for name in number_args(node.op):
             n = node.attr[name].i if name in node.attr else -1
             declared += max(n, 0)
             if declared > _SPARE_PORTS and budget is None:
@@ -110,15 +109,6 @@ def check_input(graph: Graph) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(f"the input graph is not valid: {problems[0]}{more}")
-
-
-@functools.lru_cache(maxsize=None)
-def _number_attrs(op: str) -> tuple[str, ...]:
-    """The number attrs of ``op``'s inputs and outputs, one per argument (two arguments may
-    share one: each declares that many ports)."""
-    od = op_def(op)
-    return tuple(arg.number_attr for arg in (list(od.input_arg) + list(od.output_arg)
-                                             if od is not None else ()) if arg.number_attr)
 
 
 def _check_const(node) -> None:

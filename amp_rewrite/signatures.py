@@ -96,9 +96,17 @@ def _counts(node: Node, od: op_def_pb2.OpDef) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def _number_attrs(op: str) -> frozenset[str]:
+def number_args(op: str) -> tuple[str, ...]:
+    """The number attr of each of ``op``'s inputs and outputs that repeats (``N`` of ConcatV2),
+    one entry per argument: two arguments may share one, and each declares that many ports."""
     od = op_def(op)
-    return frozenset(a.number_attr for a in list(od.input_arg) + list(od.output_arg) if a.number_attr)
+    return tuple(a.number_attr for a in (list(od.input_arg) + list(od.output_arg)
+                                         if od is not None else ()) if a.number_attr)
+
+
+@functools.lru_cache(maxsize=None)
+def _number_attrs(op: str) -> frozenset[str]:
+    return frozenset(number_args(op))
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,6 +187,14 @@ def output_dtype(node: Node, port: int) -> int | None:
     if types is None or port >= len(types.outputs):
         return _output_shape_hint(node, port)
     return port_dtype(node, types.outputs[port])
+
+
+def edge_dtype(src: Node, src_port: int, dst: Node, dst_port: int) -> int | None:
+    """What an edge carries: its producer's output dtype, else (an op TensorFlow does not
+    register, with no ``_output_types``) what its consumer's input expects; None if neither
+    tells."""
+    dtype = output_dtype(src, src_port)
+    return input_dtype(dst, dst_port) if dtype is None else dtype
 
 
 def input_dtype(node: Node, port: int) -> int | None:

@@ -7,6 +7,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 from amp_rewrite import lint
 from amp_rewrite.before import Before
 from amp_rewrite.ir import Graph, TensorRef
+from amp_rewrite.paint import Painting
 from amp_rewrite.report import build_report
 from amp_rewrite.rules import load_rules
 from amp_rewrite.signatures import TypeAttr
@@ -67,9 +68,8 @@ def test_the_report_shows_a_removed_node_as_it_was():
     before = Before(g)
     g.remove_node("custom")
     g.remove_node("e")
-    painting = type("NoPainting", (), {"node_decision": lambda self, name: None, "warnings": []})()
-    report = build_report(g, before, painting, target="float16", device="GPU",
-                          rules=load_rules("float16"))
+    report = build_report(g, before, Painting(target=HALF, device="GPU"), target="float16",
+                          device="GPU", rules=load_rules("float16"))
     e = next(n for n in report.nodes if n.name == "e")
     assert (e.op, e.precision, e.attrs) == ("Exp", "float32", {"T": "float"})
     assert before.dtype("e", TypeAttr("T")) == FLOAT and "e" in before and "gone" not in before

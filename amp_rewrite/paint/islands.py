@@ -26,16 +26,17 @@ def drop_cheap_islands(s: PaintState) -> None:
     ``force_lowp`` lifts the ``cost`` code."""
     if s.min_intensity <= 0:
         return
+    no_unit = math.isinf(s.min_intensity)
+    if no_unit:
+        text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix unit, "
+                f"so {s.tname} would run slower than float32 here")
     seen: set[int] = set()
     for start in sorted(s.allow):
         if start in seen:
             continue
         island = _island(s, start)
         seen |= island
-        if math.isinf(s.min_intensity):
-            text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix "
-                    f"unit, so {s.tname} would run slower than float32 here")
-        else:
+        if not no_unit:
             worth = _worth(s, island)
             if worth is None or worth >= s.min_intensity:
                 continue

@@ -246,4 +246,3 @@ def _restore_if_saved(graph: Graph, prefix: TensorRef, restore_all: str,
               T=STRING)],
         {"T": nd.type_attr(STRING), "N": attr_value_pb2.AttrValue(i=2)})
     graph.add_control_edge(joined.node, restore_all)
-
