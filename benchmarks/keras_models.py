@@ -6,9 +6,10 @@ the FP32 graph; ``amp_rewrite.convert(gd, target="bfloat16", device="cpu")``; an
 graph in a session with grappler's ``auto_mixed_precision_onednn_bfloat16`` pass on (oneDNN's
 bfloat16 mode, as ``TF_ENABLE_ONEDNN_OPTS=1`` turns on even on CPUs without AVX-512). After two
 warm-up runs each, ``--rounds`` rounds run the three round-robin, the order rotating per round;
-the table gives the medians and FP32 median / variant median. Conversion time is ours
-(``convert``) beside grappler's pass alone on the same graph (``tf_optimizer.OptimizeGraph``);
-the logits' relative L2 error is against FP32 on the same images.
+the table gives the medians and FP32 median / variant median. Conversion time and peak
+memory are ours (``convert``) beside grappler's pass alone on the same graph
+(``tf_optimizer.OptimizeGraph``), each in a fresh process (``scaling.convert_in_child``); the
+logits' relative L2 error is against FP32 on the same images.
 
 Run: ``.venv/bin/python benchmarks/keras_models.py [--rounds 7] [--write]`` (about 15 minutes
 on 2 cores).
@@ -23,7 +24,6 @@ import tempfile
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -35,7 +35,7 @@ from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
     convert_variables_to_constants_v2)
 
 from benchmd import publish  # noqa: E402
-from scaling import convert_in_child, grappler_amp  # noqa: E402
+from scaling import convert_in_child  # noqa: E402
 from train_step import session, time_round_robin  # noqa: E402
 from amp_rewrite import convert, hardware  # noqa: E402
 
@@ -89,17 +89,12 @@ def measure(name: str, build, kind: str, rounds: int) -> dict:
     import keras
     keras.utils.set_random_seed(0)
     gd, inp, out, value = freeze(build(), kind)
-    start = time.perf_counter()
     ours_gd, report = convert(gd, target="bfloat16", device="cpu")
-    ours_convert = time.perf_counter() - start
-    start = time.perf_counter()
-    grappler_amp(gd, out.split(":")[0])
-    grappler_convert = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as tmp:   # peak memory of each conversion, in a child
+    with tempfile.TemporaryDirectory() as tmp:   # each conversion timed and its peak taken alone
         path = Path(tmp) / "frozen.pb"
         path.write_bytes(gd.SerializeToString())
-        peaks = {who: (lambda r: (r["peak_kib"] - r["base_kib"]) / 1024)(convert_in_child(path, who))
-                 for who in ("ours", out.split(":")[0])}
+        conversions = {"ours": convert_in_child(path),
+                       "grappler": convert_in_child(path, out.split(":")[0])}
     sessions = {"fp32": session(gd, False), "ours": session(ours_gd, False),
                 "grappler": session(gd, True)}
     feed = {inp: value}
@@ -117,8 +112,8 @@ def measure(name: str, build, kind: str, rounds: int) -> dict:
     summary = report.summary()
     return {"name": name, "nodes": len(gd.node), "fp32_ms": med["fp32"], "ours_ms": med["ours"],
             "grappler_ms": med["grappler"], "ours_err": err("ours"), "grappler_err": err("grappler"),
-            "ours_convert_s": ours_convert, "grappler_convert_s": grappler_convert,
-            "ours_mb": peaks["ours"], "grappler_mb": peaks[out.split(":")[0]],
+            **{f"{who}_convert_s": c["seconds"] for who, c in conversions.items()},
+            **{f"{who}_mb": (c["peak_kib"] - c["base_kib"]) / 1024 for who, c in conversions.items()},
             "matrix": f"{summary['matrix_converted']}/{summary['matrix_total']}"}
 
 
@@ -170,9 +165,9 @@ def run(rounds: int = 7, only=()) -> str:
     lines += ["", "The machine is shared with other jobs, so absolute times are noisy; the "
               "ratios come from runs interleaved in one process. \"ours / grappler speed\" above "
               "1 means amp-rewrite's graph ran faster than grappler's. Conversion times are one "
-              "conversion each (grappler's pass alone, without the session's other passes); "
-              "conversion peak memory is each one's peak above its process's baseline, in a "
-              "child process of its own (`benchmarks/scaling.py`)."]
+              "conversion each, in a fresh process of its own (grappler's pass alone, without the "
+              "session's other passes), with its peak memory above that process's baseline "
+              "(`benchmarks/scaling.py`)."]
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import graph_pb2  # noqa: E402
 from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
@@ -95,9 +96,14 @@ def blocks(kind: str, nodes: int) -> int:
     return max(1, round(nodes / NODES_PER_BLOCK[kind]))
 
 
-def measure_time(kind: str, nodes: int, runs: int) -> dict:
-    gd = build(kind, blocks(kind, nodes))
-    fetch = "train" if kind == "train" else "out"
+def fetch_node(kind: str) -> str:
+    """The node grappler is told the graph runs for (its pruning keeps what that needs)."""
+    return "train" if kind == "train" else "out"
+
+
+def measure_time(kind: str, path: Path, runs: int) -> dict:
+    gd = graph_pb2.GraphDef.FromString(path.read_bytes())
+    fetch = fetch_node(kind)
     ours, theirs = [], []
     for i in range(runs):   # interleaved, so load on the machine falls on both
         order = [("ours", lambda: convert(gd, target="bfloat16", device="cpu")),
@@ -149,13 +155,11 @@ def write_graph(kind: str, nodes: int, folder: Path) -> Path:
     return path
 
 
-def measure_memory(kind: str, nodes: int, folder: Path) -> dict:
-    """Peak memory of one conversion, ours and grappler's, each in a child (see
-    :func:`convert_in_child`)."""
-    path = write_graph(kind, nodes, folder)
+def measure_memory(kind: str, path: Path) -> dict:
+    """Peak memory of one conversion of the graph at ``path``, ours and grappler's, each in a
+    child (see :func:`convert_in_child`)."""
     ours = convert_in_child(path)
-    theirs = convert_in_child(path, "train" if kind == "train" else "out")
-    path.unlink()
+    theirs = convert_in_child(path, fetch_node(kind))
     return {"base_kib": ours["base_kib"], "peak_kib": ours["peak_kib"],
             "grappler_extra_kib": theirs["peak_kib"] - theirs["base_kib"]}
 
@@ -243,14 +247,17 @@ def main() -> int:
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        paths = {}   # each graph built once (a 300k-node training graph takes a minute)
         for kind in args.kinds:
             for nodes in args.sizes:
-                row = measure_time(kind, nodes, args.runs)
-                row.update(measure_memory(kind, nodes, Path(tmp)))
+                path = paths[(kind, nodes)] = write_graph(kind, nodes, Path(tmp))
+                row = measure_time(kind, path, args.runs)
+                row.update(measure_memory(kind, path))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         kind, nodes = args.cli_graph.split(":")
-        cli = measure_cli(write_graph(kind, int(nodes), Path(tmp)), args.runs)
+        path = paths.get((kind, int(nodes))) or write_graph(kind, int(nodes), Path(tmp))
+        cli = measure_cli(path, args.runs)
         print(json.dumps(cli), flush=True)
         extra = cli_lines(f"the {kind} graph of about {nodes} nodes", cli)
     text = table(rows, args.runs) + "\n".join(extra) + "\n"
