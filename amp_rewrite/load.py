@@ -46,7 +46,14 @@ class Model:
     @classmethod
     def of_graph_def(cls, graph_def: graph_pb2.GraphDef, path: str | os.PathLike = "<graph_def>",
                      text: bool = False) -> "Model":
-        return cls(Path(path), "graphdef", text, (meta_graph_pb2.MetaGraphDef(graph_def=graph_def),))
+        """A model of ``graph_def``, copied into its wrapper (the caller's is not changed)."""
+        return cls._wrapping(meta_graph_pb2.MetaGraphDef(graph_def=graph_def), path, text)
+
+    @classmethod
+    def _wrapping(cls, meta: meta_graph_pb2.MetaGraphDef, path: str | os.PathLike,
+                  text: bool) -> "Model":
+        # a GraphDef's model: a MetaGraphDef holding nothing but the graph
+        return cls(Path(path), "graphdef", text, (meta,))
 
     @property
     def graph_def(self) -> graph_pb2.GraphDef:
@@ -168,13 +175,14 @@ def parse(data: bytes, path: Path) -> Model:
     if model is None:
         raise InputError(f"{path}: not a TensorFlow GraphDef or MetaGraphDef (the bytes do not "
                          "parse as either; is the file truncated or another format?)")
-    kind, proto = model
+    kind, meta = model
     if kind == "metagraph":
-        return Model(path, "metagraph", False, (proto,))
-    return Model.of_graph_def(proto, path)
+        return Model(path, "metagraph", False, (meta,))
+    return Model._wrapping(meta, path, text=False)
 
 
 def _binary_model(data: bytes):
+    """``("metagraph", MetaGraphDef)``, ``("graphdef", a MetaGraphDef holding only it)``, or None."""
     meta = meta_graph_pb2.MetaGraphDef()
     try:
         meta.ParseFromString(data)
@@ -182,12 +190,13 @@ def _binary_model(data: bytes):
             return "metagraph", meta
     except (message.DecodeError, RuntimeError, ValueError):
         pass
-    gd = graph_pb2.GraphDef()
+    # parsed straight into its wrapper: copying a graph in costs as much as parsing it
+    wrapper = meta_graph_pb2.MetaGraphDef()
     try:
-        gd.ParseFromString(data)
+        wrapper.graph_def.ParseFromString(data)
     except (message.DecodeError, RuntimeError, ValueError):
         return None
-    return ("graphdef", gd) if _valid_graph(gd) else None
+    return ("graphdef", wrapper) if _valid_graph(wrapper.graph_def) else None
 
 
 def _parse_text(data: bytes, path: Path) -> Model:
@@ -200,7 +209,8 @@ def _parse_text(data: bytes, path: Path) -> Model:
                          if line.strip() and not line.lstrip().startswith("#")).lstrip()
     is_meta = stripped.startswith(("meta_info_def", "graph_def", "saver_def", "collection_def",
                                    "signature_def", "object_graph_def", "asset_file_def"))
-    proto = meta_graph_pb2.MetaGraphDef() if is_meta else graph_pb2.GraphDef()
+    wrapper = meta_graph_pb2.MetaGraphDef()
+    proto = wrapper if is_meta else wrapper.graph_def   # a GraphDef parsed into its wrapper
     try:
         text_format.Parse(text, proto)
     except text_format.ParseError as exc:
@@ -217,4 +227,4 @@ def _parse_text(data: bytes, path: Path) -> Model:
         return Model(path, "metagraph", True, (proto,))
     if not _valid_graph(proto):
         raise InputError(f"{path}: the GraphDef holds no nodes")
-    return Model.of_graph_def(proto, path, text=True)
+    return Model._wrapping(wrapper, path, text=True)
