@@ -1,7 +1,5 @@
 """``python -m amp_rewrite``: the ``amp-rewrite`` command."""
 
-import sys
+from .cli import console
 
-from .cli import main
-
-sys.exit(main())
+console()

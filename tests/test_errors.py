@@ -79,3 +79,32 @@ def test_usage_and_path_errors_answer_before_tensorflow_is_imported(argv, tmp_pa
     assert proc.returncode == INPUT_EXIT, proc.stderr
     assert proc.stdout.strip() in ("", "False"), "TensorFlow was imported before the error"
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_command_writes_everything_before_its_fast_exit_and_a_closed_pipe_is_not_a_bug(tmp_path):
+    """``amp-rewrite`` ends without the interpreter's teardown (cli.console): the output file,
+    the report and the summary must all be complete; a reader that stops early (``| head``)
+    gets exit 141, as a shell reports SIGPIPE, and no "internal error"."""
+    out, report = tmp_path / "out.pb", tmp_path / "report.json"
+    argv = [sys.executable, "-m", "amp_rewrite", str(EXAMPLE), "-o", str(out), "--report", str(report)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"wrote {out}\n") and "casts added" in proc.stdout
+    assert imports_in_tensorflow(out) and '"nodes"' in report.read_text()
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(argv + ["--force"], stdout=reader.stdin, stderr=subprocess.PIPE,
+                          text=True, timeout=300)
+    reader.stdin.close()
+    reader.wait()
+    assert proc.returncode in (0, 141), proc.stderr   # 0: all was written before head left
+    assert "internal error" not in proc.stderr
+
+
+def imports_in_tensorflow(path: Path) -> bool:
+    """Whether ``path`` holds a GraphDef TensorFlow imports."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+    gd = graph_pb2.GraphDef.FromString(path.read_bytes())
+    with tf.Graph().as_default():
+        tf.compat.v1.import_graph_def(gd, name="")
+    return len(gd.node) > 0
