@@ -91,6 +91,34 @@ def test_topological_order_breaks_ties_by_file_order_and_skips_loop_back_edges()
     assert g.topological_order() == ["z", "a", "merge", "body", "next"]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_topological_order_is_the_least_by_file_order_whether_or_not_the_file_is_sorted(seed):
+    """Kahn's sort taking the earliest listed ready node, networkx's lexicographical sort
+    keyed by file position, on random DAGs listed sorted (the listing is then the answer)
+    and shuffled, with control edges and a loop back edge among them."""
+    import random
+
+    import networkx as nx
+
+    rng = random.Random(seed)
+    n = 40
+    nodes = [(f"n{i}", "NextIteration" if i == n - 1 else "AddN",
+              [f"n{j}" if rng.random() < 0.7 else f"^n{j}"
+               for j in sorted(rng.sample(range(i), min(i, rng.randint(0, 3))))])
+             for i in range(n)]
+    nodes[0] = ("n0", "Placeholder", [])
+    nodes[1] = ("n1", "Merge", ["n0", f"n{n - 1}"])   # the loop's back edge
+    # sorted: every edge but the back edge runs forward; then the same nodes shuffled
+    for listing in (nodes, rng.sample(nodes, n)):
+        g = Graph.from_graph_def(graph_def(*listing))
+        position = {name: i for i, (name, _, _) in enumerate(listing)}
+        dag = nx.DiGraph()
+        dag.add_nodes_from(position)
+        dag.add_edges_from((src.lstrip("^"), name) for name, _, inputs in listing for src in inputs
+                           if (src, name) != (f"n{n - 1}", "n1"))
+        assert g.topological_order() == list(nx.lexicographical_topological_sort(dag, key=position.get))
+
+
 def test_a_cycle_that_is_not_a_loop_is_an_input_error():
     g = Graph.from_graph_def(graph_def(("a", "Relu", ["b"]), ("b", "Relu", ["a"])))
     with pytest.raises(InputError):

@@ -32,7 +32,10 @@ class PaintState:
         self.interface = interface_names(graph, keep, lowp_io)
         self.tg = TypeGraph(graph, order)
         self.items = self.tg.items
-        self.cat = [rules.category(self.nodes[name].op) for name, _ in self.items]
+        of_op: dict[str, str | None] = {}   # a graph has a few hundred ops, 1e5 items
+        nodes = self.nodes
+        self.cat = [of_op[op] if op in of_op else of_op.setdefault(op, rules.category(op))
+                    for op in (nodes[name].op for name, _ in self.items)]
         self.blocked: dict[int, Decision] = {}
         self.allow: dict[int, Decision] = {}
         self.deny_parent: dict[int, int | None] = {}
