@@ -1,6 +1,7 @@
 """Cast placement: shared casts, device placement, retargeted casts, no chains, Consts in place."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import graphs
@@ -99,3 +100,29 @@ def test_const_shared_by_float32_and_lowp_consumers_is_cast_once():
     assert next(n for n in new.node if n.name == "c").attr["dtype"].type == FLOAT
     c_casts = [n for n in _casts(new) if n.input[0] == "c"]
     assert len(c_casts) == 1 and c_casts[0].attr["DstT"].type == HALF
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (2,), (3, 4), (0,), (2, 0)])
+@pytest.mark.parametrize("target", [tf.float16, tf.bfloat16])
+def test_a_const_is_stored_as_tensorflow_stores_the_cast_values(shape, target):
+    """Whatever way a Const's values are held (one value listed, packed bytes, none), the
+    converted Const is the TensorProto TensorFlow writes for those values cast to the target,
+    and holds exactly what TensorFlow's Cast computes (NaN, inf and rounding included)."""
+    from amp_rewrite import consts
+    from amp_rewrite.ir import Node
+    from tensorflow.core.framework import node_def_pb2
+    from tensorflow.python.framework import tensor_util
+
+    rng = np.random.default_rng(len(shape))
+    values = (rng.standard_normal(shape) * 1e3).astype(np.float32)
+    values.flat[:3] = [np.nan, np.inf, 70000.0][:values.size]
+    proto = node_def_pb2.NodeDef(name="c", op="Const")
+    proto.attr["dtype"].type = FLOAT
+    proto.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(values))
+    node = Node(proto)
+    consts.convert(node, target.as_datatype_enum)
+    cast = tf.cast(values, target).numpy()
+    assert node.attr["value"].tensor == tensor_util.make_tensor_proto(cast, dtype=target, shape=shape)
+    assert node.attr["dtype"].type == target.as_datatype_enum
+    stored = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    assert stored.dtype == cast.dtype and stored.tobytes() == cast.tobytes()
