@@ -95,10 +95,10 @@ def convert(node: Node, target: int) -> None:
         # most weights: packed bytes, rewritten in place. TensorFlow's generic path
         # (MakeNdarray, make_tensor_proto) costs 60 µs a Const, 1.5 s on a 100k-node graph,
         # and writes the same message for more than one value: dtype, shape, packed bytes
-        values = np.frombuffer(tensor.tensor_content, np.float32)
-        if values.size > 1 and values.size == _size(tensor):
+        content, size = tensor.tensor_content, _size(tensor)
+        if size > 1 and len(content) == 4 * size:   # else malformed: const_values says how
             tensor.dtype = target
-            tensor.tensor_content = _lowp(values, target).tobytes()
+            tensor.tensor_content = _lowp(np.frombuffer(content, np.float32), target).tobytes()
             node.attr["dtype"].type = target
             return
     values = const_values(node)
