@@ -71,9 +71,17 @@ def _retype(graph: Graph, painting: Painting, stats: CastStats) -> None:
 
 
 def _cast_edges(graph: Graph, before: Before, retargeted: set[str], stats: CastStats) -> None:
-    """Put a cast on every edge whose two ends now disagree (one per source tensor and dtype)."""
+    """Put a cast on every edge whose two ends now disagree (one per source tensor and dtype).
+
+    The input's edges all agreed (``check_input``), so only those into or out of a node the
+    painting retyped (``stats.touched`` so far) can disagree now; they are visited in listing
+    order all the same, so casts get the same names whatever else the graph holds.
+    """
     made: dict[tuple[TensorRef, int], TensorRef] = {}
-    for name in list(graph.names()):
+    scope = set(stats.touched)
+    for name in stats.touched:
+        scope.update(reader for reader, _ in graph.consumers(name))
+    for name in [n for n in graph.names() if n in scope]:
         for port, ref in enumerate(graph.inputs(name)):
             have = output_dtype(graph.node(ref.node), ref.port)
             want = input_dtype(graph.node(name), port)
