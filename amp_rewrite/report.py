@@ -220,19 +220,26 @@ def build_report(graph: Graph, original: Before, painting: Painting, *, target: 
     """Assemble the report of one conversion from the painting, the converted graph and the
     record of what it was (a node the conversion removed is reported as it was)."""
     nodes = []
+    # (op, attrs, dtypes) -> (precision, attrs named): a graph has few such combinations
+    described: dict[tuple, tuple[str, dict[str, str]]] = {}
     for name, op in original.nodes():
         if name in graph:
             after = graph.node(name)
             types = node_types(after)
-            attrs = {} if types is None else {a: get_dtype(after, a) for a in types.attrs}
+            attrs = () if types is None else types.attrs
+            key = (op, attrs, tuple(get_dtype(after, a) for a in attrs))
         else:
-            attrs = original.dtypes(name)
+            held = original.dtypes(name)
+            key = (op, tuple(held), tuple(held.values()))
+        if key not in described:
+            dtypes = dict(zip(key[1], key[2]))
+            described[key] = (_precision(op, dtypes) if dtypes else "none",
+                              {str(a): dtype_name(d) for a, d in dtypes.items()})
+        precision, named = described[key]
         decision = painting.node_decision(name)
-        nodes.append(NodeReport(name, op, _precision(op, attrs) if attrs else "none",
-                                decision.code if decision else "none",
+        nodes.append(NodeReport(name, op, precision, decision.code if decision else "none",
                                 decision.text if decision else "",
-                                list(decision.via) if decision else [],
-                                {str(a): dtype_name(d) for a, d in attrs.items()}))
+                                list(decision.via) if decision else [], dict(named)))
     return Report(target=target, device=device, rules=list(rules.sources), env=list(rules.env),
                   level=rules.level, nodes=nodes, warnings=list(painting.warnings))
 
