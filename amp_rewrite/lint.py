@@ -37,7 +37,7 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
     """
     names = graph.names() if only is None else [n for n in graph.names() if n in only]
     problems = [] if imported else _name_problems(graph, names)
-    if original is not None:
+    if original is not None and original.unregistered_ops:   # a conversion adds none
         problems += _unknown_op_edges(graph, original, names)
     for node in (graph.node(n) for n in names):
         types = node_types(node)

@@ -36,12 +36,12 @@ def checkout(rev: str, folder: Path) -> Path:
 
 def compare(paths: dict[str, Path], graphs: dict[str, Path], runs: int) -> list[dict]:
     rows = []
-    for graph, file in graphs.items():
+    for graph, (file, who) in graphs.items():
         got: dict[str, list[dict]] = {side: [] for side in paths}
         for i in range(runs):
             sides = list(paths) if i % 2 == 0 else list(paths)[::-1]
             for side in sides:
-                got[side].append(scaling.convert_in_child(file, cwd=paths[side]))
+                got[side].append(scaling.convert_in_child(file, who, cwd=paths[side]))
         row = {"graph": graph, "bytes": file.stat().st_size}
         for side, results in got.items():
             row[side + "_s"] = statistics.median(r["seconds"] for r in results)
@@ -90,7 +90,8 @@ def main() -> int:
     p.add_argument("--before", required=True, help="a revision, e.g. HEAD~1")
     p.add_argument("--after", help="a revision (default: this working tree)")
     p.add_argument("--graphs", nargs="+", default=["mlp:30000", "train:30000"],
-                   help="kind:nodes of benchmarks/scaling.py graphs")
+                   help="kind:nodes of benchmarks/scaling.py graphs; kind:nodes:painted "
+                        "converts with min_matrix_intensity=0, so every island is painted")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--write", metavar="LABEL", help="add the rows to BENCHMARKS.md under LABEL")
     args = p.parse_args()
@@ -101,10 +102,13 @@ def main() -> int:
         paths = {"before": checkout(args.before, folder),
                  "after": checkout(args.after, folder) if args.after else scaling.ROOT}
         try:
-            graphs = {}
+            graphs, files = {}, {}
             for spec in args.graphs:
-                kind, nodes = spec.split(":")
-                graphs[f"{kind} {nodes}"] = scaling.write_graph(kind, int(nodes), folder)
+                kind, nodes, *painted = spec.split(":")
+                if (kind, nodes) not in files:   # each graph built once
+                    files[(kind, nodes)] = scaling.write_graph(kind, int(nodes), folder)
+                graphs[f"{kind} {nodes}" + (" painted" if painted else "")] = (
+                    files[(kind, nodes)], "ours-painted" if painted else "ours")
             rows = compare(paths, graphs, args.runs)
         finally:
             for side, path in paths.items():

@@ -115,7 +115,8 @@ def measure_time(kind: str, path: Path, runs: int) -> dict:
 
 
 # Run in a child by file path, so it measures whichever checkout it is started from
-# (benchmarks/changes.py runs it in two); argv: GraphDef file, "ours" or grappler's fetch node.
+# (benchmarks/changes.py runs it in two); argv: GraphDef file, "ours", "ours-painted" (every
+# island painted, however small: min_matrix_intensity=0) or grappler's fetch node.
 # Prints one JSON line.
 CHILD = ("import gc, json, os, sys, time\n"
          "os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')\n"
@@ -123,9 +124,10 @@ CHILD = ("import gc, json, os, sys, time\n"
          "def status(key):\n"
          "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(key))\n"
          "gd = graph_pb2.GraphDef(); gd.ParseFromString(open(sys.argv[1], 'rb').read())\n"
-         "if sys.argv[2] == 'ours':\n"
+         "if sys.argv[2] in ('ours', 'ours-painted'):\n"
          "    from amp_rewrite import convert\n"
-         "    run = lambda: convert(gd, target='bfloat16', device='cpu')\n"
+         "    kw = {'min_matrix_intensity': 0} if sys.argv[2] == 'ours-painted' else {}\n"
+         "    run = lambda: convert(gd, target='bfloat16', device='cpu', **kw)\n"
          "else:\n"
          "    sys.path.insert(0, 'benchmarks'); import scaling\n"
          "    run = lambda: scaling.grappler_amp(gd, sys.argv[2])\n"
@@ -139,7 +141,9 @@ CHILD = ("import gc, json, os, sys, time\n"
 
 def convert_in_child(path: Path, who: str = "ours", cwd: Path = ROOT) -> dict:
     """Convert the GraphDef at ``path`` in a fresh process of the checkout at ``cwd``, by
-    amp-rewrite (``who="ours"``) or grappler's pass (``who``: the node to fetch): resident
+    amp-rewrite (``who="ours"``; ``"ours-painted"`` with ``min_matrix_intensity=0``, so the
+    small layers of these graphs are painted and cast too) or grappler's pass (``who``: the
+    node to fetch): resident
     memory before converting (KiB), the peak while converting, and the seconds it took. The
     peak is reset first (``/proc/self/clear_refs``), so TensorFlow's import, whose own peak is
     higher than many conversions, does not hide it."""
