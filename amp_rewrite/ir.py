@@ -302,10 +302,13 @@ class Graph:
         out.sort()
         return out
 
-    def is_read(self, name: str) -> bool:
-        """Whether any node reads ``name`` (a data or a control edge)."""
+    def is_read(self, name: str, data: bool = False) -> bool:
+        """Whether any node reads ``name``: through a data or a control edge, or with ``data``
+        through a data edge. Cheaper than asking :meth:`consumers`, which lists them."""
         self._require(name, f"no node named {name!r}")
-        return bool(self._g._succ[name])
+        if not data:
+            return bool(self._g._succ[name])
+        return any(key[0] == _DATA for keyed in self._g._succ[name].values() for key in keyed)
 
     def control_consumers(self, name: str) -> list[str]:
         self._require(name, f"no node named {name!r}")

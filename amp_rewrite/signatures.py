@@ -213,14 +213,18 @@ def _output_shape_hint(node: Node, port: int) -> int | None:
 
 def device_type(node: Node, default: str) -> str:
     """``"GPU"`` or ``"CPU"`` (or another type) for the node; unplaced nodes get ``default``."""
-    if node.device:
-        try:
-            spec = device_spec.DeviceSpecV2.from_string(node.device)
-        except (ValueError, TypeError):
-            return default
-        if spec.device_type:
-            return spec.device_type.upper()
-    return default
+    device = node.device
+    return (_placed_type(device) if device else None) or default
+
+
+@functools.lru_cache(maxsize=None)
+def _placed_type(device: str) -> str | None:
+    # a graph names a few devices on 1e5 nodes: each string parsed once
+    try:
+        spec = device_spec.DeviceSpecV2.from_string(device)
+    except (ValueError, TypeError):
+        return None
+    return spec.device_type.upper() if spec.device_type else None
 
 
 @functools.lru_cache(maxsize=None)

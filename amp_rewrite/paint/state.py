@@ -71,10 +71,18 @@ class PaintState:
         """Block what no rule may paint: state, nodes placed on another device type than the
         conversion's (grappler processes only nodes on its target device), non-float32 types,
         user keeps, the interface."""
-        holds_state = {name: _holds_state(node) for name, node in self.nodes.items()}
+        # whether a node holds state depends on its op and port layout alone, and nodes of
+        # one layout share one NodeTypes (signatures): asked once per layout
+        of_layout: dict[tuple[str, int], bool] = {}
+        holds_state = {}
+        for name, node in self.nodes.items():
+            key = (node.op, id(node_types(node)))
+            if key not in of_layout:
+                of_layout[key] = _holds_state(node)
+            holds_state[name] = of_layout[key]
         for idx, (name, attr) in enumerate(self.items):
             node = self.nodes[name]
-            rule = self.rules.node_rule(name)
+            rule = self.rules.node_rule(name) if self.rules.node_rules else None
             placed = device_type(node, self.device)
             if self.device not in placed:   # XLA_CPU counts as CPU, as in grappler
                 self.blocked[idx] = Decision(False, "other_device", f"placed on {node.device}, "
@@ -105,7 +113,7 @@ def interface_names(graph: Graph, keep: Mapping[str, tuple[str, str]],
             continue
         if node.op in PLACEHOLDER_OPS:
             out[node.name] = ("interface", "graph input (Placeholder)")
-        elif not graph.is_read(node.name) or not graph.consumers(node.name):
+        elif not graph.is_read(node.name, data=True):
             types = node_types(node)
             if types and any(output_dtype(node, i) == FLOAT for i in range(len(types.outputs))):
                 out[node.name] = ("interface", "graph output (nothing in the graph reads it)")
