@@ -182,8 +182,10 @@ def measure_cli(path: Path, runs: int) -> dict:
     out = path.with_suffix(".amp.pb")
     cmds = {"cli": [cli, str(path), "-o", str(out), "--force", "--target", "bfloat16",
                     "--device", "cpu"],
-            "import": [sys.executable, "-c", "import tensorflow"]}
-    got: dict[str, list[float]] = {k: [] for k in ("cli", "import", "convert")}
+            "import": [sys.executable, "-c", "import tensorflow"],
+            # the same without the interpreter's teardown, as the command ends (cli.console)
+            "import_only": [sys.executable, "-c", "import os, tensorflow; os._exit(0)"]}
+    got: dict[str, list[float]] = {k: [] for k in ("cli", "import", "import_only", "convert")}
     for i in range(runs):
         for name in (list(cmds) if i % 2 == 0 else list(cmds)[::-1]):
             got[name].append(_wall(cmds[name]))
@@ -198,8 +200,10 @@ def cli_lines(label: str, result: dict) -> list[str]:
             f"--device cpu`): {result['cli']:.2f} s, of which the conversion alone, timed inside a "
             f"fresh process, takes "
             f"{result['convert']:.2f} s; the other {rest:.2f} s (start-up, load, save) against "
-            f"{result['import']:.2f} s for a bare `python -c 'import tensorflow'`, medians of "
-            "the same interleaved runs."]
+            f"{result['import']:.2f} s for a bare `python -c 'import tensorflow'` "
+            f"({result['import_only']:.2f} s of it before the interpreter's teardown at exit, "
+            "which the command skips once everything is written), medians of the same "
+            "interleaved runs."]
 
 
 def fit(xs, ys) -> tuple[float, float]:
