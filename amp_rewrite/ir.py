@@ -110,6 +110,12 @@ def _data_key(port: int) -> tuple:
 _CONTROL_DATA = {"kind": _CONTROL}
 
 
+def _orders(src_op: str, keyed: dict) -> bool:
+    """Whether the edges ``keyed`` from a node of ``src_op`` constrain a topological order: a
+    loop's back edge (data out of ``NextIteration``) does not, so v1 while loops sort."""
+    return src_op not in NEXT_ITERATION_OPS or any(key[0] == _CONTROL for key in keyed)
+
+
 class Graph:
     """A TensorFlow graph as nodes with ported data edges and separate control edges.
 
@@ -336,9 +342,8 @@ class Graph:
         follows: dict[str, list[str]] = {}
         waiting = dict.fromkeys(names, 0)
         for src in names:
-            back = self._nodes[src].op in NEXT_ITERATION_OPS
-            outs = [dst for dst, keyed in succ[src].items()
-                    if not back or any(key[0] == _CONTROL for key in keyed)]
+            op = self._nodes[src].op
+            outs = [dst for dst, keyed in succ[src].items() if _orders(op, keyed)]
             follows[src] = outs
             for dst in outs:
                 waiting[dst] += 1
@@ -361,8 +366,7 @@ class Graph:
         pred, nodes = self._g._pred, self._nodes
         for i, dst in enumerate(names):
             for src, keyed in pred[dst].items():
-                if rank[src] >= i and (nodes[src].op not in NEXT_ITERATION_OPS
-                                       or any(key[0] == _CONTROL for key in keyed)):
+                if rank[src] >= i and _orders(nodes[src].op, keyed):
                     return False
         return True
 
