@@ -32,9 +32,10 @@ class CastStats:
     consts: list[str] = field(default_factory=list)      # Consts stored in low precision
     touched: set[str] = field(default_factory=set)        # nodes retyped, added or rewired
 
-    def lint_scope(self, graph: Graph) -> set[str]:
-        """What a lint of the result must look at: the touched nodes and the readers of each
-        (a retyped node changes the dtype its readers get)."""
+    def touched_and_readers(self, graph: Graph) -> set[str]:
+        """The touched nodes still in ``graph`` and the readers of each (a retyped node changes
+        the dtype its readers get): the nodes whose input edges a change can have broken, which
+        the casts step and the lint of the result look at."""
         scope = {n for n in self.touched if n in graph}
         for name in list(scope):
             scope.update(reader for reader, _ in graph.consumers(name))
@@ -78,9 +79,7 @@ def _cast_edges(graph: Graph, before: Before, retargeted: set[str], stats: CastS
     order all the same, so casts get the same names whatever else the graph holds.
     """
     made: dict[tuple[TensorRef, int], TensorRef] = {}
-    scope = set(stats.touched)
-    for name in stats.touched:
-        scope.update(reader for reader, _ in graph.consumers(name))
+    scope = stats.touched_and_readers(graph)
     for name in [n for n in graph.names() if n in scope]:
         for port, ref in enumerate(graph.inputs(name)):
             have = output_dtype(graph.node(ref.node), ref.port)

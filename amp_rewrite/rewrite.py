@@ -79,7 +79,8 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
         report.warnings.append(f"the input already has {len(before.low_precision)} "
                                f"low-precision nodes (e.g. {before.low_precision[0]!r}); they are "
                                "left as they are")
-    lint.lint(graph, original=before, rules=rules, only=stats.lint_scope(graph) | set(upgraded))
+    lint.lint(graph, original=before, rules=rules,
+              only=stats.touched_and_readers(graph) | set(upgraded))
     for w in report.warnings:
         log.warning(w)
     return report, before
