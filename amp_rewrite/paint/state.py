@@ -82,7 +82,7 @@ class PaintState:
             holds_state[name] = of_layout[key]
         for idx, (name, attr) in enumerate(self.items):
             node = self.nodes[name]
-            rule = self.rules.node_rule(name) if self.rules.node_rules else None
+            rule = self.rules.node_rule(name)
             placed = device_type(node, self.device)
             if self.device not in placed:   # XLA_CPU counts as CPU, as in grappler
                 self.blocked[idx] = Decision(False, "other_device", f"placed on {node.device}, "
