@@ -160,6 +160,7 @@ class Graph:
         # the edges, written straight into the adjacency (as _link does) and each node's
         # input list cached as it is read: one pass of hundreds of thousands of edges
         ids, succ, pred, cache = graph._ids, graph._g._succ, graph._g._pred, graph._inputs
+        shared: dict[tuple[int, int], tuple] = {}   # key and data per port pair: no call per edge
         for name, inputs in parsed:
             refs = []
             for text in inputs:
@@ -169,7 +170,9 @@ class Graph:
                         raise InputError(f"node {name!r} has a control input from missing node {src!r}")
                 else:
                     ref = TensorRef.parse(text)
-                    src, key, data = ref.node, _data_key(len(refs)), _data(ref.port, len(refs))
+                    src, dst_port = ref.node, len(refs)
+                    key, data = shared.get((ref.port, dst_port)) or shared.setdefault(
+                        (ref.port, dst_port), (_data_key(dst_port), _data(ref.port, dst_port)))
                     if src not in ids:
                         raise InputError(f"node {name!r} reads missing node {src!r}")
                     refs.append(ref)

@@ -23,7 +23,7 @@ def agree_loops(s: PaintState) -> None:
             continue
         group = [(name, _T)] + [(m, _T) for m, _ in graph.consumers(name)
                                 if graph.node(m).op in MERGE_OPS]
-        idxs = [tg.index[t] for t in group if t in tg.index]
+        idxs = [i for i in (tg.item(*t) for t in group) if i is not None]
         outside = [i for i in idxs if i not in s.allow]
         if not outside or len(outside) == len(idxs):
             continue
@@ -43,7 +43,7 @@ def agree_tensorlists(s: PaintState) -> None:
     boundary, the whole list is painted; if one is painted but the list cannot follow, none is."""
     tg = s.tg
     for members, passed in tg.clusters:
-        idxs = [tg.index[(m, ELEMENT_DTYPE)] for m in members if (m, ELEMENT_DTYPE) in tg.index]
+        idxs = [i for i in (tg.item(m, ELEMENT_DTYPE) for m in members) if i is not None]
         painted = [i for i in idxs if i in s.allow]
         if not painted:
             continue   # nothing to agree on: each op keeps its own reason

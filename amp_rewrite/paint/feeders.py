@@ -42,4 +42,4 @@ def _reader_lowp(s: PaintState, reader: str, port: int) -> bool:
     types = node_types(s.graph.node(reader))
     if types is None or port >= len(types.inputs) or types.inputs[port].attr is None:
         return False
-    return s.tg.index[(reader, types.inputs[port].attr)] in s.allow
+    return s.tg.item(reader, types.inputs[port].attr) in s.allow

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..dtypes import FLOAT, VARIANT
 from ..ir import Graph
 from ..ops import is_tensorlist_op
-from ..signatures import TypeAttr, node_types, output_dtype
+from ..signatures import NodeTypes, TypeAttr, node_types, output_dtype
 from .decisions import TNode
 
 ELEMENT_DTYPE = TypeAttr("element_dtype")
@@ -22,36 +22,51 @@ class TypeGraph:
     def __init__(self, graph: Graph, order: list[str]):
         self.graph = graph
         self.items: list[TNode] = []
-        self.index: dict[TNode, int] = {}
-        typed = {}   # name -> its port layout, for the nodes TensorFlow registers
+        # a node's items are numbered consecutively from its first; nodes of one port layout
+        # share one NodeTypes, so each attr's offset, and each port's, is worked out per layout
+        self._first: dict[str, int] = {}
+        self._layout: dict[str, _Offsets] = {}
+        offsets: dict[int, _Offsets] = {}
+        items = self.items
         for name in order:
             types = node_types(graph.node(name))
             if types is None:
                 continue
-            typed[name] = types
-            for attr in types.attrs:
-                self.index[(name, attr)] = len(self.items)
-                self.items.append((name, attr))
-        self.fanin: list[set[int]] = [set() for _ in self.items]
-        self.fanout: list[set[int]] = [set() for _ in self.items]
-        index = self.index
+            layout = offsets.get(id(types))
+            if layout is None:
+                layout = offsets[id(types)] = _Offsets(types)
+            self._first[name] = len(items)
+            self._layout[name] = layout
+            items.extend((name, attr) for attr in types.attrs)
+        self.fanin: list[set[int]] = [set() for _ in items]
+        self.fanout: list[set[int]] = [set() for _ in items]
+        first, layouts, fanin, fanout = self._first, self._layout, self.fanin, self.fanout
         for dst in graph.names():
-            dst_types = typed.get(dst)
-            if dst_types is None:
+            dst_layout = layouts.get(dst)
+            if dst_layout is None:
                 continue
+            dst_first, dst_ports = first[dst], dst_layout.inputs
             for port, ref in enumerate(graph.inputs(dst)):
-                src_types = typed.get(ref.node)
-                if src_types is None:
+                src_layout = layouts.get(ref.node)
+                if src_layout is None or port >= len(dst_ports):
                     continue
-                if ref.port >= len(src_types.outputs) or port >= len(dst_types.inputs):
-                    continue
-                a, b = src_types.outputs[ref.port].attr, dst_types.inputs[port].attr
+                b = dst_ports[port]
+                a = src_layout.outputs[ref.port] if ref.port < len(src_layout.outputs) else None
                 if a is not None and b is not None:
-                    self.add_edge(index[(ref.node, a)], index[(dst, b)])
+                    a += first[ref.node]
+                    b += dst_first
+                    fanout[a].add(b)
+                    fanin[b].add(a)
         self.clusters = tensorlist_clusters(graph)
         self._join_tensorlists()
         # the walks' neighbour lists by direction (see dfs)
         self._walk: dict[str, dict[int, tuple[int, ...]]] = {}
+
+    def item(self, name: str, attr: TypeAttr) -> int | None:
+        """The number of ``(name, attr)``, or None if it is not an item."""
+        layout = self._layout.get(name)
+        offset = None if layout is None else layout.attrs.get(attr)
+        return None if offset is None else self._first[name] + offset
 
     def add_edge(self, a: int, b: int) -> None:
         """Join two items (while the type graph is built: the walks read a sorted copy)."""
@@ -95,17 +110,30 @@ class TypeGraph:
         for members, _ in self.clusters:
             writers, readers = [], []
             for name in members:
-                if (name, ELEMENT_DTYPE) not in self.index:
+                idx = self.item(name, ELEMENT_DTYPE)
+                if idx is None:
                     continue
                 types = node_types(self.graph.node(name))
                 if any(p.attr == ELEMENT_DTYPE for p in types.inputs):
-                    writers.append(self.index[(name, ELEMENT_DTYPE)])
+                    writers.append(idx)
                 if any(p.attr == ELEMENT_DTYPE for p in types.outputs):
-                    readers.append(self.index[(name, ELEMENT_DTYPE)])
+                    readers.append(idx)
             for w in writers:
                 for r in readers:
                     if w != r:
                         self.add_edge(w, r)
+
+
+class _Offsets:
+    """One port layout's offsets from a node's first item: of each type attr, and of the attr
+    governing each input and output port (None: a port of fixed dtype)."""
+
+    __slots__ = ("attrs", "inputs", "outputs")
+
+    def __init__(self, types: NodeTypes):
+        self.attrs = {attr: i for i, attr in enumerate(types.attrs)}
+        self.inputs = tuple(None if p.attr is None else self.attrs[p.attr] for p in types.inputs)
+        self.outputs = tuple(None if p.attr is None else self.attrs[p.attr] for p in types.outputs)
 
 
 def tensorlist_clusters(graph: Graph) -> list[tuple[list[str], list[str]]]:
