@@ -21,6 +21,7 @@ in BENCHMARKS.md under "## Training step" (only that section is replaced).
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import platform
 import statistics
@@ -33,7 +34,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
-from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2  # noqa: E402
+from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
 from benchmd import publish  # noqa: E402
 from amp_rewrite import hardware  # noqa: E402
@@ -155,16 +157,41 @@ def to_bfloat16(graph_def):
     return converted.graph_def, report
 
 
+def session_config(grappler_amp: bool) -> config_pb2.ConfigProto:
+    """TensorFlow's default session config, with grappler's oneDNN bfloat16 pass on if asked."""
+    config = config_pb2.ConfigProto()
+    if grappler_amp:
+        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+            rewriter_config_pb2.RewriterConfig.ON)
+    return config
+
+
 def session(graph_def, grappler_amp: bool):
     """A Session over ``graph_def``, with grappler's oneDNN bfloat16 pass on if asked."""
     g = tf.Graph()
     with g.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
-    config = config_pb2.ConfigProto()
-    if grappler_amp:
-        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
-            rewriter_config_pb2.RewriterConfig.ON)
-    return v1.Session(graph=g, config=config)
+    return v1.Session(graph=g, config=session_config(grappler_amp))
+
+
+def runtime_ops(graph_def, fetches: list[str], grappler_amp: bool) -> collections.Counter:
+    """Each (op, type attrs) of the graph a :func:`session` runs for ``fetches``, counted: the
+    graph after grappler's passes as that session's config sets them (constant folding,
+    remapper fusions ..., and the bfloat16 pass if asked), run alone by ``OptimizeGraph``."""
+    meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(fetches)
+    optimized = tf_optimizer.OptimizeGraph(session_config(grappler_amp), meta)
+    return collections.Counter(
+        (n.op, tuple(sorted((k, v.type) for k, v in n.attr.items() if v.WhichOneof("value") == "type")))
+        for n in optimized.node)
+
+
+def runtime_difference(ours, fp32, fetches: list[str]) -> int:
+    """How many ops (by op and dtypes) differ between what a session runs of our converted graph
+    and what it runs of the FP32 graph with grappler's bfloat16 pass on; 0: the same ops in the
+    same dtypes, so any difference in their speed is the machine's noise."""
+    a, b = runtime_ops(ours, fetches, False), runtime_ops(fp32, fetches, True)
+    return sum(((a - b) + (b - a)).values())
 
 
 def time_round_robin(steps: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
@@ -206,7 +233,7 @@ def bench_model(title: str, body, batch: int, lr: float, optimizer: str, rounds:
         s.close()
     median = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     summary = report.summary()
-    return {"title": title, "median_ms": median, "last_loss": {n: float(v[-1]) for n, v in losses.items()},
+    return {"title": title, "median_ms": median, "differ": runtime_difference(bf16, fp32, ["loss", "train"]), "last_loss": {n: float(v[-1]) for n, v in losses.items()},
             "first_loss": float(losses["fp32"][0]),
             "converted": f"{summary['matrix_converted']}/{summary['matrix_total']}"}
 
@@ -223,21 +250,24 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
            "(TF_ENABLE_ONEDNN_OPTS), so grappler's bfloat16 pass did not run: its column is FP32.")
         + "\n",
         "| model | MatMul/Conv ops in bf16 | FP32 ms | amp-rewrite bf16 ms (ratio) | "
-        "grappler AMP bf16 ms (ratio) | ours / grappler speed | loss after the run: FP32 / "
-        "amp-rewrite / grappler |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "grappler AMP bf16 ms (ratio) | ours / grappler speed | ops that differ at run time | "
+        "loss after the run: FP32 / amp-rewrite / grappler |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         m, l = r["median_ms"], r["last_loss"]
         lines.append(
             f"| {r['title']} | {r['converted']} | {m['fp32']:.1f} | {m['amp-rewrite']:.1f} "
             f"({m['fp32'] / m['amp-rewrite']:.2f}x) | {m['grappler']:.1f} ({m['fp32'] / m['grappler']:.2f}x) "
-            f"| {m['grappler'] / m['amp-rewrite']:.2f}x "
+            f"| {m['grappler'] / m['amp-rewrite']:.2f}x | {r['differ']} "
             f"| {l['fp32']:.3f} / {l['amp-rewrite']:.3f} / {l['grappler']:.3f} (first {r['first_loss']:.3f}) |")
     lines.append("\nThe ratios come from steps interleaved in one process, so load from other jobs on "
                  "the machine falls on all three alike; the absolute times are noisy. The MatMul/Conv "
                  "count is amp-rewrite's (forward and backward). bfloat16 needs no loss scaling, so "
-                 "neither bfloat16 graph has any.")
+                 "neither bfloat16 graph has any. \"Ops that differ at run time\" compares the "
+                 "graphs the two bfloat16 sessions run after grappler's passes (ops and their "
+                 "dtypes, counted; `train_step.runtime_difference`): 0 means the same ops in the "
+                 "same dtypes, so the two speeds differ only by the machine's noise.")
     return "\n".join(lines) + "\n"
 
 
