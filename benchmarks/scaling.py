@@ -239,9 +239,11 @@ def table(rows: list[dict], runs: int) -> str:
         if len(mine) >= 2:
             bt, at = fit([r["nodes"] for r in mine], [r["ours_s"] for r in mine])
             bm, _ = fit([r["nodes"] for r in mine], [max(r["peak_kib"] - r["base_kib"], 1) for r in mine])
+            bg, _ = fit([r["nodes"] for r in mine], [r["grappler_s"] for r in mine])
             lines.append(f"\n{kind}: time grows as nodes^{bt:.2f} ({at * 1e6:.1f} µs per node at "
                          f"exponent {bt:.2f}), peak memory as nodes^{bm:.2f} (fit of log time and "
-                         "log memory on log nodes; 1.00 is linear).")
+                         f"log memory on log nodes; 1.00 is linear); grappler's time on the same "
+                         f"graphs as nodes^{bg:.2f}.")
     return "\n".join(lines) + "\n"
 
 
