@@ -175,9 +175,10 @@ def session(graph_def, grappler_amp: bool):
 
 
 def runtime_ops(graph_def, fetches: list[str], grappler_amp: bool) -> collections.Counter:
-    """Each (op, type attrs) of the graph a :func:`session` runs for ``fetches``, counted: the
-    graph after grappler's passes as that session's config sets them (constant folding,
-    remapper fusions ..., and the bfloat16 pass if asked), run alone by ``OptimizeGraph``."""
+    """Each (op, type attrs) of ``graph_def`` after grappler's passes as a :func:`session`'s
+    config sets them (constant folding, arithmetic simplification ..., and the bfloat16 pass
+    if asked), counted; run by ``OptimizeGraph`` on the unplaced graph, so without the oneDNN
+    fusions a session adds once ops are placed on the CPU."""
     meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_def)
     meta.collection_def["train_op"].node_list.value.extend(fetches)
     optimized = tf_optimizer.OptimizeGraph(session_config(grappler_amp), meta)
@@ -265,9 +266,9 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
                  "the machine falls on all three alike; the absolute times are noisy. The MatMul/Conv "
                  "count is amp-rewrite's (forward and backward). bfloat16 needs no loss scaling, so "
                  "neither bfloat16 graph has any. \"Ops that differ at run time\" compares the "
-                 "graphs the two bfloat16 sessions run after grappler's passes (ops and their "
-                 "dtypes, counted; `train_step.runtime_difference`): 0 means the same ops in the "
-                 "same dtypes, so the two speeds differ only by the machine's noise. Where "
+                 "two bfloat16 graphs after grappler's passes (ops and their dtypes, counted; "
+                 "`train_step.runtime_difference`; before placement, so without the oneDNN "
+                 "fusions a session adds): 0 means the same ops in the same dtypes, so the two speeds differ only by the machine's noise. Where "
                  "amp-rewrite's cost model keeps every MatMul float32 (0 in bf16), its graph runs "
                  "as the FP32 graph does, and its ratio to FP32 is noise too.")
     return "\n".join(lines) + "\n"
