@@ -17,7 +17,7 @@ from typing import Sequence
 
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from . import fold, hardware, lint
+from . import fold, fusion, hardware, lint
 from .dtypes import TARGETS
 from .emulate import emulate_float16
 from .before import Before
@@ -114,11 +114,15 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         source = fold.fold_constants(source, set(options.keep) | interface)
     graph, added = graph_with_defaults(source)
     keep = kept(interface=interface, user=split_keep(options.keep, graph, source.library))
+    fused = (fusion.fold_batch_norms(graph, set(keep)) if options.fold_constants
+             and not fold.has_variables(source) else None)
     calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = options.painting_target()
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                              calls=calls)
+    if fused is not None and (fused.scales_folded or fused.bias_adds):
+        report.extra["fusion"] = fused.summary()
     config = scale_config(options.loss_scale, options.target,
                           dict(options.loss_scale_options or {})) if loss_scaling else None
     steps, state = _scale_graph(graph, before, meta, source.library, config, options, main_rules,

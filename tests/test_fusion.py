@@ -1,0 +1,118 @@
+"""--fold-constants folds batch norms into the convolutions they follow (amp_rewrite.fusion)."""
+
+import numpy as np
+import tensorflow as tf
+
+import graphs
+from amp_rewrite import convert, fold
+from amp_rewrite.fusion import fold_batch_norms
+from amp_rewrite.ir import Graph
+
+v1 = tf.compat.v1
+
+
+def _bn(y, r, channels, name):
+    """A batch norm as a frozen Keras 3 graph writes it: scale and offset from four Consts."""
+    gamma = tf.constant(r.uniform(0.5, 1.5, channels).astype(np.float32))
+    beta = tf.constant(r.normal(0, 0.2, channels).astype(np.float32))
+    mean = tf.constant(r.normal(0, 0.1, channels).astype(np.float32))
+    var = tf.constant(r.uniform(0.5, 2.0, channels).astype(np.float32))
+    scale = gamma * tf.math.rsqrt(var + 1e-3)
+    return tf.add(y * scale, beta - mean * scale, name=name)
+
+
+def _mobile_block():
+    """conv -> BN -> relu6 -> depthwise (multiplier 2) -> BN -> relu6, as MobileNet's blocks."""
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [2, 8, 8, 4], name="x")
+        k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 6)).astype(np.float32))
+        y = tf.nn.relu6(_bn(tf.nn.conv2d(x, k, 1, "SAME", name="conv"), r, 6, "conv_bn"))
+        d = tf.constant(r.normal(0, 0.4, (3, 3, 6, 2)).astype(np.float32))
+        y = tf.nn.depthwise_conv2d(y, d, [1, 1, 1, 1], "SAME", name="dw")
+        y = tf.nn.relu6(_bn(y, r, 12, "dw_bn"))
+        tf.identity(tf.reduce_mean(y, axis=[1, 2]), name="out")
+    return g.as_graph_def(), {"x:0": r.normal(0, 1, (2, 8, 8, 4)).astype(np.float32)}
+
+
+def _ops(graph_def):
+    return [n.op for n in graph_def.node]
+
+
+def test_batch_norms_become_filters_and_bias_adds_with_the_same_values():
+    gd, feeds = _mobile_block()
+    ref = graphs.run(gd, feeds, ["out:0"])[0]
+    out, report = convert(gd, target="float16", device="cpu", fold_constants=True)
+    # TensorFlow's constant folding pushes a Mul into a Conv2D's filter itself, not into a
+    # depthwise one: that one is ours
+    assert report.extra["fusion"]["scales_folded"] == 1
+    assert report.extra["fusion"]["bias_adds"] == 2
+    assert "Mul" not in _ops(out) and "Rsqrt" not in _ops(out)
+    nodes = {n.name: n for n in out.node}
+    bias = {n.name: n for n in out.node if n.op == "BiasAdd"}
+    assert set(bias) == {"conv_bn", "dw_bn"}             # the adds keep their names
+    assert all(n.attr["data_format"].s == b"NHWC" for n in bias.values())
+    assert sorted(nodes[n.input[0]].op for n in bias.values()) == ["Conv2D", "DepthwiseConv2dNative"]
+    assert "fusion: batch-norm scales folded into convolution filters: 1," in report.format_summary()
+    got = graphs.run(out, feeds, ["out:0"])[0]
+    assert graphs.rel_l2(got, ref) < 5e-3                 # float16 rounding only
+
+
+def _folded_block():
+    """_mobile_block as constant folding leaves it: scales and offsets are Const vectors."""
+    r = np.random.default_rng(2)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [2, 8, 8, 4], name="x")
+        k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 6)).astype(np.float32))
+        y = tf.nn.conv2d(x, k, 1, "SAME", name="conv")
+        y = tf.nn.relu6(tf.constant(r.normal(0, 0.2, 6).astype(np.float32))   # offset first
+                        + y * tf.constant(r.uniform(0.5, 1.5, 6).astype(np.float32)))
+        d = tf.identity(tf.constant(r.normal(0, 0.4, (3, 3, 6, 2)).astype(np.float32)))
+        y = tf.nn.depthwise_conv2d(y, d, [1, 1, 1, 1], "SAME", name="dw")
+        y = y * tf.constant(r.uniform(0.5, 1.5, 12).astype(np.float32))
+        y = tf.nn.relu6(y + tf.constant(r.normal(0, 0.2, 12).astype(np.float32)))
+        tf.identity(tf.reduce_mean(y, axis=[1, 2]), name="out")
+    return g.as_graph_def(), {"x:0": r.normal(0, 1, (2, 8, 8, 4)).astype(np.float32)}
+
+
+def test_the_float32_rewrite_alone_computes_what_the_input_does():
+    for gd, feeds, counts in ((*_folded_block(), (2, 2)),
+                              (fold.fold_constants(_mobile_block()[0], {"out"}), _mobile_block()[1], (1, 2))):
+        graph = Graph.from_graph_def(gd)
+        done = fold_batch_norms(graph, set())
+        assert (done.scales_folded, done.bias_adds) == counts
+        out = graph.to_graph_def(gd)
+        assert not {"Mul", "AddV2"} & set(_ops(out))
+        ref = graphs.run(gd, feeds, ["out:0"])[0]
+        np.testing.assert_allclose(graphs.run(out, feeds, ["out:0"])[0], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_what_it_leaves_alone():
+    """A convolution read twice, an NCHW one, a scalar scale, kept nodes, and a Mul that is a
+    graph output (nothing reads it: its name is the interface) are not rewritten."""
+    r = np.random.default_rng(1)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [1, 6, 6, 3], name="x")
+        k = tf.constant(r.normal(0, 0.4, (3, 3, 3, 3)).astype(np.float32))
+        shared = tf.nn.conv2d(x, k, 1, "SAME", name="shared")
+        tf.identity(shared * tf.constant(r.uniform(1, 2, 3).astype(np.float32)) + 1.0, name="a")
+        tf.identity(shared, name="also_reads_shared")
+        scalar = tf.nn.conv2d(x, k, 1, "SAME", name="scalar_conv") * tf.constant(2.0)
+        tf.identity(scalar, name="b")
+        kept = tf.nn.conv2d(x, k, 1, "SAME", name="kept_conv")
+        tf.identity(tf.multiply(kept, tf.constant(r.uniform(1, 2, 3).astype(np.float32)), name="kept_mul"), name="c")
+        tf.multiply(tf.nn.conv2d(x, k, 1, "SAME", name="out_conv"),
+                    tf.constant(r.uniform(1, 2, 3).astype(np.float32)), name="out_mul")
+    graph = Graph.from_graph_def(g.as_graph_def())
+    done = fold_batch_norms(graph, {"kept_mul"})
+    assert (done.scales_folded, done.bias_adds) == (0, 0)
+    assert {n.op for n in graph.nodes() if n.name.endswith("mul")} == {"Mul"}
+
+
+def test_graphs_with_variables_are_not_rewritten():
+    gd, feeds, fetches = graphs.training_mlp()
+    _, report = convert(gd, fold_constants=True)
+    assert "fusion" not in report.extra
