@@ -68,7 +68,27 @@ def models():
         "EfficientNetB0": (lambda: apps.EfficientNetB0(weights=None, classifier_activation=None), "images"),
         "ConvNeXtTiny": (lambda: apps.ConvNeXtTiny(weights=None, classifier_activation=None), "images"),
         "BERT-style encoder (4 layers, 256 wide, seq 128)": (bert_encoder, "tokens"),
+        # weights=None leaves every batch norm an identity (offset 0, scale 1/sqrt(1+eps)), which
+        # constant folding removes; a trained one has offsets and scales (see set_batch_norms)
+        "ResNet50, batch norms set": (lambda: set_batch_norms(apps.ResNet50(
+            weights=None, classifier_activation=None)), "images"),
+        "MobileNetV2, batch norms set": (lambda: set_batch_norms(apps.MobileNetV2(
+            weights=None, classifier_activation=None)), "images"),
     }
+
+
+def set_batch_norms(model):
+    """``model`` with every batch norm's statistics and affine parameters drawn as a trained
+    network's look (scale 0.5-1.5, offset and mean near 0, variance 0.5-1.5), seeded."""
+    import keras
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            shapes = [w.shape for w in layer.get_weights()]
+            gamma, beta, mean, var = (rng.uniform(0.5, 1.5, shapes[0]), rng.normal(0, 0.1, shapes[1]),
+                                      rng.normal(0, 0.1, shapes[2]), rng.uniform(0.5, 1.5, shapes[3]))
+            layer.set_weights([w.astype(np.float32) for w in (gamma, beta, mean, var)])
+    return model
 
 
 def freeze(model, kind: str):
@@ -90,13 +110,14 @@ def measure(name: str, build, kind: str, rounds: int) -> dict:
     keras.utils.set_random_seed(0)
     gd, inp, out, value = freeze(build(), kind)
     ours_gd, report = convert(gd, target="bfloat16", device="cpu")
+    folded_gd, _ = convert(gd, target="bfloat16", device="cpu", fold_constants=True)
     with tempfile.TemporaryDirectory() as tmp:   # each conversion timed and its peak taken alone
         path = Path(tmp) / "frozen.pb"
         path.write_bytes(gd.SerializeToString())
         conversions = {"ours": convert_in_child(path),
                        "grappler": convert_in_child(path, out.split(":")[0])}
     sessions = {"fp32": session(gd, False), "ours": session(ours_gd, False),
-                "grappler": session(gd, True)}
+                "folded": session(folded_gd, False), "grappler": session(gd, True)}
     feed = {inp: value}
     outputs = {k: np.asarray(s.run(out, feed), np.float64) for k, s in sessions.items()}
     times = time_round_robin({k: functools.partial(s.run, out, feed) for k, s in sessions.items()},
@@ -111,6 +132,7 @@ def measure(name: str, build, kind: str, rounds: int) -> dict:
 
     summary = report.summary()
     return {"name": name, "nodes": len(gd.node), "fp32_ms": med["fp32"], "ours_ms": med["ours"],
+            "folded_ms": med["folded"], "folded_err": err("folded"),
             "grappler_ms": med["grappler"], "ours_err": err("ours"), "grappler_err": err("grappler"),
             **{f"{who}_convert_s": c["seconds"] for who, c in conversions.items()},
             **{f"{who}_mb": (c["peak_kib"] - c["base_kib"]) / 1024 for who, c in conversions.items()},
@@ -142,32 +164,38 @@ def run(rounds: int = 7, only=()) -> str:
     lines = [SECTION, "",
              "`benchmarks/keras_models.py`: Keras applications (`weights=None`, 224x224x3) and a "
              "BERT-style encoder, batch 8, frozen; FP32, amp-rewrite's bfloat16 conversion "
-             "(`--device cpu`, default options) and grappler's `auto_mixed_precision_onednn_bfloat16` "
-             f"on the FP32 graph, run round-robin in one process, {rounds} rounds after 2 "
+             "(`--device cpu`, default options, and with `--fold-constants`) and grappler's "
+             f"`auto_mixed_precision_onednn_bfloat16` on the FP32 graph, run round-robin in one "
+             f"process, {rounds} rounds after 2 "
              f"warm-up runs, medians; on {hardware.describe()}, {os.cpu_count()} cores, "
              f"TensorFlow {tf.__version__}, Python {platform.python_version()}. Ratios are FP32 "
              "time / variant time (above 1: faster than FP32); errors are the logits' relative "
              "L2 error against FP32.",
              "",
              "| model | nodes | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | "
-             "grappler ms (ratio) | ours / grappler speed | ops that differ at run time | "
-             "rel. L2 error ours / grappler | conversion s: ours / grappler | "
+             "with --fold-constants ms (ratio) | grappler ms (ratio) | ours / grappler speed | "
+             "folded / grappler speed | ops that differ at run time | "
+             "rel. L2 error ours / folded / grappler | conversion s: ours / grappler | "
              "conversion peak MB: ours / grappler |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | | | |")
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | | | | | |")
             continue
         lines.append(
             f"| {r['name']} | {r['nodes']} | {r['matrix']} | {r['fp32_ms']:.0f} | "
-            f"{r['ours_ms']:.0f} ({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['grappler_ms']:.0f} "
+            f"{r['ours_ms']:.0f} ({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['folded_ms']:.0f} "
+            f"({r['fp32_ms'] / r['folded_ms']:.2f}x) | {r['grappler_ms']:.0f} "
             f"({r['fp32_ms'] / r['grappler_ms']:.2f}x) | {r['grappler_ms'] / r['ours_ms']:.2f}x | "
-            f"{r['differ']} | {r['ours_err']:.1e} / {r['grappler_err']:.1e} | {r['ours_convert_s']:.2f} / "
+            f"{r['grappler_ms'] / r['folded_ms']:.2f}x | {r['differ']} | {r['ours_err']:.1e} / "
+            f"{r['folded_err']:.1e} / {r['grappler_err']:.1e} | {r['ours_convert_s']:.2f} / "
             f"{r['grappler_convert_s']:.2f} | {r['ours_mb']:.0f} / {r['grappler_mb']:.0f} |")
     lines += ["", "The machine is shared with other jobs, so absolute times are noisy; the "
               "ratios come from runs interleaved in one process. \"ours / grappler speed\" above "
-              "1 means amp-rewrite's graph ran faster than grappler's; \"ops that differ at run "
-              "time\" counts the ops (with their dtypes) that differ between the two bfloat16 graphs "
+              "1 means amp-rewrite's graph ran faster than grappler's (\"folded\": with "
+              "`--fold-constants`, which also folds batch norms into the convolutions so that "
+              "TensorFlow fuses them with their activations); \"ops that differ at run "
+              "time\" (of the default conversion) counts the ops (with their dtypes) that differ between the two bfloat16 graphs "
               "after grappler's passes (`train_step.runtime_difference`; before placement, so "
               "without the oneDNN fusions a session adds): 0 means the same ops in the same dtypes, so their speeds differ only by noise. The "
               "errors are relative to untrained models' logits, some near zero (MobileNetV2's "
