@@ -21,17 +21,24 @@ def _bn(y, r, channels, name):
     return tf.add(y * scale, beta - mean * scale, name=name)
 
 
-def _mobile_block():
-    """conv -> BN -> relu6 -> depthwise (multiplier 2) -> BN -> relu6, as MobileNet's blocks."""
-    r = np.random.default_rng(0)
+def _folded(y, r, channels, name):
+    """A batch norm as constant folding leaves it: Const scale and offset vectors (the offset
+    read first, the other order from _bn's)."""
+    scale = tf.constant(r.uniform(0.5, 1.5, channels).astype(np.float32))
+    return tf.add(tf.constant(r.normal(0, 0.2, channels).astype(np.float32)), y * scale, name=name)
+
+
+def _block(norm=_bn, seed=0):
+    """conv -> norm -> relu6 -> depthwise (multiplier 2) -> norm -> relu6, as MobileNet's blocks."""
+    r = np.random.default_rng(seed)
     g = tf.Graph()
     with g.as_default():
         x = v1.placeholder(tf.float32, [2, 8, 8, 4], name="x")
         k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 6)).astype(np.float32))
-        y = tf.nn.relu6(_bn(tf.nn.conv2d(x, k, 1, "SAME", name="conv"), r, 6, "conv_bn"))
-        d = tf.constant(r.normal(0, 0.4, (3, 3, 6, 2)).astype(np.float32))
+        y = tf.nn.relu6(norm(tf.nn.conv2d(x, k, 1, "SAME", name="conv"), r, 6, "conv_bn"))
+        d = tf.identity(tf.constant(r.normal(0, 0.4, (3, 3, 6, 2)).astype(np.float32)))
         y = tf.nn.depthwise_conv2d(y, d, [1, 1, 1, 1], "SAME", name="dw")
-        y = tf.nn.relu6(_bn(y, r, 12, "dw_bn"))
+        y = tf.nn.relu6(norm(y, r, 12, "dw_bn"))
         tf.identity(tf.reduce_mean(y, axis=[1, 2]), name="out")
     return g.as_graph_def(), {"x:0": r.normal(0, 1, (2, 8, 8, 4)).astype(np.float32)}
 
@@ -41,7 +48,7 @@ def _ops(graph_def):
 
 
 def test_batch_norms_become_filters_and_bias_adds_with_the_same_values():
-    gd, feeds = _mobile_block()
+    gd, feeds = _block()
     ref = graphs.run(gd, feeds, ["out:0"])[0]
     out, report = convert(gd, target="float16", device="cpu", fold_constants=True)
     # TensorFlow's constant folding pushes a Mul into a Conv2D's filter itself, not into a
@@ -59,27 +66,10 @@ def test_batch_norms_become_filters_and_bias_adds_with_the_same_values():
     assert graphs.rel_l2(got, ref) < 5e-3                 # float16 rounding only
 
 
-def _folded_block():
-    """_mobile_block as constant folding leaves it: scales and offsets are Const vectors."""
-    r = np.random.default_rng(2)
-    g = tf.Graph()
-    with g.as_default():
-        x = v1.placeholder(tf.float32, [2, 8, 8, 4], name="x")
-        k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 6)).astype(np.float32))
-        y = tf.nn.conv2d(x, k, 1, "SAME", name="conv")
-        y = tf.nn.relu6(tf.constant(r.normal(0, 0.2, 6).astype(np.float32))   # offset first
-                        + y * tf.constant(r.uniform(0.5, 1.5, 6).astype(np.float32)))
-        d = tf.identity(tf.constant(r.normal(0, 0.4, (3, 3, 6, 2)).astype(np.float32)))
-        y = tf.nn.depthwise_conv2d(y, d, [1, 1, 1, 1], "SAME", name="dw")
-        y = y * tf.constant(r.uniform(0.5, 1.5, 12).astype(np.float32))
-        y = tf.nn.relu6(y + tf.constant(r.normal(0, 0.2, 12).astype(np.float32)))
-        tf.identity(tf.reduce_mean(y, axis=[1, 2]), name="out")
-    return g.as_graph_def(), {"x:0": r.normal(0, 1, (2, 8, 8, 4)).astype(np.float32)}
-
-
 def test_the_float32_rewrite_alone_computes_what_the_input_does():
-    for gd, feeds, counts in ((*_folded_block(), (2, 2)),
-                              (fold.fold_constants(_mobile_block()[0], {"out"}), _mobile_block()[1], (1, 2))):
+    gd, feeds = _block()
+    for gd, feeds, counts in ((*_block(_folded, seed=2), (2, 2)),
+                              (fold.fold_constants(gd, {"out"}), feeds, (1, 2))):
         graph = Graph.from_graph_def(gd)
         done = fold_batch_norms(graph, set())
         assert (done.scales_folded, done.bias_adds) == counts
