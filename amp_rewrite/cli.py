@@ -68,8 +68,10 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "computes in float32 on values rounded to float16): to see float16's "
                         "numbers without a GPU; graph files only")
     p.add_argument("--fold-constants", action="store_true",
-                   help="fold Const-only float32 subgraphs before painting (graphs without "
-                        "variables): fewer casts, one rounding per folded value")
+                   help="fold Const-only float32 subgraphs before painting, and batch norms "
+                        "into the convolutions they follow (graphs without variables): fewer "
+                        "casts, one rounding per folded value, convolutions TensorFlow fuses "
+                        "with their activations")
     p.add_argument("--min-matrix-intensity", type=float, metavar="X",
                    help="least matrix work (FLOPs per element an op reads and writes) the "
                         "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
