@@ -76,12 +76,14 @@ def _fold_scale(graph: Graph, mul: Node, keep: set[str]) -> int:
     for port in (0, 1):
         conv_ref, scale_ref = graph.input(mul.name, port), graph.input(mul.name, 1 - port)
         conv = graph.node(conv_ref.node)
-        scale = _const_vector(graph, scale_ref, _channels(graph, conv, conv_ref))
-        if (scale is None or conv.name in keep or _readers(graph, conv.name) != [(mul.name, port)]
+        stored = _vector(graph, scale_ref, _channels(graph, conv, conv_ref))
+        if (stored is None or conv.name in keep
+                or not _only_reader(graph, conv.name, mul.name, port)
                 or not graph.is_read(mul.name) or graph.control_consumers(mul.name)):
             continue   # (an unread Mul is a graph output: its name must stay)
         filter_ref = graph.input(conv.name, 1)
-        weights = const_values(_const_behind(graph, filter_ref)).astype(np.float32)
+        weights = const_values(_float_const(graph, filter_ref)[0]).astype(np.float32)
+        scale = const_values(stored).astype(np.float32)
         if conv.op == "Conv2D":
             folded = weights * scale
         else:   # [kh, kw, in, mult]: output channel i * mult + m
@@ -103,7 +105,7 @@ def _to_bias_add(graph: Graph, add: Node) -> int:
     for port in (0, 1):
         conv_ref, offset_ref = graph.input(add.name, port), graph.input(add.name, 1 - port)
         conv = graph.node(conv_ref.node)
-        if _const_vector(graph, offset_ref, _channels(graph, conv, conv_ref)) is None:
+        if _vector(graph, offset_ref, _channels(graph, conv, conv_ref)) is None:
             continue
         if port == 1:   # BiasAdd reads the value first, the bias second
             graph.set_input(add.name, 0, conv_ref)
@@ -121,26 +123,25 @@ def _channels(graph: Graph, conv: Node, ref: TensorRef) -> int | None:
     if "data_format" in conv.attr and conv.attr["data_format"].s != b"NHWC":
         return None
     inputs = graph.inputs(conv.name)
-    source = _const_behind(graph, inputs[1]) if len(inputs) == 2 else None
-    if source is None or source.attr["dtype"].type != FLOAT:
+    found = _float_const(graph, inputs[1]) if len(inputs) == 2 else None
+    if found is None or len(found[1]) != 4:
         return None
-    dims = [d.size for d in source.attr["value"].tensor.tensor_shape.dim]
-    if len(dims) != 4:
-        return None
+    dims = found[1]
     return dims[3] if conv.op == "Conv2D" else dims[2] * dims[3]
 
 
-def _const_vector(graph: Graph, ref: TensorRef, length: int | None) -> np.ndarray | None:
-    """The float32 values of a Const vector of ``length`` that ``ref`` reads (through Identity)."""
-    if length is None:
-        return None
+def _vector(graph: Graph, ref: TensorRef, length: int | None) -> Node | None:
+    """The float32 Const vector of ``length`` that ``ref`` reads (through Identity), or None."""
+    found = _float_const(graph, ref) if length is not None else None
+    return found[0] if found is not None and found[1] == [length] else None
+
+
+def _float_const(graph: Graph, ref: TensorRef) -> tuple[Node, list[int]] | None:
+    """The float32 Const ``ref`` reads (through Identity) and its shape, or None."""
     source = _const_behind(graph, ref)
     if source is None or source.attr["dtype"].type != FLOAT:
         return None
-    dims = [d.size for d in source.attr["value"].tensor.tensor_shape.dim]
-    if dims != [length]:
-        return None
-    return const_values(source).astype(np.float32)
+    return source, [d.size for d in source.attr["value"].tensor.tensor_shape.dim]
 
 
 def _const_behind(graph: Graph, ref: TensorRef) -> Node | None:
@@ -155,11 +156,9 @@ def _const_behind(graph: Graph, ref: TensorRef) -> Node | None:
     return None
 
 
-def _readers(graph: Graph, name: str) -> list[tuple[str, int]]:
-    """Data readers of ``name``, or a sentinel when it also has control readers."""
-    if graph.control_consumers(name):
-        return [("^", -1)]
-    return graph.consumers(name)
+def _only_reader(graph: Graph, name: str, reader: str, port: int) -> bool:
+    """Whether input ``port`` of ``reader`` is all that reads ``name`` (data or control)."""
+    return not graph.control_consumers(name) and graph.consumers(name) == [(reader, port)]
 
 
 def _remove_unread(graph: Graph, name: str, keep: set[str]) -> None:

@@ -55,7 +55,7 @@ class TypeGraph:
                 if a is not None and b is not None:
                     a += first[ref.node]
                     b += dst_first
-                    fanout[a].add(b)
+                    fanout[a].add(b)   # add_edge, inline: once per edge of the graph
                     fanin[b].add(a)
         self.clusters = tensorlist_clusters(graph)
         self._join_tensorlists()
