@@ -188,9 +188,9 @@ def runtime_ops(graph_def, fetches: list[str], grappler_amp: bool) -> collection
 
 
 def runtime_difference(ours, fp32, fetches: list[str]) -> int:
-    """How many ops (by op and dtypes) differ between what a session runs of our converted graph
-    and what it runs of the FP32 graph with grappler's bfloat16 pass on; 0: the same ops in the
-    same dtypes, so any difference in their speed is the machine's noise."""
+    """How many ops (by op and dtypes, :func:`runtime_ops`) differ between our converted graph
+    and the FP32 graph with grappler's bfloat16 pass on, both after grappler's passes; 0: the
+    same ops in the same dtypes, so any difference in their speed is the machine's noise."""
     a, b = runtime_ops(ours, fetches, False), runtime_ops(fp32, fetches, True)
     return sum(((a - b) + (b - a)).values())
 
@@ -234,7 +234,9 @@ def bench_model(title: str, body, batch: int, lr: float, optimizer: str, rounds:
         s.close()
     median = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     summary = report.summary()
-    return {"title": title, "median_ms": median, "differ": runtime_difference(bf16, fp32, ["loss", "train"]), "last_loss": {n: float(v[-1]) for n, v in losses.items()},
+    return {"title": title, "median_ms": median,
+            "differ": runtime_difference(bf16, fp32, ["loss", "train"]),
+            "last_loss": {n: float(v[-1]) for n, v in losses.items()},
             "first_loss": float(losses["fp32"][0]),
             "converted": f"{summary['matrix_converted']}/{summary['matrix_total']}"}
 
@@ -268,8 +270,8 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
                  "neither bfloat16 graph has any. \"Ops that differ at run time\" compares the "
                  "two bfloat16 graphs after grappler's passes (ops and their dtypes, counted; "
                  "`train_step.runtime_difference`; before placement, so without the oneDNN "
-                 "fusions a session adds): 0 means the same ops in the same dtypes, so the two speeds differ only by the machine's noise. Where "
-                 "amp-rewrite's cost model keeps every MatMul float32 (0 in bf16), its graph runs "
+                 "fusions a session adds): 0 means the same ops in the same dtypes, so the two "
+                 "speeds differ only by the machine's noise. Where amp-rewrite's cost model keeps every MatMul float32 (0 in bf16), its graph runs "
                  "as the FP32 graph does, and its ratio to FP32 is noise too.")
     return "\n".join(lines) + "\n"
 
