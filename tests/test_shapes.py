@@ -1,0 +1,96 @@
+"""Static shapes for the cost model: TensorFlow's own shape inference is the oracle."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from amp_rewrite.ir import Graph, TensorRef
+from amp_rewrite.shapes import Shapes
+
+v1 = tf.compat.v1
+
+
+def _const(shape):
+    return tf.constant(np.random.default_rng(0).normal(0, 0.1, shape).astype(np.float32))
+
+
+def convnet(batch=None, data_format="NHWC"):
+    """A small network with every op the shape rules cover, open batch by default."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [batch, 30, 30, 3], name="x")
+        h = tf.pad(x, [[0, 0], [1, 2], [1, 0], [0, 0]], name="pad")
+        h = tf.nn.conv2d(h, _const([3, 3, 3, 16]), 2, "VALID", name="conv_valid")
+        h = tf.nn.relu6(tf.nn.bias_add(h, _const([16])), name="act")
+        h = tf.nn.depthwise_conv2d(h, _const([3, 3, 16, 2]), [1, 1, 1, 1], "SAME", name="dw")
+        h = tf.nn.conv2d(h, _const([1, 1, 32, 8]), 1, "SAME", dilations=1, name="conv_same")
+        h = tf.nn.conv2d(h, _const([3, 3, 8, 8]), 2, [[0, 0], [1, 1], [2, 0], [0, 0]],
+                         name="conv_explicit")
+        p = tf.nn.max_pool2d(h, 2, 2, "VALID", name="pool")
+        a = tf.nn.avg_pool2d(h, 3, 1, "SAME", name="avg")
+        c = tf.concat([a, a * _const([8])], axis=-1, name="concat")
+        m = tf.reduce_mean(c, axis=[1, 2], name="mean")
+        k = tf.reduce_sum(c, axis=[1], keepdims=True, name="sum")
+        r = tf.reshape(p, [-1, int(np.prod(p.shape[1:]))], name="flat")
+        d = tf.matmul(r, _const([r.shape[1], 10]), name="dense")
+        t = tf.transpose(tf.expand_dims(d, 1, name="expand"), [0, 2, 1], name="transpose")
+        b = tf.matmul(t, _const([1, 4]), name="bmm")
+        tf.squeeze(tf.reduce_max(b, axis=-1, keepdims=True), axis=[2], name="squeezed")
+        tf.identity(m, name="m")
+        tf.identity(k, name="k")
+    return g
+
+
+@pytest.mark.parametrize("batch", [None, 4])
+def test_shapes_agree_with_tensorflows_inference(batch):
+    g = convnet(batch)
+    graph, shapes = Graph.from_graph_def(g.as_graph_def()), None
+    shapes = Shapes(graph)
+    checked = set()
+    for op in g.get_operations():
+        if not op.outputs or op.type in ("NoOp",):
+            continue
+        tf_shape = op.outputs[0].shape
+        ours = shapes.shape(TensorRef(op.name, 0))
+        if ours is None:
+            continue
+        assert tf_shape.rank == len(ours), op.name
+        assert [d if d is not None else -1 for d in tf_shape.as_list()] == list(ours), op.name
+        checked.add(op.type)
+    must = {"Placeholder", "Pad", "Conv2D", "BiasAdd", "Relu6", "DepthwiseConv2dNative",
+            "MaxPool", "AvgPool", "ConcatV2", "Mean", "Sum", "Reshape", "MatMul", "ExpandDims",
+            "Transpose", "BatchMatMulV2", "Max", "Squeeze", "Mul", "Identity"}
+    assert must <= checked, must - checked
+
+
+def test_elements_count_per_sample_where_the_batch_is_open():
+    graph = Graph.from_graph_def(convnet(None).as_graph_def())
+    shapes = Shapes(graph)
+    # padded to 33x31, a 3x3 VALID window at stride 2: 16x15
+    assert shapes.elements(TensorRef("conv_valid", 0)) == 16 * 15 * 16
+    fixed = Shapes(Graph.from_graph_def(convnet(4).as_graph_def()))
+    assert fixed.elements(TensorRef("conv_valid", 0)) == 4 * 16 * 15 * 16
+
+
+def test_what_the_rules_do_not_cover_is_unknown_and_so_is_what_follows():
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, None], name="x")
+        y = v1.placeholder(tf.float32, None, name="y")
+        tf.nn.relu(tf.unique(tf.reshape(y, [-1]))[0], name="after_unique")
+        tf.nn.relu(x, name="open")
+    shapes = Shapes(Graph.from_graph_def(g.as_graph_def()))
+    assert shapes.shape(TensorRef("after_unique", 0)) is None
+    assert shapes.shape(TensorRef("open", 0)) == (-1, -1)
+    assert shapes.elements(TensorRef("open", 0)) is None   # an open dimension past the batch
+
+
+def test_a_chain_of_thousands_of_nodes_needs_no_recursion():
+    g = tf.Graph()
+    with g.as_default():
+        h = v1.placeholder(tf.float32, [None, 8], name="x")
+        for _ in range(5000):
+            h = tf.nn.relu(h)
+        tf.identity(h, name="out")
+    shapes = Shapes(Graph.from_graph_def(g.as_graph_def()))
+    assert shapes.elements(TensorRef("out", 0)) == 8
