@@ -11,14 +11,26 @@ ops").
 
 A weight is a Const, a variable read, or what an op's output updates (a weight gradient
 feeds the variable's update); other shapes are not inferred (None: unknown).
+
+:func:`runtime_estimate` weighs a whole island on a CPU with a bfloat16 matrix unit: time its
+matrix ops save (per FLOP) against time its activations lose where TensorFlow runs them in
+bfloat16 with Eigen loops slower than its float32 ones (per element), unless the oneDNN remapper
+fuses them into the convolution or MatMul before them. Both rates were measured on an
+AVX512-BF16 CPU (BENCHMARKS.md "Op costs in bfloat16 on this CPU"); a CPU with AMX saves more
+per FLOP, so there the estimate errs towards float32.
 """
 
 from __future__ import annotations
 
 import math
 
-from .ir import Graph, Node
-from .ops import ENTER_OPS, is_variable_write
+from dataclasses import dataclass, field
+
+from tensorflow.python.framework import tensor_util
+
+from .ir import Graph, Node, TensorRef
+from .ops import ENTER_OPS, MATRIX_OPS, is_variable_write
+from .shapes import Shapes
 
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
@@ -98,3 +110,156 @@ def _updated_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
             if shape is not None:
                 return shape
     return None
+
+
+# bfloat16 on a CPU with a bfloat16 matrix unit, against float32 (BENCHMARKS.md "Op costs in
+# bfloat16 on this CPU", AVX512-BF16): a Conv2D or a MatMul saves about 0.9 ps per FLOP
+# (0.89-0.95 measured; a depthwise convolution 1.8, taken as 0.9 too: it is a small share) ...
+SAVED_PS_PER_FLOP = 0.9
+# ... and these ops, where nothing fuses them, lose this much per element they write (in whole
+# models about as much: MobileNetV2's 35 Relu6 lost 250 ps per element, DenseNet121's Relu 80).
+# Binary elementwise ops are left out: in whole models grappler folds a batch norm's Mul and Add
+# into the convolution, and half the bytes outweigh the slower loop (DenseNet121's Mul and
+# ConcatV2, EfficientNetB0's Mul ran faster in bfloat16 than in float32).
+EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "LeakyRelu": 101,
+                        "Sigmoid": 706, "Tanh": 198, "Softplus": 886, "Erf": 235, "Exp": 163}
+# what TensorFlow's remapper fuses into Conv2D/MatMul + BiasAdd on a CPU with oneDNN
+_FUSED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
+_CONTRACTIONS = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul"})
+# contractions whose Const weight grappler's constant folding multiplies a following Mul into
+_MUL_FOLDS = frozenset({"Conv2D", "MatMul"})
+
+
+@dataclass
+class Estimate:
+    """An island's time in bfloat16 against float32, in microseconds a run of the shapes the
+    graph states (an open batch counted as 1)."""
+
+    flops: float = 0.0                    # matrix FLOPs per sample
+    saved_us: float = 0.0                 # what the matrix ops save
+    lost_us: float = 0.0                  # what the unfused slow ops lose
+    slow: dict[str, int] = field(default_factory=dict)   # op -> how many unfused
+
+    @property
+    def slower(self) -> bool:
+        return self.lost_us > self.saved_us
+
+    def describe(self, tname: str) -> str:
+        """The reason an island stays float32, from "whose" on."""
+        ops = ", ".join(f"{n} {op}" for op, n in sorted(self.slow.items()))
+        return (f"whose unfused {tname} activations ({ops}) would lose about "
+                f"{self.lost_us:.0f} µs a run on a CPU, more than the {self.saved_us:.0f} µs its "
+                f"{self.flops / 1e6:.0f} MFLOPs of matrix work save (shapes as the graph states "
+                "them, an open batch as 1; BENCHMARKS.md \"Op costs in bfloat16 on this CPU\"; "
+                "--min-matrix-intensity 0 paints it anyway)")
+
+
+def slow_unfused(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` is an op whose bfloat16 CPU kernel is slower than its float32 one and
+    that TensorFlow's remapper will not fuse into a contraction (or, a Sigmoid, into a Swish)."""
+    if node.op not in EXTRA_PS_PER_ELEMENT:
+        return False
+    inputs = graph.inputs(node.name)
+    if not inputs:
+        return False
+    if node.op == "Sigmoid" and _swish(graph, node, inputs[0]):
+        return False
+    return not (node.op in _FUSED_ACTIVATIONS and _after_biased_contraction(graph, inputs[0]))
+
+
+def _swish(graph: Graph, node: Node, x: TensorRef) -> bool:
+    """x * sigmoid(x): the remapper makes it one _MklSwish."""
+    for reader, port in graph.consumers(node.name):
+        if graph.node(reader).op == "Mul":
+            other = graph.inputs(reader)[1 - port] if port < 2 else None
+            if other == x:
+                return True
+    return False
+
+
+def _after_biased_contraction(graph: Graph, ref: TensorRef) -> bool:
+    """Whether ``ref`` is a bias added to a contraction's output (BiasAdd, or an Add of a
+    non-zero Const vector, which the remapper takes for a BiasAdd), optionally after a Mul by a
+    Const vector that constant folding moves into a Conv2D's or MatMul's weights; each step
+    read by the next alone."""
+    node = graph.node(ref.node)
+    if ref.port or len(graph.consumers(node.name)) != 1:
+        return False
+    inputs = graph.inputs(node.name)
+    if node.op == "BiasAdd":
+        src = inputs[0]
+    elif node.op in ("Add", "AddV2"):
+        vec = [i for i, r in enumerate(inputs) if _const_vector(graph, r, nonzero=True)]
+        if len(vec) != 1:
+            return False
+        src = inputs[1 - vec[0]]
+    else:
+        return False
+    up = graph.node(src.node)
+    if up.op == "Mul" and len(graph.consumers(up.name)) == 1:
+        muls = graph.inputs(up.name)
+        vec = [i for i, r in enumerate(muls) if _const_vector(graph, r, nonzero=False)]
+        if len(vec) == 1 and graph.node(muls[1 - vec[0]].node).op in _MUL_FOLDS:
+            up = graph.node(muls[1 - vec[0]].node)
+    return up.op in _CONTRACTIONS and len(graph.consumers(up.name)) == 1
+
+
+def _const_vector(graph: Graph, ref: TensorRef, nonzero: bool) -> bool:
+    node = graph.node(ref.node)
+    if node.op != "Const":
+        return False
+    tensor = node.attr["value"].tensor
+    if len(tensor.tensor_shape.dim) > 1 and any(d.size != 1 for d in tensor.tensor_shape.dim[:-1]):
+        return False
+    if not nonzero:
+        return True
+    # grappler's constant folding drops an add of zeros: then there is no bias to fuse
+    return bool(tensor_util.MakeNdarray(tensor).any())
+
+
+def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
+    """Time the nodes ``names`` (an island) save and lose in bfloat16 on a CPU, or
+    None where a matrix op's FLOPs or a slow op's elements are not known from the graph (a
+    gradient's convolution, an Einsum: their FLOPs are not worked out)."""
+    est = Estimate()
+    for name in names:
+        node = graph.node(name)
+        if node.op in MATRIX_OPS:
+            if node.op not in _FLOPS_PER_OUTPUT:
+                return None
+            per = _FLOPS_PER_OUTPUT[node.op](graph, shapes, node)
+            count = shapes.elements(TensorRef(name, 0))
+            if per is None or count is None:
+                return None
+            est.flops += per * count
+        elif slow_unfused(graph, node):
+            count = shapes.elements(TensorRef(name, 0))
+            if count is None:
+                return None
+            est.lost_us += count * EXTRA_PS_PER_ELEMENT[node.op] * 1e-6
+            est.slow[node.op] = est.slow.get(node.op, 0) + 1
+    est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
+    return est
+
+
+def _conv_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
+    f = _filter_shape(graph, node)
+    if f is None or len(f) != 4:
+        return None
+    return 2.0 * f[0] * f[1] * (f[2] if node.op == "Conv2D" else 1)
+
+
+def _matmul_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
+    a = shapes.shape(graph.inputs(node.name)[0])
+    if a is None or len(a) < 2:
+        return None
+    if node.op == "MatMul":
+        inner = a[0] if node.attr["transpose_a"].b else a[1]
+    else:
+        inner = a[-2] if node.attr["adj_x"].b else a[-1]
+    return 2.0 * inner if inner > 0 else None
+
+
+_FLOPS_PER_OUTPUT = {"Conv2D": _conv_flops, "DepthwiseConv2dNative": _conv_flops,
+                     "MatMul": _matmul_flops, "BatchMatMul": _matmul_flops,
+                     "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops}

@@ -18,15 +18,19 @@ v1 = tf.compat.v1
 BF16 = tf.bfloat16.as_datatype_enum
 
 
-def chain(widths, batch=None):
-    """x -> MatMul(w0) -> relu -> MatMul(w1) -> ... with weights of the given widths."""
+def chain(widths, batch=None, bias=False):
+    """x -> MatMul(w0) -> relu -> MatMul(w1) -> ... with weights of the given widths (and with
+    ``bias`` a BiasAdd before each relu, which TensorFlow fuses into the MatMul)."""
     r = np.random.default_rng(0)
     g = tf.Graph()
     with g.as_default():
         h = v1.placeholder(tf.float32, [batch, widths[0]], name="x")
         for i, (a, b) in enumerate(zip(widths, widths[1:])):
             w = tf.constant(r.normal(0, 0.1, (a, b)).astype(np.float32))
-            h = tf.nn.relu(tf.matmul(h, w, name=f"mm{i}"), name=f"relu{i}")
+            h = tf.matmul(h, w, name=f"mm{i}")
+            if bias:
+                h = tf.nn.bias_add(h, tf.constant(r.normal(0, 0.1, b).astype(np.float32)))
+            h = tf.nn.relu(h, name=f"relu{i}")
         tf.identity(h, name="out")
     return g.as_graph_def()
 
@@ -94,7 +98,8 @@ def test_a_small_training_graph_stays_float32_forward_and_backward(tmp_path):
 def test_cli_knob(tmp_path, capsys):
     from amp_rewrite.cli import main
     src = tmp_path / "m.pb"
-    src.write_bytes(chain([32, 32]).SerializeToString())
+    # with a bias the relu is fused into the MatMul: no activation to weigh, the knob decides
+    src.write_bytes(chain([32, 32], bias=True).SerializeToString())
     assert main([str(src), "-o", str(tmp_path / "a.pb"), "--target", "bfloat16", "--device", "cpu",
                  "--min-matrix-intensity", "16"]) == 0
     mm = next(n for n in load(tmp_path / "a.pb").graph_def.node if n.op == "MatMul")
@@ -152,3 +157,79 @@ def test_a_force_lowp_override_lifts_a_cost_decision(tmp_path):
     _, report = convert(chain([32, 32]), target="bfloat16", device="cpu", rules=[rules])
     assert (report.node("mm0").precision, report.node("mm0").code) == ("bfloat16", "user_force")
     assert not [w for w in report.warnings if "force_lowp refused" in w]
+
+
+def inverted_residual(bias=None, act=tf.nn.relu6, batch=None):
+    """The first half of MobileNetV2's block at 14x14: a 1x1 expansion 128 -> 768, ``act``, a
+    3x3 depthwise convolution, ``act``, then a mean over the pixels. ``bias``: None (no bias,
+    as a frozen untrained batch norm leaves it), "random" (a BiasAdd TensorFlow fuses) or
+    "zeros" (an add of zeros, which grappler's constant folding removes)."""
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+
+    def biased(h, n):
+        if bias == "random":
+            return tf.nn.bias_add(h, tf.constant(r.normal(0, 0.1, n).astype(np.float32)))
+        if bias == "zeros":
+            return h + tf.constant(np.zeros(n, np.float32))
+        return h
+
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [batch, 14, 14, 128], name="x")
+        h = tf.nn.conv2d(x, tf.constant(r.normal(0, 0.1, (1, 1, 128, 768)).astype(np.float32)),
+                         1, "SAME", name="expand")
+        h = act(biased(h, 768), name="act1")
+        h = tf.nn.depthwise_conv2d(h, tf.constant(r.normal(0, 0.1, (3, 3, 768, 1)).astype(
+            np.float32)), [1, 1, 1, 1], "SAME", name="dw")
+        h = act(biased(h, 768), name="act2")
+        tf.identity(tf.reduce_mean(h, [1, 2]), name="out")
+    return g.as_graph_def()
+
+
+def test_unfused_slow_activations_keep_an_island_float32_on_a_cpu():
+    """Per sample the block's convolutions do 41 MFLOPs (about 37 µs saved in bfloat16), its
+    two unfused Relu6 write 301k elements (about 66 µs lost): float32, and the reason says so."""
+    from amp_rewrite.costs import runtime_estimate
+    from amp_rewrite.shapes import Shapes
+    gd = inverted_residual()
+    graph = Graph.from_graph_def(gd)
+    est = runtime_estimate(graph, Shapes(graph), [n.name for n in graph.nodes()])
+    assert est.flops == 196 * 768 * (2 * 128 + 18)
+    assert est.slow == {"Relu6": 2} and est.slower
+    _, report = convert(gd, target="bfloat16", device="cpu")
+    for name in ("expand", "dw", "act1", "act2"):
+        node = report.node(name)
+        assert node.precision == "float32" and node.code == "cost", name
+        assert "2 Relu6" in node.reason and "µs" in node.reason
+    # an add of zeros is no bias: grappler removes it, so the Relu6 stays unfused
+    _, zeros = convert(inverted_residual("zeros"), target="bfloat16", device="cpu")
+    assert zeros.node("expand").code == "cost"
+
+
+def test_fused_activations_cost_nothing_and_the_knob_at_zero_paints_anyway():
+    for gd, kwargs in ((inverted_residual("random"), {}),   # BiasAdd + Relu6: one oneDNN op
+                       (inverted_residual(act=tf.nn.relu), {}),   # Relu: 65 ps, not 456
+                       (inverted_residual(), {"min_matrix_intensity": 0}),
+                       (inverted_residual(), {"target": "float16", "device": "cpu"}),
+                       (inverted_residual(), {"target": "bfloat16", "device": "gpu"})):
+        _, report = convert(gd, **{"target": "bfloat16", "device": "cpu", **kwargs})
+        assert all(report.node(n).precision != "float32" for n in ("expand", "dw"))
+
+
+def test_a_swish_is_fused_a_lone_sigmoid_is_not():
+    from amp_rewrite.costs import slow_unfused
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 8], name="x")
+        s = tf.sigmoid(x, name="swish_sigmoid")
+        tf.multiply(x, s, name="swish")
+        tf.sigmoid(x, name="lone")
+        w = tf.constant(np.ones((8, 8), np.float32))
+        tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), tf.constant(np.ones(8, np.float32))),
+                   name="fused_relu")
+        tf.nn.relu(tf.matmul(x, w) + tf.constant(np.zeros(8, np.float32)), name="relu_after_zeros")
+    graph = Graph.from_graph_def(g.as_graph_def())
+    got = {n: slow_unfused(graph, graph.node(n))
+           for n in ("swish_sigmoid", "lone", "fused_relu", "relu_after_zeros", "swish")}
+    assert got == {"swish_sigmoid": False, "lone": True, "fused_relu": False,
+                   "relu_after_zeros": True, "swish": False}

@@ -61,6 +61,15 @@ def test_keras_application_converts_and_matches(model_name, target, images):
     graph_def, inp, out = _freeze(MODELS[model_name](weights=None, input_shape=(64, 64, 3)))
     ref = graphs.run(graph_def, {inp: images}, [out])[0]
     converted, report = convert(graph_def, target=target, device=DEVICE[target])
+    if (model_name, target) == ("MobileNetV2", "bfloat16"):
+        # untrained batch norms fold to no bias, so every Relu6 follows a bare convolution and
+        # runs unfused; on a CPU they lose more in bfloat16 than the convolutions save: the
+        # whole model stays float32 and says why (costs.runtime_estimate) ...
+        kept = [report.node(n.name) for n in converted.node if n.op in MATRIX]
+        assert kept and all(n.code == "cost" and "Relu6" in n.reason for n in kept)
+        # ... and the knob at 0 paints it anyway, for the numbers below
+        converted, report = convert(graph_def, target=target, device=DEVICE[target],
+                                    min_matrix_intensity=0)
     got = graphs.run(converted, {inp: images}, [out])[0]
     assert np.all(np.isfinite(got))
     assert graphs.rel_l2(got, ref) <= TOL[target]
@@ -96,7 +105,10 @@ def test_calibrated_logits_no_worse_than_grappler(model_name, images):
     ref = graphs.run(graph_def, {inp: images}, [out])[0]
     assert np.std(ref) > 0.1  # logits of O(1): the comparison means something
     theirs = graphs.rel_l2(_grappler_bfloat16_run(graph_def, {inp: images}, out), ref)
-    ours = graphs.rel_l2(graphs.run(convert(graph_def, target="bfloat16", device="cpu")[0],
+    # painted as grappler paints, without the cost rules: this compares the numbers of two
+    # paintings (the cost rules keep MobileNetV2 float32 on a CPU, test above)
+    ours = graphs.rel_l2(graphs.run(convert(graph_def, target="bfloat16", device="cpu",
+                                            min_matrix_intensity=0)[0],
                                     {inp: images}, [out])[0], ref)
     assert ours <= 1.25 * theirs + 1e-3
     # folding the batch-norm constants in float32 first, as grappler does at run time, closes
@@ -104,7 +116,8 @@ def test_calibrated_logits_no_worse_than_grappler(model_name, images):
     # depthwise convolution's batch-norm scale into its filter (amp_rewrite.fusion), which
     # grappler leaves as a Mul after it: rounded in another place, the error moves by a few
     # percent either way (MobileNetV2 here: 1.05x grappler's)
-    folded, report = convert(graph_def, target="bfloat16", device="cpu", fold_constants=True)
+    folded, report = convert(graph_def, target="bfloat16", device="cpu", fold_constants=True,
+                             min_matrix_intensity=0)
     folded_err = graphs.rel_l2(graphs.run(folded, {inp: images}, [out])[0], ref)
     assert folded_err <= 1.1 * theirs + 1e-4 and folded_err <= ours
     assert report.summary()["casts_added"] <= 8

@@ -7,6 +7,12 @@ the island and under ``min_intensity``, the island's casts and 16-bit elementwis
 than its matrix work saves, and the whole island stays float32 (code ``cost``). An island with
 one big matrix op keeps its small ones too: inside it they need no casts. Measured on a CPU
 (BENCHMARKS.md "Small matrix ops", "Training step"); off (0) by default elsewhere.
+
+bfloat16 on a CPU also weighs each island that passes as a whole
+(:func:`amp_rewrite.costs.runtime_estimate`): where its activations that TensorFlow runs unfused
+in slow bfloat16 loops lose more time than its matrix ops save, it stays float32 (code
+``cost``). Only islands holding such an activation are weighed, so shapes are worked out for
+those alone.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from __future__ import annotations
 import math
 
 from .. import hardware
-from ..costs import matrix_intensity
+from ..costs import matrix_intensity, runtime_estimate, slow_unfused
 from ..ops import MATRIX_OPS
+from ..shapes import Shapes
 from .decisions import Decision
 from .state import PaintState
 
@@ -30,6 +37,8 @@ def drop_cheap_islands(s: PaintState) -> None:
     if no_unit:
         text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix unit, "
                 f"so {s.tname} would run slower than float32 here")
+    weigh = (s.tname, s.device) == ("bfloat16", "CPU")
+    shapes = None
     seen: set[int] = set()
     for start in sorted(s.allow):
         if start in seen:
@@ -38,11 +47,20 @@ def drop_cheap_islands(s: PaintState) -> None:
         seen |= island
         if not no_unit:
             worth = _worth(s, island)
-            if worth is None or worth >= s.min_intensity:
-                continue
-            text = (f"in a {s.tname} island whose biggest matrix op does {worth:.0f} FLOPs per "
-                    f"element it moves, under {s.min_intensity:g} (--min-matrix-intensity): its "
-                    "casts and 16-bit neighbours would cost more than its matrix work saves")
+            if worth is not None and worth < s.min_intensity:
+                text = (f"in a {s.tname} island whose biggest matrix op does {worth:.0f} FLOPs "
+                        f"per element it moves, under {s.min_intensity:g} "
+                        "(--min-matrix-intensity): its casts and 16-bit neighbours would cost "
+                        "more than its matrix work saves")
+            else:
+                names = {s.items[i][0] for i in island}
+                if not weigh or not any(slow_unfused(s.graph, s.nodes[n]) for n in names):
+                    continue
+                shapes = shapes or Shapes(s.graph)
+                est = runtime_estimate(s.graph, shapes, sorted(names))
+                if est is None or not est.slower:
+                    continue
+                text = f"in a {s.tname} island {est.describe(s.tname)}"
         for idx in island:
             s.allow.pop(idx)
             s.blocked[idx] = Decision(False, "cost", text)
