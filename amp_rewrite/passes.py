@@ -10,6 +10,7 @@ graph restores keep their signatures.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from .rules import RuleSet, load_rules
 from .signatures import graph_with_defaults, strip_graph_defaults
 from .training import (HINTS, add_function_state, add_loss_scaling, function_train_steps,
                        scale_config, scale_train_functions)
+
+log = logging.getLogger(__name__)
 
 DEVICES = {"gpu": "GPU", "cpu": "CPU"}
 # The least matrix intensity (FLOPs per element moved, costs.matrix_intensity) an island's
@@ -92,6 +95,18 @@ class Options:
                 and hardware.bf16_matrix_unit() is None)
 
 
+def _hint_folding(report: Report) -> None:
+    """Matrix ops kept float32 because their activations would run unfused, in a graph
+    --fold-constants could fold: folded, a trained batch norm becomes a bias TensorFlow fuses
+    (README "--fold-constants"); an untrained one folds away, so this says "may"."""
+    text = (f"{report.extra['unfused_kept']} matrix ops stayed float32 because their "
+            "activations would run unfused in bfloat16 (code cost); the graph has no variables, "
+            "and --fold-constants may let TensorFlow fuse them: it folds batch norms into the "
+            "convolutions as biases")
+    report.warnings.append(text)
+    log.warning(text)
+
+
 def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                   rules: RuleSet | None = None,
                   loss_scaling: bool = True) -> tuple[meta_graph_pb2.MetaGraphDef, Report]:
@@ -123,6 +138,9 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                              calls=calls)
     if fused is not None and (fused.scales_folded or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
+    if report.extra.get("unfused_kept") and not options.fold_constants \
+            and not fold.has_variables(source):
+        _hint_folding(report)
     config = scale_config(options.loss_scale, options.target,
                           dict(options.loss_scale_options or {})) if loss_scaling else None
     steps, state = _scale_graph(graph, before, meta, source.library, config, options, main_rules,

@@ -233,3 +233,19 @@ def test_a_swish_is_fused_a_lone_sigmoid_is_not():
            for n in ("swish_sigmoid", "lone", "fused_relu", "relu_after_zeros", "swish")}
     assert got == {"swish_sigmoid": False, "lone": True, "fused_relu": False,
                    "relu_after_zeros": True, "swish": False}
+
+
+def test_a_frozen_graph_kept_float32_for_unfused_activations_hints_at_folding(tmp_path, capsys):
+    from amp_rewrite.cli import main
+    _, report = convert(inverted_residual(), target="bfloat16", device="cpu")
+    assert report.extra["unfused_kept"] == 2   # the expansion and the depthwise convolution
+    assert any("--fold-constants may" in w for w in report.warnings)
+    # not where folding was asked for, and not where nothing was kept for that reason
+    _, folded = convert(inverted_residual(), target="bfloat16", device="cpu", fold_constants=True)
+    _, fused = convert(inverted_residual("random"), target="bfloat16", device="cpu")
+    assert not any("--fold-constants may" in w for w in folded.warnings + fused.warnings)
+    src = tmp_path / "block.pb"
+    src.write_bytes(inverted_residual().SerializeToString())
+    assert main([str(src), "-o", str(tmp_path / "out.pb"), "--target", "bfloat16",
+                 "--device", "cpu"]) == 0
+    assert "--fold-constants may" in capsys.readouterr().err

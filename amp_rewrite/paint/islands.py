@@ -61,6 +61,7 @@ def drop_cheap_islands(s: PaintState) -> None:
                 if est is None or not est.slower:
                     continue
                 text = f"in a {s.tname} island {est.describe(s.tname)}"
+                s.unfused_kept += sum(s.nodes[n].op in MATRIX_OPS for n in names)
         for idx in island:
             s.allow.pop(idx)
             s.blocked[idx] = Decision(False, "cost", text)

@@ -41,6 +41,7 @@ class PaintState:
         self.deny_parent: dict[int, int | None] = {}
         self.deny_root: dict[int, int] = {}   # the deny op each deny-reached item came from
         self.warnings: list[str] = []
+        self.unfused_kept = 0   # matrix ops the runtime estimate kept float32 (paint.islands)
         self._kernel: dict[int, bool] = {}
         self._reads_ref: dict[str, bool] = {}
 
