@@ -123,11 +123,13 @@ SAVED_PS_PER_FLOP = 0.9
 # ConcatV2, EfficientNetB0's Mul ran faster in bfloat16 than in float32).
 EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "LeakyRelu": 101,
                         "Sigmoid": 706, "Tanh": 198, "Softplus": 886, "Erf": 235, "Exp": 163}
-# what TensorFlow's remapper fuses into Conv2D/MatMul + BiasAdd on a CPU with oneDNN
-_FUSED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
-_CONTRACTIONS = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul"})
-# contractions whose Const weight grappler's constant folding multiplies a following Mul into
-_MUL_FOLDS = frozenset({"Conv2D", "MatMul"})
+# what TensorFlow's remapper (grappler remapper.cc) fuses on a CPU into each contraction + bias:
+# Tanh and Sigmoid only after a MatMul, LeakyRelu not after a depthwise convolution
+_FUSES = {"Conv2D": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"}),
+          "DepthwiseConv2dNative": frozenset({"Relu", "Relu6", "Elu"}),
+          "MatMul": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})}
+# activations that folding batch norms into convolutions (--fold-constants) can make fusable
+FOLDING_FUSES = _FUSES["Conv2D"] | _FUSES["DepthwiseConv2dNative"]
 
 
 @dataclass
@@ -154,9 +156,11 @@ class Estimate:
                 "--min-matrix-intensity 0 paints it anyway)")
 
 
-def slow_unfused(graph: Graph, node: Node) -> bool:
+def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None) -> bool:
     """Whether ``node`` is an op whose bfloat16 CPU kernel is slower than its float32 one and
-    that TensorFlow's remapper will not fuse into a contraction (or, a Sigmoid, into a Swish)."""
+    that TensorFlow's remapper will not fuse into the contraction before it (or, a Sigmoid, into
+    a Swish). ``island``: the names painted with it; a contraction outside it is float32, and
+    the cast between them stops the fusion."""
     if node.op not in EXTRA_PS_PER_ELEMENT:
         return False
     inputs = graph.inputs(node.name)
@@ -164,57 +168,108 @@ def slow_unfused(graph: Graph, node: Node) -> bool:
         return False
     if node.op == "Sigmoid" and _swish(graph, node, inputs[0]):
         return False
-    return not (node.op in _FUSED_ACTIVATIONS and _after_biased_contraction(graph, inputs[0]))
+    contraction = _biased_contraction(graph, node, inputs[0], island)
+    return contraction is None or node.op not in _FUSES[contraction.op]
 
 
 def _swish(graph: Graph, node: Node, x: TensorRef) -> bool:
-    """x * sigmoid(x): the remapper makes it one _MklSwish."""
-    for reader, port in graph.consumers(node.name):
-        if graph.node(reader).op == "Mul":
-            other = graph.inputs(reader)[1 - port] if port < 2 else None
-            if other == x:
-                return True
-    return False
-
-
-def _after_biased_contraction(graph: Graph, ref: TensorRef) -> bool:
-    """Whether ``ref`` is a bias added to a contraction's output (BiasAdd, or an Add of a
-    non-zero Const vector, which the remapper takes for a BiasAdd), optionally after a Mul by a
-    Const vector that constant folding moves into a Conv2D's or MatMul's weights; each step
-    read by the next alone."""
-    node = graph.node(ref.node)
-    if ref.port or len(graph.consumers(node.name)) != 1:
+    """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish."""
+    if not graph.read_once(node.name):
         return False
-    inputs = graph.inputs(node.name)
-    if node.op == "BiasAdd":
-        src = inputs[0]
-    elif node.op in ("Add", "AddV2"):
-        vec = [i for i, r in enumerate(inputs) if _const_vector(graph, r, nonzero=True)]
-        if len(vec) != 1:
-            return False
-        src = inputs[1 - vec[0]]
+    reader, port = graph.consumers(node.name)[0]
+    return graph.node(reader).op == "Mul" and port < 2 and graph.inputs(reader)[1 - port] == x
+
+
+def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
+                        island: set[str] | None) -> Node | None:
+    """The contraction the remapper would fuse ``act`` into, or None. ``ref`` must be a bias
+    added to a Conv2D's, depthwise convolution's or MatMul's output: a BiasAdd whose bias is not
+    all zeros (grappler's constant folding removes an add of zeros), or an add of a non-zero
+    Const with one value per output channel after an NHWC contraction; between them may sit a
+    Mul by a Const vector that constant folding multiplies into an NHWC Conv2D's Const filter.
+    Each step is the only reader of the one before, none has control edges, and all are in
+    ``island`` where one is given."""
+    if ref.port or _controlled(graph, act.name):
+        return None
+    bias = graph.node(ref.node)
+    if bias.op not in ("BiasAdd", "Add", "AddV2") or not _sole_step(graph, bias.name, island):
+        return None
+    inputs = graph.inputs(bias.name)
+    if len(inputs) != 2:
+        return None
+    if bias.op == "BiasAdd":
+        src, values = inputs[0], _const_values(graph, inputs[1])
+        if values is not None and not values.any():
+            return None
     else:
-        return False
+        at = [i for i, r in enumerate(inputs) if _const_values(graph, r) is not None]
+        if len(at) != 1:
+            return None
+        src, values = inputs[1 - at[0]], _const_values(graph, inputs[at[0]])
+        if values.ndim < 1 or not values.any() or any(d != 1 for d in values.shape[:-1]):
+            return None
     up = graph.node(src.node)
-    if up.op == "Mul" and len(graph.consumers(up.name)) == 1:
+    if up.op == "Mul" and _sole_step(graph, up.name, island):
         muls = graph.inputs(up.name)
-        vec = [i for i, r in enumerate(muls) if _const_vector(graph, r, nonzero=False)]
-        if len(vec) == 1 and graph.node(muls[1 - vec[0]].node).op in _MUL_FOLDS:
-            up = graph.node(muls[1 - vec[0]].node)
-    return up.op in _CONTRACTIONS and len(graph.consumers(up.name)) == 1
+        scaled = [i for i, r in enumerate(muls) if _const_values(graph, r) is not None]
+        conv = graph.node(muls[1 - scaled[0]].node) if len(scaled) == 1 else None
+        if (conv is not None and conv.op == "Conv2D" and _nhwc(conv)
+                and _const_values(graph, graph.inputs(conv.name)[1]) is not None):
+            up = conv
+    if up.op not in _FUSES or not _sole_step(graph, up.name, island) or src.port:
+        return None
+    if bias.op != "BiasAdd":   # an add counts as a bias with one value per channel, NHWC
+        channels = _out_channels(graph, up)
+        if not _nhwc(up) or channels is None or values.shape[-1] != channels:
+            return None
+    return up
 
 
-def _const_vector(graph: Graph, ref: TensorRef, nonzero: bool) -> bool:
+def _controlled(graph: Graph, name: str) -> bool:
+    return bool(graph.control_inputs(name) or graph.control_consumers(name))
+
+
+def _sole_step(graph: Graph, name: str, island: set[str] | None) -> bool:
+    """One data reader, no control edges, and painted with the rest where that is known."""
+    return (graph.read_once(name) and not graph.control_inputs(name)
+            and (island is None or name in island))
+
+
+def _nhwc(node: Node) -> bool:
+    return "data_format" not in node.attr or node.attr["data_format"].s in (b"NHWC", b"")
+
+
+def _out_channels(graph: Graph, node: Node) -> int | None:
+    if node.op == "MatMul":
+        shape = _stored_shape(graph, graph.inputs(node.name)[1].node)
+        if shape is None or len(shape) != 2:
+            return None
+        return shape[0] if node.attr["transpose_b"].b else shape[1]
+    shape = _filter_shape(graph, node)
+    if shape is None or len(shape) != 4:
+        return None
+    return shape[2] * shape[3] if node.op.startswith("Depthwise") else shape[3]
+
+
+def _const_values(graph: Graph, ref: TensorRef):
+    """The values of a float Const reaching ``ref`` through Identity ops, or None."""
     node = graph.node(ref.node)
+    for _ in range(8):
+        if node.op != "Identity":
+            break
+        node = graph.node(graph.inputs(node.name)[0].node)
     if node.op != "Const":
-        return False
+        return None
     tensor = node.attr["value"].tensor
-    if len(tensor.tensor_shape.dim) > 1 and any(d.size != 1 for d in tensor.tensor_shape.dim[:-1]):
-        return False
-    if not nonzero:
-        return True
-    # grappler's constant folding drops an add of zeros: then there is no bias to fuse
-    return bool(tensor_util.MakeNdarray(tensor).any())
+    if tensor.dtype not in _FLOAT_DTYPES:
+        return None
+    try:
+        return tensor_util.MakeNdarray(tensor)
+    except (ValueError, TypeError):   # a malformed tensor_content: not a bias we can read
+        return None
+
+
+_FLOAT_DTYPES = frozenset({1, 2, 14, 19})   # DT_FLOAT, DT_DOUBLE, DT_BFLOAT16, DT_HALF
 
 
 def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
@@ -222,7 +277,8 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
     None where a matrix op's FLOPs or a slow op's elements are not known from the graph (a
     gradient's convolution, an Einsum: their FLOPs are not worked out)."""
     est = Estimate()
-    for name in names:
+    island = set(names)
+    for name in sorted(island):
         node = graph.node(name)
         if node.op in MATRIX_OPS:
             if node.op not in _FLOPS_PER_OUTPUT:
@@ -232,7 +288,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
             if per is None or count is None:
                 return None
             est.flops += per * count
-        elif slow_unfused(graph, node):
+        elif slow_unfused(graph, node, island):
             count = shapes.elements(TensorRef(name, 0))
             if count is None:
                 return None

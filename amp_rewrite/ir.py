@@ -319,6 +319,18 @@ class Graph:
             return bool(self._g._succ[name])
         return any(key[0] == _DATA for keyed in self._g._succ[name].values() for key in keyed)
 
+    def read_once(self, name: str) -> bool:
+        """Whether exactly one edge leaves ``name`` and it is a data edge (the one reader a
+        fusion needs). Stops at the second edge: cheap on a tensor with many readers."""
+        self._require(name, f"no node named {name!r}")
+        seen = 0
+        for keyed in self._g._succ[name].values():
+            for key in keyed:
+                seen += 1
+                if key[0] != _DATA or seen > 1:
+                    return False
+        return seen == 1
+
     def control_consumers(self, name: str) -> list[str]:
         self._require(name, f"no node named {name!r}")
         return sorted(dst for dst, keyed in self._g._succ[name].items() if (_CONTROL, name) in keyed)

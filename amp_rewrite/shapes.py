@@ -39,6 +39,11 @@ _BROADCAST = frozenset({
     "LessEqual", "Equal", "NotEqual", "SelectV2", "AddN", "BiasAddV1",
 })
 _REDUCE = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin"})
+# ops with a rule below that read the shape of their first input only / of every non-Const one
+_FIRST = _REDUCE | frozenset({"MaxPool", "AvgPool", "Pad", "PadV2", "MirrorPad", "Reshape",
+                              "Transpose", "ExpandDims", "Squeeze"})
+_MANY = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul", "BatchMatMulV2",
+                   "BatchMatMulV3", "ConcatV2"})
 
 
 class Shapes:
@@ -84,14 +89,13 @@ class Shapes:
         if ref.port != 0:
             return []
         inputs = self.graph.inputs(ref.node)
-        if node.op in _SAME:
+        if node.op in _SAME or node.op in _FIRST:
             return inputs[:1]
         if node.op in _BROADCAST:
             return inputs
-        if node.op in ("Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2",
-                       "BatchMatMul", "BatchMatMulV3", "ConcatV2", "Pack"):
+        if node.op in _MANY:
             return [r for r in inputs if self.graph.node(r.node).op != "Const"]
-        return inputs[:1]
+        return []   # no rule: unknown, whatever its inputs (and no walk up a loop's Merge)
 
     def value(self, ref: TensorRef) -> np.ndarray | None:
         """The value of a Const input (through Identity), or None."""
@@ -192,6 +196,8 @@ def _rule(shapes: Shapes, ref: TensorRef) -> Shape | None:
         if x is None:
             return None
         dims = {d % len(x) for d in attr["squeeze_dims"].list.i}
+        if not dims and -1 in x:
+            return None   # which open dimensions are 1 is not known
         return tuple(d for i, d in enumerate(x) if (i not in dims if dims else d != 1))
     return None
 
@@ -256,7 +262,7 @@ def _window(x: Shape | None, window: list[int], node, channels: int | None) -> S
 def _conv(x: Shape | None, f: Shape | None, node) -> Shape | None:
     if f is None or len(f) != 4:
         return None
-    channels = f[3] if node.op == "Conv2D" else (x[_spatial(node)[0]] * f[3] if x else -1)
+    channels = f[3] if node.op == "Conv2D" else f[2] * f[3]
     return _window(x, list(f[:2]), node, channels)
 
 
@@ -271,7 +277,8 @@ def _reshape(x: Shape | None, target: np.ndarray | None) -> Shape | None:
     rest = math.prod(d for d in dims if d != -1)
     if all(d >= 0 for d in x):
         return tuple(math.prod(x) // rest if d == -1 else d for d in dims) if rest else None
-    # an open batch that stays first and open: the other dimensions are known
-    if x[0] < 0 and all(d >= 0 for d in x[1:]) and dims[0] == -1:
+    # an open batch that stays first and open, each sample keeping its elements
+    if (x[0] < 0 and all(d >= 0 for d in x[1:]) and dims[0] == -1
+            and math.prod(dims[1:]) == math.prod(x[1:])):
         return tuple(dims)
     return None

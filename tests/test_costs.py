@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import training_graphs
+from machine import needs_onednn
 from amp_rewrite import convert, convert_file
 from amp_rewrite.costs import matrix_intensity
 from amp_rewrite.ir import Graph
@@ -208,7 +209,7 @@ def test_unfused_slow_activations_keep_an_island_float32_on_a_cpu():
 
 def test_fused_activations_cost_nothing_and_the_knob_at_zero_paints_anyway():
     for gd, kwargs in ((inverted_residual("random"), {}),   # BiasAdd + Relu6: one oneDNN op
-                       (inverted_residual(act=tf.nn.relu), {}),   # Relu: 65 ps, not 456
+                       (inverted_residual(act=tf.nn.relu), {}),   # Relu: 43 ps, not 218
                        (inverted_residual(), {"min_matrix_intensity": 0}),
                        (inverted_residual(), {"target": "float16", "device": "cpu"}),
                        (inverted_residual(), {"target": "bfloat16", "device": "gpu"})):
@@ -216,23 +217,75 @@ def test_fused_activations_cost_nothing_and_the_knob_at_zero_paints_anyway():
         assert all(report.node(n).precision != "float32" for n in ("expand", "dw"))
 
 
-def test_a_swish_is_fused_a_lone_sigmoid_is_not():
-    from amp_rewrite.costs import slow_unfused
+def _fusion_cases():
+    """name -> whether TensorFlow's remapper leaves that activation unfused (slow in bfloat16)
+    on a CPU; each checked against grappler's own output by the test below."""
+    r = np.random.default_rng(0)
+    c = lambda *shape: tf.constant(r.normal(0, 1, shape).astype(np.float32))  # noqa: E731
     g = tf.Graph()
     with g.as_default():
         x = v1.placeholder(tf.float32, [None, 8], name="x")
+        img = v1.placeholder(tf.float32, [None, 8, 8, 4], name="img")
+        conv = lambda: tf.nn.conv2d(img, c(1, 1, 4, 4), 1, "SAME")  # noqa: E731
+        dw = lambda: tf.nn.depthwise_conv2d(img, c(3, 3, 4, 1), [1, 1, 1, 1], "SAME")  # noqa: E731
+        mm = lambda: tf.matmul(x, c(8, 8))  # noqa: E731
         s = tf.sigmoid(x, name="swish_sigmoid")
         tf.multiply(x, s, name="swish")
         tf.sigmoid(x, name="lone")
-        w = tf.constant(np.ones((8, 8), np.float32))
-        tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), tf.constant(np.ones(8, np.float32))),
-                   name="fused_relu")
-        tf.nn.relu(tf.matmul(x, w) + tf.constant(np.zeros(8, np.float32)), name="relu_after_zeros")
-    graph = Graph.from_graph_def(g.as_graph_def())
-    got = {n: slow_unfused(graph, graph.node(n))
-           for n in ("swish_sigmoid", "lone", "fused_relu", "relu_after_zeros", "swish")}
-    assert got == {"swish_sigmoid": False, "lone": True, "fused_relu": False,
-                   "relu_after_zeros": True, "swish": False}
+        s2 = tf.sigmoid(x, name="swish_read_twice")
+        tf.identity(x * s2 + s2)
+        tf.nn.relu(tf.nn.bias_add(mm(), c(8)), name="relu_matmul_bias")
+        tf.tanh(tf.nn.bias_add(mm(), c(8)), name="tanh_matmul_bias")
+        tf.tanh(tf.nn.bias_add(conv(), c(4)), name="tanh_conv_bias")
+        tf.sigmoid(tf.nn.bias_add(conv(), c(4)), name="sigmoid_conv_bias")
+        tf.nn.relu6(tf.nn.bias_add(conv(), c(4)), name="relu6_conv_bias")
+        tf.nn.relu6(tf.nn.bias_add(dw(), c(4)), name="relu6_dw_bias")
+        tf.nn.leaky_relu(tf.nn.bias_add(dw(), c(4)), name="leaky_dw_bias")
+        tf.nn.relu6(conv() + c(4), name="relu6_conv_add_vector")
+        tf.nn.relu6(conv() + tf.constant(3.0), name="relu6_conv_add_scalar")
+        tf.nn.relu6(conv() + c(1), name="relu6_conv_add_one")
+        tf.nn.relu(mm() + tf.constant(np.zeros(8, np.float32)), name="relu_after_zeros")
+        tf.nn.relu6(tf.nn.bias_add(conv(), tf.constant(np.zeros(4, np.float32))),
+                    name="relu6_conv_bias_zeros")
+        tf.nn.relu6(conv() * c(4) + c(4), name="relu6_conv_scale_offset")
+        tf.nn.relu(tf.nn.bias_add(mm() * c(8), c(8)), name="relu_matmul_scale_bias")
+        y = tf.nn.bias_add(mm(), c(8))
+        with tf.control_dependencies([x]):
+            tf.nn.relu(y, name="relu_with_control_input")
+    want = {"swish_sigmoid": False, "lone": True, "swish_read_twice": True,
+            "relu_matmul_bias": False, "tanh_matmul_bias": False, "tanh_conv_bias": True,
+            "sigmoid_conv_bias": True, "relu6_conv_bias": False, "relu6_dw_bias": False,
+            "leaky_dw_bias": True, "relu6_conv_add_vector": False,
+            "relu6_conv_add_scalar": True, "relu6_conv_add_one": True, "relu_after_zeros": True,
+            "relu6_conv_bias_zeros": True, "relu6_conv_scale_offset": False,
+            "relu_matmul_scale_bias": True, "relu_with_control_input": True}
+    return g.as_graph_def(), want
+
+
+@needs_onednn   # the remapper's CPU fusions are oneDNN's (conftest.py turns it on)
+def test_what_counts_as_fused_is_what_grappler_fuses_on_a_cpu():
+    """slow_unfused against grappler's own remapper: the graph in bfloat16, placed on the CPU,
+    through the session's passes; an activation is fused where no node of its name and op is
+    left (a fused op takes the name of the pattern's last node)."""
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
+    from amp_rewrite.costs import slow_unfused
+    gd, want = _fusion_cases()
+    graph = Graph.from_graph_def(gd)
+    assert {n: slow_unfused(graph, graph.node(n)) for n in want} == want
+    # grappler agrees: in bfloat16 (as painted), placed on the CPU
+    painted, _ = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0,
+                         lowp_io=True)
+    for node in painted.node:
+        node.device = "/device:CPU:0"
+    meta = meta_graph_pb2.MetaGraphDef(graph_def=painted)
+    meta.collection_def["train_op"].node_list.value.extend(
+        [n.name for n in painted.node if not any(n.name in i for m in painted.node for i in m.input)])
+    optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+    left = {(n.name, n.op) for n in optimized.node}
+    ops = {n.name: n.op for n in gd.node}
+    for name, slow in want.items():
+        assert ((name, ops[name]) in left) == slow, name
 
 
 def test_a_frozen_graph_kept_float32_for_unfused_activations_hints_at_folding(tmp_path, capsys):

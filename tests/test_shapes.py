@@ -94,3 +94,44 @@ def test_a_chain_of_thousands_of_nodes_needs_no_recursion():
         tf.identity(h, name="out")
     shapes = Shapes(Graph.from_graph_def(g.as_graph_def()))
     assert shapes.elements(TensorRef("out", 0)) == 8
+
+
+def test_a_reshape_that_moves_elements_between_samples_is_unknown():
+    """(-1, 14, 14, 768) -> (-1, 768) has 768 elements per row but 150,528 per sample: the
+    per-sample count would be wrong, so the shape is not given."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 14, 14, 768], name="x")
+        tf.reshape(x, [-1, 768], name="rows")
+        tf.reshape(x, [-1, 14 * 14 * 768], name="flat")
+    shapes = Shapes(Graph.from_graph_def(g.as_graph_def()))
+    assert shapes.shape(TensorRef("rows", 0)) is None
+    assert shapes.elements(TensorRef("flat", 0)) == 14 * 14 * 768
+
+
+def test_open_channels_and_a_v1_loop_end_in_known_or_unknown_not_in_a_hang():
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 8, 8, None], name="x")
+        tf.nn.depthwise_conv2d(x, _const([3, 3, 4, 2]), [1, 1, 1, 1], "SAME", name="dw")
+        tf.squeeze(v1.placeholder(tf.float32, [None, 1, None], name="y"), name="squeezed")
+    graph_def = g.as_graph_def()
+    # a v1 loop as TensorFlow's importer allows it: Merge reads NextIteration at input 0
+    loop = tf.compat.v1.GraphDef()
+    text = """
+    node { name: "start" op: "Const" attr { key: "dtype" value { type: DT_FLOAT } }
+           attr { key: "value" value { tensor { dtype: DT_FLOAT tensor_shape {} float_val: 1 } } } }
+    node { name: "merge" op: "Merge" input: "next" input: "enter"
+           attr { key: "T" value { type: DT_FLOAT } } attr { key: "N" value { i: 2 } } }
+    node { name: "enter" op: "Enter" input: "start" attr { key: "T" value { type: DT_FLOAT } }
+           attr { key: "frame_name" value { s: "f" } } }
+    node { name: "relu" op: "Relu" input: "merge" attr { key: "T" value { type: DT_FLOAT } } }
+    node { name: "next" op: "NextIteration" input: "relu" attr { key: "T" value { type: DT_FLOAT } } }
+    """
+    from google.protobuf import text_format
+    text_format.Merge(text, loop)
+    graph_def.node.extend(loop.node)
+    shapes = Shapes(Graph.from_graph_def(graph_def))
+    assert shapes.shape(TensorRef("dw", 0)) == (-1, 8, 8, 8)   # the filter says 4 x 2 channels
+    assert shapes.shape(TensorRef("squeezed", 0)) is None
+    assert shapes.shape(TensorRef("relu", 0)) is None

@@ -41,7 +41,7 @@ class Painting:
     decisions: dict[TNode, Decision] = field(default_factory=dict)
     node_codes: dict[str, Decision] = field(default_factory=dict)  # nodes with no type attrs
     warnings: list[str] = field(default_factory=list)
-    unfused_kept: int = 0   # matrix ops kept float32 for their unfused activations (islands)
+    unfused_kept: int = 0   # matrix ops kept float32 for activations folding could fuse
     _index: dict[str, list[TNode]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from .. import hardware
-from ..costs import matrix_intensity, runtime_estimate, slow_unfused
+from ..costs import FOLDING_FUSES, matrix_intensity, runtime_estimate, slow_unfused
 from ..ops import MATRIX_OPS
 from ..shapes import Shapes
 from .decisions import Decision
@@ -54,14 +54,16 @@ def drop_cheap_islands(s: PaintState) -> None:
                         "more than its matrix work saves")
             else:
                 names = {s.items[i][0] for i in island}
-                if not weigh or not any(slow_unfused(s.graph, s.nodes[n]) for n in names):
+                if not weigh or not any(slow_unfused(s.graph, s.nodes[n], names)
+                                        for n in names):
                     continue
                 shapes = shapes or Shapes(s.graph)
-                est = runtime_estimate(s.graph, shapes, sorted(names))
+                est = runtime_estimate(s.graph, shapes, names)
                 if est is None or not est.slower:
                     continue
                 text = f"in a {s.tname} island {est.describe(s.tname)}"
-                s.unfused_kept += sum(s.nodes[n].op in MATRIX_OPS for n in names)
+                if FOLDING_FUSES & set(est.slow):   # folded batch norms could make them fusable
+                    s.unfused_kept += sum(s.nodes[n].op in MATRIX_OPS for n in names)
         for idx in island:
             s.allow.pop(idx)
             s.blocked[idx] = Decision(False, "cost", text)

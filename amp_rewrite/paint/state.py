@@ -41,7 +41,9 @@ class PaintState:
         self.deny_parent: dict[int, int | None] = {}
         self.deny_root: dict[int, int] = {}   # the deny op each deny-reached item came from
         self.warnings: list[str] = []
-        self.unfused_kept = 0   # matrix ops the runtime estimate kept float32 (paint.islands)
+        # matrix ops the runtime estimate kept float32 for activations that folded batch norms
+        # could make fusable (paint.islands; the --fold-constants hint)
+        self.unfused_kept = 0
         self._kernel: dict[int, bool] = {}
         self._reads_ref: dict[str, bool] = {}
 
