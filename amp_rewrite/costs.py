@@ -26,11 +26,12 @@ import math
 
 from dataclasses import dataclass, field
 
-from tensorflow.python.framework import tensor_util
-
+from .consts import values_or_listed
+from .dtypes import FLOATING
+from .errors import InputError
 from .ir import Graph, Node, TensorRef
 from .ops import ENTER_OPS, MATRIX_OPS, is_variable_write
-from .shapes import Shapes
+from .shapes import Shapes, const_behind
 
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
@@ -198,29 +199,30 @@ def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
     if len(inputs) != 2:
         return None
     if bias.op == "BiasAdd":
-        src, values = inputs[0], _const_values(graph, inputs[1])
-        if values is not None and not values.any():
+        src, vec = inputs[0], _float_const(graph, inputs[1])
+        if vec is not None and not _nonzero(vec):
             return None
     else:
-        at = [i for i, r in enumerate(inputs) if _const_values(graph, r) is not None]
-        if len(at) != 1:
+        consts = [(i, c) for i, r in enumerate(inputs) if (c := _float_const(graph, r)) is not None]
+        if len(consts) != 1:
             return None
-        src, values = inputs[1 - at[0]], _const_values(graph, inputs[at[0]])
-        if values.ndim < 1 or not values.any() or any(d != 1 for d in values.shape[:-1]):
+        src, vec = inputs[1 - consts[0][0]], consts[0][1]
+        dims = [d.size for d in vec.attr["value"].tensor.tensor_shape.dim]
+        if not dims or any(d != 1 for d in dims[:-1]) or not _nonzero(vec):
             return None
     up = graph.node(src.node)
     if up.op == "Mul" and _sole_step(graph, up.name, island):
         muls = graph.inputs(up.name)
-        scaled = [i for i, r in enumerate(muls) if _const_values(graph, r) is not None]
+        scaled = [i for i, r in enumerate(muls) if _float_const(graph, r) is not None]
         conv = graph.node(muls[1 - scaled[0]].node) if len(scaled) == 1 else None
         if (conv is not None and conv.op == "Conv2D" and _nhwc(conv)
-                and _const_values(graph, graph.inputs(conv.name)[1]) is not None):
+                and _float_const(graph, graph.inputs(conv.name)[1]) is not None):
             up = conv
     if up.op not in _FUSES or not _sole_step(graph, up.name, island) or src.port:
         return None
     if bias.op != "BiasAdd":   # an add counts as a bias with one value per channel, NHWC
         channels = _out_channels(graph, up)
-        if not _nhwc(up) or channels is None or values.shape[-1] != channels:
+        if not _nhwc(up) or channels is None or dims[-1] != channels:
             return None
     return up
 
@@ -251,34 +253,40 @@ def _out_channels(graph: Graph, node: Node) -> int | None:
     return shape[2] * shape[3] if node.op.startswith("Depthwise") else shape[3]
 
 
-def _const_values(graph: Graph, ref: TensorRef):
-    """The values of a float Const reaching ``ref`` through Identity ops, or None."""
-    node = graph.node(ref.node)
-    for _ in range(8):
-        if node.op != "Identity":
-            break
-        node = graph.node(graph.inputs(node.name)[0].node)
-    if node.op != "Const":
-        return None
-    tensor = node.attr["value"].tensor
-    if tensor.dtype not in _FLOAT_DTYPES:
-        return None
+def _float_const(graph: Graph, ref: TensorRef) -> Node | None:
+    """The float Const ``ref`` reads (through Identity), or None; its values are not read."""
+    node = const_behind(graph, ref)
+    return node if node is not None and node.attr["value"].tensor.dtype in FLOATING else None
+
+
+def _nonzero(node: Node) -> bool:
+    """Whether a Const holds a value other than zero (a splat read as listed, not expanded);
+    a malformed one counts as no bias."""
     try:
-        return tensor_util.MakeNdarray(tensor)
-    except (ValueError, TypeError):   # a malformed tensor_content: not a bias we can read
-        return None
-
-
-_FLOAT_DTYPES = frozenset({1, 2, 14, 19})   # DT_FLOAT, DT_DOUBLE, DT_BFLOAT16, DT_HALF
+        return bool(values_or_listed(node).any())
+    except InputError:
+        return False
 
 
 def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
     """Time the nodes ``names`` (an island) save and lose in bfloat16 on a CPU, or
     None where a matrix op's FLOPs or a slow op's elements are not known from the graph (a
-    gradient's convolution, an Einsum: their FLOPs are not worked out)."""
+    gradient's convolution, an Einsum: their FLOPs are not worked out). An island with no
+    unfused slow op loses nothing (an empty estimate), and no shape is worked out for it."""
     est = Estimate()
-    island = set(names)
-    for name in sorted(island):
+    members = set(names)
+    island = sorted(members)
+    slow = [name for name in island if slow_unfused(graph, graph.node(name), members)]
+    if not slow:
+        return est
+    for name in slow:
+        op = graph.node(name).op
+        count = shapes.elements(TensorRef(name, 0))
+        if count is None:
+            return None
+        est.lost_us += count * EXTRA_PS_PER_ELEMENT[op] * 1e-6
+        est.slow[op] = est.slow.get(op, 0) + 1
+    for name in island:
         node = graph.node(name)
         if node.op in MATRIX_OPS:
             if node.op not in _FLOPS_PER_OUTPUT:
@@ -288,12 +296,6 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
             if per is None or count is None:
                 return None
             est.flops += per * count
-        elif slow_unfused(graph, node, island):
-            count = shapes.elements(TensorRef(name, 0))
-            if count is None:
-                return None
-            est.lost_us += count * EXTRA_PS_PER_ELEMENT[node.op] * 1e-6
-            est.slow[node.op] = est.slow.get(node.op, 0) + 1
     est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
     return est
 

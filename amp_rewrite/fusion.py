@@ -35,6 +35,7 @@ from tensorflow.python.framework import tensor_util
 from .consts import const_values
 from .dtypes import FLOAT
 from .ir import Graph, Node, TensorRef
+from .shapes import const_behind
 
 CONVOLUTIONS = ("Conv2D", "DepthwiseConv2dNative")
 
@@ -138,22 +139,10 @@ def _vector(graph: Graph, ref: TensorRef, length: int | None) -> Node | None:
 
 def _float_const(graph: Graph, ref: TensorRef) -> tuple[Node, list[int]] | None:
     """The float32 Const ``ref`` reads (through Identity) and its shape, or None."""
-    source = _const_behind(graph, ref)
+    source = const_behind(graph, ref)
     if source is None or source.attr["dtype"].type != FLOAT:
         return None
     return source, [d.size for d in source.attr["value"].tensor.tensor_shape.dim]
-
-
-def _const_behind(graph: Graph, ref: TensorRef) -> Node | None:
-    node = graph.node(ref.node)
-    for _ in range(8):
-        if node.op == "Const":
-            return node
-        inputs = graph.inputs(node.name)
-        if node.op != "Identity" or len(inputs) != 1:
-            return None
-        node = graph.node(inputs[0].node)
-    return None
 
 
 def _only_reader(graph: Graph, name: str, reader: str, port: int) -> bool:

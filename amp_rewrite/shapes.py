@@ -19,7 +19,7 @@ import math
 import numpy as np
 from tensorflow.python.framework import tensor_util
 
-from .ir import Graph, TensorRef
+from .ir import Graph, Node, TensorRef
 
 Shape = tuple[int, ...]
 
@@ -99,12 +99,22 @@ class Shapes:
 
     def value(self, ref: TensorRef) -> np.ndarray | None:
         """The value of a Const input (through Identity), or None."""
-        node = self.graph.node(ref.node)
-        while node.op == "Identity":
-            node = self.graph.node(self.graph.inputs(node.name)[0].node)
-        if node.op != "Const":
+        node = const_behind(self.graph, ref)
+        return None if node is None else tensor_util.MakeNdarray(node.attr["value"].tensor)
+
+
+def const_behind(graph: Graph, ref: TensorRef) -> Node | None:
+    """The Const ``ref`` reads, through up to 8 Identity ops (a frozen graph's ``/read``), or
+    None."""
+    node = graph.node(ref.node)
+    for _ in range(8):
+        if node.op == "Const":
+            return node
+        inputs = graph.inputs(node.name)
+        if node.op != "Identity" or len(inputs) != 1:
             return None
-        return tensor_util.MakeNdarray(node.attr["value"].tensor)
+        node = graph.node(inputs[0].node)
+    return None
 
 
 def _const_shape(shapes: Shapes, ref: TensorRef) -> Shape | None:

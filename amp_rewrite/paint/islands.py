@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from .. import hardware
-from ..costs import FOLDING_FUSES, matrix_intensity, runtime_estimate, slow_unfused
+from ..costs import FOLDING_FUSES, matrix_intensity, runtime_estimate
 from ..ops import MATRIX_OPS
 from ..shapes import Shapes
 from .decisions import Decision
@@ -38,7 +38,7 @@ def drop_cheap_islands(s: PaintState) -> None:
         text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix unit, "
                 f"so {s.tname} would run slower than float32 here")
     weigh = (s.tname, s.device) == ("bfloat16", "CPU")
-    shapes = None
+    shapes = Shapes(s.graph)   # worked out on demand, for the islands runtime_estimate weighs
     seen: set[int] = set()
     for start in sorted(s.allow):
         if start in seen:
@@ -53,11 +53,9 @@ def drop_cheap_islands(s: PaintState) -> None:
                         "(--min-matrix-intensity): its casts and 16-bit neighbours would cost "
                         "more than its matrix work saves")
             else:
-                names = {s.items[i][0] for i in island}
-                if not weigh or not any(slow_unfused(s.graph, s.nodes[n], names)
-                                        for n in names):
+                if not weigh:
                     continue
-                shapes = shapes or Shapes(s.graph)
+                names = {s.items[i][0] for i in island}
                 est = runtime_estimate(s.graph, shapes, names)
                 if est is None or not est.slower:
                     continue
