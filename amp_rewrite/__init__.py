@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib
 
+from .version import __version__
+
 _EXPORTS = {
     "Options": "passes", "convert": "pipeline", "convert_file": "pipeline",
     "convert_model": "pipeline",
@@ -23,7 +25,6 @@ _EXPORTS = {
     "TuneResult": "tuning",
 }
 __all__ = sorted(_EXPORTS)
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

@@ -24,6 +24,7 @@ from typing import NoReturn
 from .errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
 from .files import check_container, same_file, tune_rules_path
 from .loss_scale import scale_config
+from .version import __version__
 
 PROG = "amp-rewrite"
 COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune")
@@ -40,6 +41,7 @@ class _Parser(argparse.ArgumentParser):
 
 # ----------------------------------------------------------------- flags
 def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log each step and show tracebacks")
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
 
