@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-from .version import __version__
+from .version import __version__ as __version__   # the one place it is written
 
 _EXPORTS = {
     "Options": "passes", "convert": "pipeline", "convert_file": "pipeline",
