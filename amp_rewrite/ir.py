@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from typing import Iterable, Iterator, NamedTuple
+from typing import Collection, Iterable, Iterator, NamedTuple
 
 import networkx as nx
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
@@ -340,6 +340,38 @@ class Graph:
         for name in self.names():
             for port, ref in enumerate(self.inputs(name)):
                 yield ref, name, port
+
+    def descendants(self, roots: Iterable[str], *, control: bool = False,
+                    stop: Collection[str] = ()) -> set[str]:
+        """``roots`` and every node reachable from them along data edges, and along control
+        edges too with ``control``. A node of ``stop`` is reached but not walked past."""
+        return self._reach(roots, self._g._succ, control, stop)
+
+    def ancestors(self, roots: Iterable[str], *, control: bool = True,
+                  stop: Collection[str] = ()) -> set[str]:
+        """``roots`` and every node they depend on: along data and control edges, or data
+        edges only with ``control=False``. A node of ``stop`` is reached but not walked past."""
+        return self._reach(roots, self._g._pred, control, stop)
+
+    def _reach(self, roots: Iterable[str], adjacency: dict, control: bool,
+               stop: Collection[str]) -> set[str]:
+        """The one graph walk: depth first over ``adjacency`` (networkx's successor or
+        predecessor dicts), without recursion, each node once."""
+        seen: set[str] = set()
+        stack = list(roots)
+        for name in stack:
+            self._require(name, f"cannot walk from missing node {name!r}")
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in stop:
+                continue
+            for other, keyed in adjacency[name].items():
+                if other not in seen and (control or any(k[0] == _DATA for k in keyed)):
+                    stack.append(other)
+        return seen
 
     def topological_order(self) -> list[str]:
         """Node names in a topological order of data and control edges.

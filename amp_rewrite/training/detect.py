@@ -114,27 +114,6 @@ def _loss_seeds(graph: Graph, seeds: list[str], loss: str) -> list[str]:
     return picked
 
 
-def _reach(roots, neighbours) -> set[str]:
-    seen, stack = set(), list(roots)
-    while stack:
-        name = stack.pop()
-        if name not in seen:
-            seen.add(name)
-            stack.extend(neighbours(name))
-    return seen
-
-
-def descendants(graph: Graph, roots, control: bool = False) -> set[str]:
-    """Nodes reachable from ``roots`` (included) along data edges, and control edges if asked."""
-    return _reach(roots, lambda n: [c for c, _ in graph.consumers(n)]
-                  + (graph.control_consumers(n) if control else []))
-
-
-def ancestors(graph: Graph, roots) -> set[str]:
-    """Nodes ``roots`` (included) depend on, along data and control edges."""
-    return _reach(roots, lambda n: [r.node for r in graph.inputs(n)] + graph.control_inputs(n))
-
-
 def _past_all_reduce(graph: Graph, ref: TensorRef, counter: list[int]) -> TensorRef:
     readers = graph.consumers(ref.node, ref.port)
     if len(readers) == 1 and graph.node(readers[0][0]).op in ALL_REDUCE_OPS:
@@ -151,7 +130,7 @@ def _gradient_tensors(graph: Graph, seeds: list[str], region: set[str]) -> tuple
     scopes = {backprop_scope(s) or _reader_scope(graph, s) for s in seeds}
     scopes.discard(None)
     scoped = {n for n in region if any(n.startswith(s) for s in scopes)} | set(seeds)
-    inside = scoped | (descendants(graph, seeds) & ancestors(graph, scoped))
+    inside = scoped | (graph.descendants(seeds) & graph.ancestors(scoped))
     found: list[TensorRef] = []
     counter = [0]
     for name in graph.names():
@@ -197,7 +176,7 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
     """
     seeds = _seeds(graph, loss, grads)
     backprop_nodes = [n for n in graph.names() if backprop_scope(n)] + seeds
-    trained = [n for n in sorted(descendants(graph, backprop_nodes))
+    trained = [n for n in sorted(graph.descendants(backprop_nodes))
                if is_variable_write(graph.node(n).op)]
     if not trained:
         if grads or loss:
@@ -211,7 +190,7 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
             "backprop seed is missing: no Fill of ones under a gradients/ scope and no ones "
             "read only by gradient_tape/; name the seed (the gradient fed to tf.gradients or the "
             "tape) with --grad NAME")
-    region = descendants(graph, seeds)
+    region = graph.descendants(seeds)
     seeds = _one_train_step(graph, seeds, named=bool(grads or loss))
     unseeded = [n for n in trained if n not in region]
     if unseeded:
@@ -219,7 +198,7 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
             f"variable update {unseeded[0]!r} ({graph.node(unseeded[0]).op}) reads gradients that "
             f"no backprop seed found ({', '.join(seeds) or 'none'}) leads to; name every seed with --grad")
     gradients, reduced = _gradient_tensors(graph, seeds, region)
-    after = descendants(graph, [g.node for g in gradients])
+    after = graph.descendants([g.node for g in gradients])
     updates = [n for n in graph.names() if n in after and is_variable_write(graph.node(n).op)]
     if not gradients or not updates:
         raise UnsupportedGraphError(
@@ -244,7 +223,7 @@ def _one_train_step(graph: Graph, seeds: list[str], named: bool) -> list[str]:
     """The seeds that reach an update; refused when they fall into separate train steps (a
     GAN's two) and the user did not name which to scale: one scale and one check would tie
     them together. Towers whose gradients meet in the same updates are one step."""
-    reached = {s: {n for n in descendants(graph, [s]) if is_variable_write(graph.node(n).op)}
+    reached = {s: {n for n in graph.descendants([s]) if is_variable_write(graph.node(n).op)}
                for s in seeds}
     seeds = [s for s in seeds if reached[s]]
     if _separate_steps([reached[s] for s in seeds]) and not named:

@@ -22,7 +22,7 @@ from ..ops import is_variable_write
 from ..signatures import output_dtype
 from . import nodes as nd
 from ..loss_scale import ScaleConfig
-from .detect import Backprop, ancestors, backprop_scope, descendants
+from .detect import Backprop, backprop_scope
 from .state import SCOPE, StateVar, add_variable, assign, refuse_scaled
 
 
@@ -95,7 +95,7 @@ def _sinks(graph: Graph, updates: list[str]) -> list[str]:
 
     A dangling read (Adam's beta-power ReadVariableOps) is not a train op: no one fetches it.
     """
-    after = descendants(graph, updates, control=True)
+    after = graph.descendants(updates, control=True)
     ends = [n for n in graph.names() if n in after and not graph.consumers(n)
             and not graph.control_consumers(n)]
     return [n for n in ends if graph.node(n).op == "NoOp" or is_variable_write(graph.node(n).op)] or ends
@@ -105,7 +105,7 @@ def _gate_updates(graph: Graph, updates: list[str], unscaled: list[TensorRef],
                   finite: TensorRef) -> list[str]:
     """Route each update's gradient-derived inputs through ``Switch(x, finite):1``; returns
     the Switch nodes."""
-    derived = descendants(graph, [u.node for u in unscaled])
+    derived = graph.descendants([u.node for u in unscaled])
     switches: dict[TensorRef, TensorRef] = {}
     for update in updates:
         for port, ref in enumerate(graph.inputs(update)):
@@ -130,9 +130,9 @@ def _keep_results_alive(graph: Graph, switches: list[str], finite: TensorRef) ->
     a node (no write after it, no data input that is dead) waits instead on a join, a Merge
     of "the updates ran" and "the step was skipped", which is alive either way.
     """
-    dead = descendants(graph, switches, control=True) - set(switches)
+    dead = graph.descendants(switches, control=True) - set(switches)
     writes = [n for n in dead if is_variable_write(graph.node(n).op)]
-    before_writes = ancestors(graph, writes) if writes else set()
+    before_writes = graph.ancestors(writes) if writes else set()
     alive: list[str] = []
     revived: set[str] = set()
     for name in graph.topological_order():
@@ -162,8 +162,8 @@ def _keep_results_alive(graph: Graph, switches: list[str], finite: TensorRef) ->
 def _gate_other_writes(graph: Graph, updates: list[str], train_ops: list[str],
                        finite: TensorRef) -> list[str]:
     """Gate the train op's writes that neither read a gradient nor wait on an update."""
-    candidates = ancestors(graph, train_ops) - descendants(graph, updates, control=True) \
-        - ancestors(graph, [finite.node])
+    candidates = graph.ancestors(train_ops) - graph.descendants(updates, control=True) \
+        - graph.ancestors([finite.node])
     writes = [n for n in graph.names() if n in candidates and is_variable_write(graph.node(n).op)]
     if writes:
         switch = nd.op(graph, "Switch", f"{SCOPE}/gate", [finite, finite], T=BOOL)

@@ -1,0 +1,56 @@
+"""The IR's one graph walk: descendants and ancestors, with control edges and stop nodes."""
+
+import pytest
+
+from amp_rewrite.errors import IRError
+from amp_rewrite.ir import Graph
+from test_ir import graph_def
+
+pytestmark = pytest.mark.fast
+
+
+def diamond() -> Graph:
+    #   x -> a -> b -> d ; x -> c -> d ; ^a -> e ; NextIteration n -> m (a back edge) -> n
+    return Graph.from_graph_def(graph_def(
+        ("x", "Placeholder", []), ("a", "Relu", ["x"]), ("b", "Relu", ["a"]),
+        ("c", "Relu", ["x"]), ("d", "AddV2", ["b", "c"]), ("e", "NoOp", ["^a"]),
+        ("m", "Merge", ["x", "n"]), ("n", "NextIteration", ["m"])))
+
+
+def test_descendants_follow_data_edges_and_control_edges_when_asked():
+    g = diamond()
+    assert g.descendants(["a"]) == {"a", "b", "d"}
+    assert g.descendants(["a"], control=True) == {"a", "b", "d", "e"}
+    assert g.descendants(["x"]) == {"x", "a", "b", "c", "d", "m", "n"}
+
+
+def test_ancestors_follow_control_edges_unless_told_not_to():
+    g = diamond()
+    assert g.ancestors(["e"]) == {"e", "a", "x"}
+    assert g.ancestors(["e"], control=False) == {"e"}
+    assert g.ancestors(["d"]) == {"d", "b", "c", "a", "x"}
+
+
+def test_a_stop_node_is_reached_but_not_walked_past():
+    g = diamond()
+    assert g.descendants(["x"], stop={"a"}) == {"x", "a", "c", "d", "m", "n"}
+    assert g.ancestors(["d"], stop={"b", "c"}) == {"d", "b", "c"}
+
+
+def test_walks_end_on_cycles_and_take_several_roots():
+    g = diamond()
+    assert g.descendants(["n"]) == {"n", "m"}      # the loop's back edge, walked once
+    assert g.ancestors(["b", "c"]) == {"b", "c", "a", "x"}
+    assert g.descendants([]) == set()
+
+
+def test_walking_from_a_missing_node_is_our_bug():
+    with pytest.raises(IRError):
+        diamond().descendants(["nope"])
+
+
+def test_a_long_chain_walks_without_recursion():
+    n = 5_000   # far past Python's recursion limit
+    nodes = [("n0", "Placeholder", [])] + [(f"n{i}", "Relu", [f"n{i - 1}"]) for i in range(1, n)]
+    g = Graph.from_graph_def(graph_def(*nodes))
+    assert len(g.descendants(["n0"])) == n and len(g.ancestors([f"n{n - 1}"])) == n
