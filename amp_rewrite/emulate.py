@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from tensorflow.core.framework import graph_pb2
 
+from . import lint
+from .before import Before
 from .casts import cast_types, insert_cast
 from .dtypes import FLOAT, HALF
 from .errors import UnsupportedGraphError
@@ -34,14 +36,10 @@ _ROUTING = ENTER_OPS | EXIT_OPS | MERGE_OPS | NEXT_ITERATION_OPS | SWITCH_OPS | 
 def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, int]:
     """The float32 emulation of float16 ``graph_def`` (not changed), and how many ops it
     emulates. A graph with no float16 op comes back equal."""
-    for function in graph_def.library.function:
-        for node in function.node_def:
-            if any(v.type == HALF or HALF in v.list.type for v in node.attr.values()):
-                raise UnsupportedGraphError(
-                    f"function {function.signature.name!r} holds float16 ops ({node.name}); "
-                    "emulation covers a graph's own nodes only")
+    _refuse_half_functions(graph_def.library)
     graph = Graph.from_graph_def(graph_def)
     _refuse_half_interface(graph)
+    before = Before(graph)
     emulated = 0
     for node in list(graph.nodes()):   # the casts added on the way are not visited
         types = node_types(node)
@@ -67,7 +65,23 @@ def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, 
             continue    # passes values on unchanged (and a loop's Merge must read NextIteration)
         _widen_outputs(graph, node.name, ports, round_first=True)
         emulated += 1
+    lint.lint(graph, original=before)   # as every converted graph, before it is written
     return graph.to_graph_def(graph_def), emulated
+
+
+def _refuse_half_functions(library) -> None:
+    """Emulation covers a graph's own nodes: refuse a library function that holds float16 ops
+    or passes float16 through its signature (a call of it would keep float16 at its border)."""
+    for function in library.function:
+        sig = function.signature
+        if any(a.type == HALF for a in list(sig.input_arg) + list(sig.output_arg)):
+            raise UnsupportedGraphError(f"function {sig.name!r} takes or returns float16; "
+                                        "emulation covers a graph's own nodes only")
+        for node in function.node_def:
+            if any(v.type == HALF or HALF in v.list.type for v in node.attr.values()):
+                raise UnsupportedGraphError(
+                    f"function {sig.name!r} holds float16 ops ({node.name}); "
+                    "emulation covers a graph's own nodes only")
 
 
 def _widen_outputs(graph: Graph, name: str, ports: list[int], round_first: bool) -> None:

@@ -22,7 +22,7 @@ from . import fold, fusion, hardware, lint
 from .dtypes import TARGETS
 from .emulate import emulate_float16
 from .before import Before
-from .errors import InputError
+from .errors import InputError, LintError
 from .functions import kept, paint_library, rules_for, split_keep
 from .ir import Graph, copy_except
 from .library import check_call_types
@@ -157,6 +157,11 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         meta.graph_def.CopyFrom(emulated)
         report.extra["emulation"] = {"ops": count, "summary": f"{count} float16 ops computed "
                                      "in float32 on values rounded to float16"}
+    # every step above linted what it edited; the calls between the graph and its functions
+    # are checked once more on the final graph, as on the input
+    problems = check_call_types(meta.graph_def)
+    if problems:
+        raise LintError(problems)
     return meta, report
 
 
