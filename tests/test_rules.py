@@ -9,12 +9,13 @@ import tensorflow as tf
 import graphs
 from amp_rewrite import convert
 from amp_rewrite.errors import RuleError
-from amp_rewrite.rules import load_rules
+from amp_rewrite.rules import builtin_rules_dir, load_rules
 
 pytestmark = pytest.mark.fast  # conversions only: no TensorFlow session
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "rules" / "examples"
+# the example rule files as the package ships them (rules/examples in a checkout)
+EXAMPLES = builtin_rules_dir() / "examples"
 sys_path = ROOT / "examples"
 
 
