@@ -195,6 +195,14 @@ def cases(folder: Path):
                                ("inverted_residual_bias_bf16", "random", PAINTS)):
         path = _write_graph_def(folder, name, test_costs.inverted_residual(bias))
         out.append((name, path, BF16_COSTED, expect))
+
+    # TensorLists, painted whole or kept float32 whole (grappler's cases; E and G keep theirs)
+    for case in "ABCDEGI":
+        graph_def, _ = gg.tensorlist(case)
+        path = _write_graph_def(folder, f"grappler_tensorlist_{case}", graph_def)
+        keep = [n.name for n in graph_def.node if n.name in ("output", "output2")]
+        out.append((f"grappler_tensorlist_{case}_bf16_i0", path, {**BF16, "keep": keep}, PAINTS))
+        out.append((f"grappler_tensorlist_{case}_f16", path, F16, PAINTS))
     return out
 
 
