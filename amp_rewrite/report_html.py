@@ -240,6 +240,12 @@ def _verify(v: dict) -> str:
         parts.append(_table(("rank", "tensor", "op", "dtype", "error added", "relative L2"),
                             [(i, n["tensor"], n["op"], n["dtype"], n["added"], n["rel_l2"])
                              for i, n in enumerate(v["nodes"][:50], 1)], "per-node"))
+    if v.get("uncompared"):
+        total = sum(u["count"] for u in v["uncompared"])
+        parts.append(f"<h3>Per node: {total} tensors not compared</h3>")
+        parts.append(_table(("tensors", "why", "for example"),
+                            [(u["count"], u["why"], ", ".join(u["tensors"]))
+                             for u in v["uncompared"]], "uncompared"))
     return "\n".join(parts)
 
 

@@ -195,6 +195,11 @@ class Runner:
         """The tensors :meth:`trace` can record, or None when a trace finds them itself."""
         return None
 
+    def uncomparable(self) -> dict[str, str]:
+        """The float tensors of the model's computation that :meth:`trace` cannot record, each
+        with why (see :meth:`GraphRunner.uncomparable`); empty where a trace finds its own."""
+        return {}
+
     def decision_shares(self) -> frozenset[str]:
         """The outputs that are shares of yes/no decisions (an accuracy: the mean of a cast
         ``Equal(ArgMax(...), labels)``), which move by whole decisions, not by rounding; empty
@@ -488,12 +493,25 @@ class GraphRunner(Runner):
     def comparable(self) -> list[str]:
         """The float tensors worth comparing: fetchable, not setting variables up, not the
         loss-scale state (``amp_loss_scale/``), in topological order."""
-        setup = self.setup_ops()
         order = self._order
-        names = [name for name in self.fetchable()
-                 if not name.startswith(f"{SCOPE}/") and name.rsplit(":", 1)[0] not in setup
-                 and self.graph.get_tensor_by_name(name).dtype.as_datatype_enum in FLOATING]
+        names = [t.name for op in self._computing() if op.name not in self._hidden
+                 for t in op.outputs if t.dtype.as_datatype_enum in FLOATING]
         return sorted(names, key=lambda n: order.get(n.rsplit(":", 1)[0], 0))
+
+    def uncomparable(self) -> dict[str, str]:
+        """The float tensors :meth:`comparable` leaves out among those that compute the model
+        (not setting variables up, not the loss-scale state), each with why: ``"after_write"``
+        (fetching it would run a variable write) or ``"control_flow"`` (inside a v1 loop
+        frame or cond branch, which a fetch from outside cannot reach)."""
+        return {t.name: "after_write" if op.name in self._after_writes else "control_flow"
+                for op in self._computing() if op.name in self._hidden
+                for t in op.outputs if t.dtype.as_datatype_enum in FLOATING}
+
+    def _computing(self) -> list:
+        """The ops that compute the model: not setting variables up, not the loss-scale state."""
+        setup = self.setup_ops()
+        return [op for op in self._ops
+                if op.name not in setup and not op.name.startswith(f"{SCOPE}/")]
 
     def trace(self, feeds, names=None) -> Trace:
         """``names`` (default :meth:`comparable`) fetched in one run (if TensorFlow refuses one
@@ -624,6 +642,11 @@ class SavedModelRunner(Runner):
         trace = self._tracer.run(feeds)
         self._check_replay(feeds, trace)
         return trace
+
+    def uncomparable(self) -> dict[str, str]:
+        """A TF1 signature's tensors are fetched as in a graph file: what that leaves out
+        (known once :meth:`trace` has run); a TF2 signature's replay records every tensor."""
+        return self._tracer.uncomparable() if isinstance(self._tracer, GraphRunner) else {}
 
     def _make_tracer(self):
         model = load(self.path)

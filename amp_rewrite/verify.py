@@ -30,7 +30,9 @@ given. The result names, for each output, which check failed.
 theirs), so the first tensor that diverges, such as an op overflowing float16, comes first.
 Graph files compare every float tensor a fetch reaches without running a variable write;
 SavedModels the tensors of their signature's function bodies (see
-:meth:`amp_rewrite.runner.SavedModelRunner.trace`). Exit code 1 when an output fails a check.
+:meth:`amp_rewrite.runner.SavedModelRunner.trace`). A tensor it cannot compare (its shape
+changed, TensorFlow will not fetch it, only one model has it ...) is counted, by reason
+(:data:`UNCOMPARED`), never dropped silently. Exit code 1 when an output fails a check.
 """
 
 from __future__ import annotations
@@ -261,15 +263,47 @@ class NodeError:
     added: float                # rel_l2 minus the largest rel_l2 among its compared inputs
 
 
+#: why ``--per-node`` could not compare a tensor (:class:`Uncompared`), by reason code
+UNCOMPARED = {
+    "shape_changed": "shape differs between the two models",
+    "runs_changed": "ran a different number of times in the two models",
+    "fetch_failed": "TensorFlow could not fetch it",
+    "control_flow": "inside a v1 while loop or cond branch, which a fetch cannot reach",
+    "after_write": "computed after a variable write, which fetching it would run",
+    "only_original": "only in the original (the conversion removed or renamed it)",
+    "only_converted": "only in the converted model (casts and nodes the conversion added)",
+}
+#: tensor names an :class:`Uncompared` group keeps as examples
+_EXAMPLES = 5
+
+
+@dataclass
+class Uncompared:
+    """The tensors ``--per-node`` could not compare for one reason (a key of
+    :data:`UNCOMPARED`): how many, and the first few of them."""
+
+    reason: str
+    count: int
+    tensors: list[str]
+
+    @property
+    def why(self) -> str:
+        return UNCOMPARED[self.reason]
+
+
 @dataclass
 class VerifyResult:
-    """What ``verify`` found; ``to_dict`` is what the HTML report shows."""
+    """What ``verify`` found; ``to_dict`` is what the HTML report shows. With ``--per-node``
+    (``per_node``), ``nodes`` ranks the tensors compared and ``uncompared`` counts, by reason,
+    those of either model that could not be compared."""
 
     samples: int
     criteria: Criteria
     outputs: list[OutputError]
     nodes: list[NodeError] = field(default_factory=list)
     nodes_compared: int = 0
+    uncompared: list[Uncompared] = field(default_factory=list)
+    per_node: bool = False
 
     @property
     def ok(self) -> bool:
@@ -295,7 +329,9 @@ class VerifyResult:
                 "rtol": c.rtol, "atol": c.atol, "max_abs": c.max_abs,
                 "ok": self.ok, "failed": self.failures(),
                 "outputs": [asdict(o) for o in self.outputs],
-                "nodes": [asdict(n) for n in self.nodes], "nodes_compared": self.nodes_compared}
+                "nodes": [asdict(n) for n in self.nodes], "nodes_compared": self.nodes_compared,
+                "per_node": self.per_node,
+                "uncompared": [dict(asdict(u), why=u.why) for u in self.uncompared]}
 
 
 def lowest_dtype(runner: Runner) -> int:
@@ -387,17 +423,28 @@ def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria)
 
 @dataclass
 class Attribution:
-    """What :func:`attribute` found: the ranking, and per tensor compared (by the original's
+    """What :func:`attribute` found: the ranking, per tensor compared (by the original's
     name) what it is (:class:`~amp_rewrite.traces.TensorInfo`, from the original) and its
-    dtype in the converted model."""
+    dtype in the converted model, and the tensors that could not be compared, each with its
+    reason (a key of :data:`UNCOMPARED`), in the order found."""
 
     ranked: list[NodeError]
     info: dict
     dtypes: dict[str, str]
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def sources(self, tensor: str) -> set[str]:
         """The compared tensors ``tensor`` is computed from (through variant tensors)."""
         return _float_sources(tensor, self.info, self.dtypes)
+
+    def uncompared(self) -> list[Uncompared]:
+        """The tensors not compared, grouped by reason, largest group first."""
+        groups: dict[str, list[str]] = {}
+        for name, reason in self.skipped.items():
+            groups.setdefault(reason, []).append(name)
+        order = list(UNCOMPARED)
+        return [Uncompared(reason, len(names), names[:_EXAMPLES]) for reason, names in
+                sorted(groups.items(), key=lambda g: (-len(g[1]), order.index(g[0])))]
 
 
 def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
@@ -406,8 +453,9 @@ def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
     tensors it is computed from.
 
     Returns the ranking (largest added error first, earlier tensors first among equals) and
-    how many tensors were compared. A tensor whose shape or number of executions differs
-    between the two (the conversion changed it) is left out.
+    how many tensors were compared. What could not be compared (a tensor whose shape or
+    number of executions the conversion changed, one only one model has ...) is in
+    :func:`attribute`'s result.
     """
     found = attribute(original, converted, feeds, crit)
     return found.ranked, len(found.ranked)
@@ -415,33 +463,43 @@ def per_node(original: Runner, converted: Runner, feeds: Sequence[Mapping],
 
 def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
               crit: Criteria) -> Attribution:
-    """:func:`per_node`'s ranking with what it was computed from (see :class:`Attribution`)."""
+    """:func:`per_node`'s ranking with what it was computed from and what it could not
+    compare (see :class:`Attribution`)."""
     if isinstance(original, GraphRunner) != isinstance(converted, GraphRunner):
         raise InputError("--per-node needs two models of the same kind (two graph files or two "
                          "SavedModel directories)")
-    names = None
-    if isinstance(original, GraphRunner):
-        theirs = set(converted.comparable())
-        names = [n for n in original.comparable() if n in theirs]
+    skipped: dict[str, str] = {}
+    names = _graph_names(original, converted, skipped) if isinstance(original, GraphRunner) else None
     stats: dict[str, ErrorStats] = {}
-    info, dtypes, dropped = {}, {}, set()
+    runs: dict[str, list[tuple[int, int]]] = {}   # executions in (original, converted), by feed
+    info, dtypes = {}, {}
     for feed in feeds:
         ta, tb = original.trace(feed, names), converted.trace(feed, names)
-        for name, va in ta.values.items():
-            vb = tb.values.get(name)
-            if name in dropped or vb is None:
+        for name in names or ():
+            if name not in ta.values or name not in tb.values:
+                skipped.setdefault(name, "fetch_failed")
+        for name in list(ta.values) + [n for n in tb.values if n not in ta.values]:
+            va, vb = ta.values.get(name, []), tb.values.get(name, [])
+            runs.setdefault(name, []).append((len(va), len(vb)))
+            if name in skipped or len(va) != len(vb):
+                continue
+            if any(np.shape(a) != np.shape(b) for a, b in zip(va, vb)):
+                skipped[name] = "shape_changed"
                 continue
             s = stats.setdefault(name, ErrorStats(crit.rtol, crit.atol, crit.rel_l2))
-            try:
-                if len(va) != len(vb):
-                    raise ValueError("executed a different number of times")
-                for a, b in zip(va, vb):
-                    s.update(a, b, top1=False)
-            except ValueError:  # the conversion changed this tensor: not comparable
-                dropped.add(name)
-                stats.pop(name)
+            for a, b in zip(va, vb):
+                s.update(a, b, top1=False)
         info.update(ta.info)
         dtypes.update({name: i.dtype for name, i in tb.info.items()})
+    for name, counts in runs.items():
+        if name not in skipped and any(a != b for a, b in counts):
+            skipped[name] = ("only_original" if not any(b for _, b in counts) else
+                             "only_converted" if not any(a for a, _ in counts) else "runs_changed")
+    for model in (original, converted):     # known once traced (a TF1 SavedModel's graph)
+        for name, reason in model.uncomparable().items():
+            skipped.setdefault(name, reason)
+    for name in skipped:
+        stats.pop(name, None)
     ranked = []
     for name, s in stats.items():
         inherited = [stats[i].rel_l2 for i in _float_sources(name, info, stats)]
@@ -449,7 +507,22 @@ def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
                                 s.rel_l2, _added(s.rel_l2, max(inherited, default=0.0))))
     ranked.sort(key=lambda n: (-n.added, info[n.tensor].order))
     compared = {n.tensor: n.dtype for n in ranked}
-    return Attribution(ranked, info, compared)
+    return Attribution(ranked, info, compared, skipped)
+
+
+def _graph_names(original: GraphRunner, converted: GraphRunner, skipped: dict[str, str]) -> list[str]:
+    """The float tensors both graphs can record (in the original's order); those only one
+    of them has go into ``skipped`` (a tensor neither can fetch is counted once)."""
+    mine, theirs = original.comparable(), converted.comparable()
+    hidden = {**converted.uncomparable(), **original.uncomparable()}
+    shared = set(mine) & set(theirs)
+    for name in mine:
+        if name not in shared:
+            skipped[name] = hidden.get(name, "only_original")
+    for name in theirs:
+        if name not in shared:
+            skipped[name] = hidden.get(name, "only_converted")
+    return [name for name in mine if name in shared]
 
 
 def _float_sources(name: str, info: Mapping, stats: Mapping) -> set[str]:
@@ -494,7 +567,9 @@ def verify(original_path, converted_path, *, inputs: str | None = None, samples:
         feeds = feed_sets(a, inputs, samples, shapes or {})
         result = VerifyResult(len(feeds), crit, compare_outputs(a, b, feeds, crit))
         if nodes:
-            result.nodes, result.nodes_compared = per_node(a, b, feeds, crit)
+            found = attribute(a, b, feeds, crit)
+            result.nodes, result.nodes_compared = found.ranked, len(found.ranked)
+            result.uncompared, result.per_node = found.uncompared(), True
     return result
 
 
@@ -516,14 +591,8 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
             parts.append(f"outside atol+rtol*|orig| {100 * o.out_of_tolerance:.2f}% of {o.elements}")
         verdict = "ok" if o.ok else "FAIL: " + ", ".join(o.failed)
         lines.append(f"{label:<{width}}  " + "  ".join(parts) + f"  {verdict}")
-    if result.nodes:
-        shown = result.nodes[:top]
-        lines.append(f"per node: {len(shown)} of {result.nodes_compared} tensors, by error added "
-                     "over their inputs (relative L2)")
-        w = max(len(n.tensor) for n in shown)
-        for i, n in enumerate(shown, 1):
-            lines.append(f"{i:>3}. {n.tensor:<{w}}  {n.op:<16} {n.dtype:<9} added {n.added:.3g}  "
-                         f"total {n.rel_l2:.3g}")
+    if result.per_node:
+        lines.extend(_format_nodes(result, top))
     if result.ok:
         lines.append("verdict: within tolerance")
     else:
@@ -531,3 +600,21 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
                            for name, checks in result.failures().items())
         lines.append(f"verdict: OUT OF TOLERANCE ({failed})")
     return "\n".join(lines)
+
+
+def _format_nodes(result: VerifyResult, top: int) -> list[str]:
+    """The per-node ranking's lines, then what could not be compared, by reason."""
+    shown = result.nodes[:top]
+    lines = [f"per node: {len(shown)} of {result.nodes_compared} tensors, by error added over "
+             "their inputs (relative L2)"]
+    w = max((len(n.tensor) for n in shown), default=0)
+    for i, n in enumerate(shown, 1):
+        lines.append(f"{i:>3}. {n.tensor:<{w}}  {n.op:<16} {n.dtype:<9} added {n.added:.3g}  "
+                     f"total {n.rel_l2:.3g}")
+    if result.uncompared:
+        total = sum(u.count for u in result.uncompared)
+        lines.append(f"not compared: {total} tensor(s)")
+        for u in result.uncompared:
+            more = ", ..." if u.count > 3 else ""
+            lines.append(f"  {u.count:>5}  {u.why} (e.g. {', '.join(u.tensors[:3])}{more})")
+    return lines

@@ -1,15 +1,20 @@
 """verify on a loss-scaled TF1 training MetaGraph: it compares the forward outputs and the
 unscaled gradients, with the same weights on both sides, and never trains either graph."""
 
+import json
+from collections import Counter
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from amp_rewrite import cli, convert_file
 from amp_rewrite.runner import open_pair
-from amp_rewrite.verify import compare_outputs, criteria, feed_sets, per_node, verify
+from amp_rewrite.verify import (attribute, compare_outputs, criteria, feed_sets, format_result,
+                                per_node, verify)
 
 import training_graphs
+from test_html import _Dom
 
 v1 = tf.compat.v1
 
@@ -138,3 +143,54 @@ def test_outputs_named_by_the_user(trained, tmp_path):
                      "--inputs", data, "-q"]) == 0
     assert cli.main(["verify", str(tmp_path / "ref.meta"), str(tmp_path / "ref16.meta"),
                      "--inputs", data, "--output", "train/update_w1/ApplyGradientDescent", "-q"]) == 2
+
+
+def _float_tensors(runner):
+    """Every float tensor of a graph runner's computation (not setting variables up, not the
+    loss-scale state): what --per-node must either rank or count as not compared."""
+    setup = runner.setup_ops()
+    return {t.name for op in runner.graph.get_operations()
+            if op.name not in setup and not op.name.startswith("amp_loss_scale/")
+            for t in op.outputs if t.dtype.is_floating}
+
+
+def test_per_node_counts_every_tensor_it_cannot_compare(trained, tmp_path):
+    """No silent drops: in the loss-scaled float16 training graph every float tensor of
+    either model is ranked or counted as not compared, by reason. The batch norm's reserve
+    space has another shape in float16, the optimizer runs after variable writes, the
+    scale's skip-if-not-finite conds sit in cond branches, and the conversion adds casts."""
+    folder, ckpt, _ = trained
+    orig, conv, data = folder / "train.meta", folder / "train16.meta", str(folder / "test.npz")
+    with open_pair(orig, conv, checkpoint=ckpt) as (a, b):
+        found = attribute(a, b, feed_sets(a, data, 1, {}), criteria())
+        everything = _float_tensors(a) | _float_tensors(b)
+        bn = next(op for op in a.graph.get_operations() if op.type == "FusedBatchNormV3")
+        reserve = bn.outputs[5].name
+        assert b.graph.get_tensor_by_name(reserve).dtype == tf.float32   # float32 both sides
+    ranked = {n.tensor for n in found.ranked}
+    assert not ranked & set(found.skipped)
+    assert ranked | set(found.skipped) == everything
+    assert found.skipped[reserve] == "shape_changed"
+    assert {"shape_changed", "after_write", "control_flow", "only_converted"} <= set(
+        found.skipped.values())
+    # the result, its text, its JSON and the HTML page say how many and why
+    result = verify(orig, conv, inputs=data, checkpoint=ckpt, nodes=True)
+    groups = {u.reason: u for u in result.uncompared}
+    assert result.nodes_compared == len(ranked)
+    assert {r: u.count for r, u in groups.items()} == dict(Counter(found.skipped.values()))
+    assert reserve in groups["shape_changed"].tensors
+    text = format_result(result)
+    total = len(found.skipped)
+    assert f"not compared: {total} " in text and reserve in text
+    for u in result.uncompared:
+        assert f"{u.count}  {u.why}" in text
+    data_json = json.loads(json.dumps(result.to_dict()))
+    assert sum(u["count"] for u in data_json["uncompared"]) == total
+    page = tmp_path / "verify.html"
+    assert cli.main(["verify", str(orig), str(conv), "--inputs", data, "--checkpoint", ckpt,
+                     "--per-node", "-q", "--html", str(page)]) == 0
+    dom = _Dom()
+    dom.feed(page.read_text())
+    rows = dom.tables["uncompared"]
+    assert sorted(int(r[0]) for r in rows) == sorted(u.count for u in result.uncompared)
+    assert any(reserve in r[2] for r in rows)
