@@ -99,7 +99,11 @@ def _lower(graph_def, graphs, roots, signatures, target, report, protected,
 
 def _convert_function(fdef, library, signatures, rules, report, target: Target,
                       keep) -> FunctionGraph | None:
-    """Paint one function body; None (with a warning) when it cannot be painted."""
+    """Paint one function body; None (with a warning) when the user's body cannot be painted
+    (an :class:`InputError`: a body our IR or TensorFlow would not take). Our own bugs on the
+    way, :class:`~amp_rewrite.errors.IRError` and :class:`LintError` (neither is an
+    InputError) or anything unexpected, propagate: they stop the conversion as internal
+    errors, never leave a function float32 behind a warning."""
     name = fdef.signature.name
     if not is_concrete(fdef):
         report.warnings.append(f"function {name!r} is polymorphic (type attributes in its "
@@ -111,7 +115,7 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
                          user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
         sub, _ = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures)
-    except InputError as exc:
+    except InputError as exc:   # only the user's: never AmpRewriteError, which holds our bugs
         # TensorFlow ran this body; if it is not a graph we can take, it stays as it was
         report.warnings.append(f"function {name!r} left as it is: {exc}")
         log.warning("function %r left as it is: %s", name, exc)

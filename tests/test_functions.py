@@ -7,7 +7,8 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import function as v1_function
 
 import graphs
-from amp_rewrite import convert, convert_file
+from amp_rewrite import casts, cli, convert, convert_file
+from amp_rewrite.errors import INTERNAL_EXIT, IRError, LintError
 from amp_rewrite.library import (check_call_types, function_to_graph, graph_to_function,
                                    reachable)
 
@@ -242,3 +243,58 @@ def test_a_while_output_nothing_reads_keeps_float32():
     assert [nd.attr["T"].type for nd in _nodes(body, "MatMul")] == [types_pb2.DT_BFLOAT16]
     out = graphs.run(new, _feeds(), [fetch])[0]
     assert graphs.rel_l2(out, ref[0]) <= TOL["bfloat16"]
+
+
+def _in_bodies(monkeypatch, mistake):
+    """Make our own cast pass commit ``mistake(graph)`` after its work, in function bodies
+    only (a body's results are ``<name>/amp_ret`` sentinels): a bug inside function painting."""
+    real = casts.apply_painting
+
+    def apply_painting(graph, painting, before):
+        stats = real(graph, painting, before)
+        if any(name.endswith("/amp_ret") for name in graph.names()):
+            mistake(graph)
+        return stats
+    monkeypatch.setattr(casts, "apply_painting", apply_painting)
+
+
+def _remove_a_node_still_read(graph):
+    name = next(n.name for n in graph.nodes() if n.op == "MatMul")
+    graph.remove_node(name)             # the IR refuses: IRError
+
+
+def _uncast_a_lowp_matmul(graph):
+    node = next(n for n in graph.nodes() if n.op == "MatMul")
+    node.attr["T"].type = types_pb2.DT_FLOAT     # its inputs stay 16-bit: the lint finds it
+
+
+@pytest.mark.parametrize("mistake, error", [(_remove_a_node_still_read, IRError),
+                                            (_uncast_a_lowp_matmul, LintError)])
+def test_our_bug_inside_a_function_body_is_an_internal_error_not_a_warning(
+        mistake, error, monkeypatch, tmp_path, capsys):
+    gd, _, _ = graphs.functional_while()
+    src, out = tmp_path / "loop.pb", tmp_path / "loop_amp.pb"
+    src.write_bytes(gd.SerializeToString())
+    _in_bodies(monkeypatch, mistake)
+    with pytest.raises(error):
+        convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
+    code = cli.main([str(src), "-o", str(out), "--target", "bfloat16", "--device", "cpu",
+                     "--min-matrix-intensity", "0"])
+    err = capsys.readouterr().err
+    assert code == INTERNAL_EXIT and "bug in amp-rewrite" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_an_unusable_body_in_the_users_file_is_left_float32_with_a_warning():
+    """The same path with the user's damage (a Const whose tensor is not of its dtype, which
+    TensorFlow refuses): the function is left as it was, the graph around it converted."""
+    gd, _, _ = graphs.functional_while()
+    loop = next(n for n in gd.node if n.op in ("While", "StatelessWhile"))
+    name = loop.attr["body"].func.name
+    body = _library(gd)[name]
+    const = next(nd for nd in body.node_def if nd.op == "Const"
+                 and nd.attr["dtype"].type == types_pb2.DT_FLOAT)
+    const.attr["value"].tensor.dtype = types_pb2.DT_DOUBLE
+    new, report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
+    assert any(name in w and "left as it is" in w for w in report.warnings)
+    assert _library(new)[name] == body
