@@ -6,7 +6,10 @@ child's stdout. We keep the MatMul/Conv family (convolution, deconvolution, inne
 matmul), count each primitive's multiply-accumulates from its problem descriptor, and call it
 *on a 16-bit unit* when its source data is bf16/f16 and its ISA is a 16-bit one (``amx``,
 ``avx512_core_bf16``, ``avx512_core_fp16``, ``avx2_vnni_2``). The share of the work (MACs) on
-such units is the headline number.
+such units is the headline number. A child that fails says on stderr whose failure it is: a
+model TensorFlow cannot run (or cannot load, or inputs that do not fit) is the user's, reported
+with TensorFlow's reason (exit 2); an exception in our worker code, or a child that dies without
+saying, is an internal error (exit 70).
 
 On GPU the model runs in-process with a full trace; kernel names with Tensor Core signatures
 (``884``/``1688``/``16816`` tiles, ``hmma``, ``xmma``, ``tensorop``, ``wmma``) count as Tensor
@@ -19,12 +22,15 @@ inference with the inputs' shapes filled in, or from a sample run where inferenc
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -32,7 +38,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import hardware
-from .errors import InputError
+from .errors import AmpRewriteError, InputError
 from .load import load
 from .runner import GraphRunner, concrete_shape, load_inputs, open_model, parse_shapes, random_inputs
 
@@ -44,6 +50,8 @@ SIXTEEN_BIT_ISA = ("amx", "avx512_core_bf16", "avx512_core_fp16", "avx2_vnni_2")
 TENSOR_CORE_KERNEL = re.compile(r"884|1688|16816|hmma|xmma|tensorop|wmma", re.IGNORECASE)
 _BEGIN, _END = "amp-rewrite-kernels-begin", "amp-rewrite-kernels-end"
 _ONEDNN = "amp-rewrite-kernels-onednn="
+# the child's last stderr line when it fails: JSON {"kind": "user"|"internal", "message", ...}
+_FAILED = "amp-rewrite-kernels-failed="
 _CHILD_TIMEOUT = 600
 
 
@@ -191,9 +199,7 @@ def onednn_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = 
     except subprocess.TimeoutExpired:
         raise InputError(f"{path}: one run took over {_CHILD_TIMEOUT} s") from None
     if proc.returncode != 0:
-        lines = [l for l in proc.stderr.strip().splitlines() if "error" in l.lower()]
-        raise InputError(f"{path}: the model failed to run: "
-                         + (lines[-1] if lines else f"exit code {proc.returncode}"))
+        raise _child_failure(path, proc.returncode, proc.stderr)
     out = proc.stdout
     if _BEGIN in out and _END in out:
         # only the measured run: the first one also executes constant folding and warm-up
@@ -222,8 +228,53 @@ def _no_kernel_reason(onednn: bool | None) -> str:
             "does on CPUs without AVX512-FP16")
 
 
+def _child_failure(path, returncode: int, stderr: str) -> AmpRewriteError:
+    """What a failed child process means: the model TensorFlow could not run (the child's
+    InputError: the user's, exit 2), or a bug of ours (its report of any other exception, or
+    a child that ended without one: a crash), an internal error."""
+    reports = [line[len(_FAILED):] for line in stderr.splitlines() if line.startswith(_FAILED)]
+    try:
+        report = json.loads(reports[-1]) if reports else None
+    except ValueError:
+        report = None
+    if isinstance(report, dict) and report.get("kind") == "user":
+        return InputError(str(report.get("message")))
+    if isinstance(report, dict):
+        log.debug("the kernels child process's traceback:\n%s", report.get("traceback", ""))
+        return AmpRewriteError(f"{path}: the process running the model for kernels failed: "
+                               f"{report.get('message')}")
+    if returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-returncode}"
+    else:
+        how = f"ended with exit code {returncode}"
+    last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
+    return AmpRewriteError(f"{path}: the process running the model for kernels {how} without "
+                           "reporting an error" + (f" (its last words: {last.strip()})" if last else ""))
+
+
 def _child(argv: Sequence[str]) -> int:
-    """The child process: run the model twice, marking the second run on stdout."""
+    """The child process: :func:`_run_child`; a failure ends it with exit code 1 after one
+    line on stderr saying whose it is (:func:`_child_failure` reads it): ``user`` for an
+    :class:`InputError` (the model, its inputs, a run TensorFlow refuses), ``internal`` for
+    anything else."""
+    try:
+        return _run_child(argv)
+    except InputError as exc:
+        report = {"kind": "user", "message": str(exc)}
+    except Exception as exc:    # our bug: the parent reports it as an internal error
+        report = {"kind": "internal", "message": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(2, f"\n{_FAILED}{json.dumps(report)}\n".encode())
+    return 1
+
+
+def _run_child(argv: Sequence[str]) -> int:
+    """Run the model twice, marking the second run on stdout."""
     import argparse
     import ctypes
     p = argparse.ArgumentParser()

@@ -1,6 +1,7 @@
 """kernels: oneDNN's own log says which ISA ran the converted CNN's matrix work."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
 
 from amp_rewrite import cli, convert_file
+from amp_rewrite.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
 from amp_rewrite.kernels import classify_gpu_kernels, kernel_report, misaligned_dims, onednn_kernels
 from machine import needs_bf16_units, needs_onednn
 
@@ -114,3 +116,54 @@ def test_gpu_device_without_a_gpu_is_exit_2():
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("this machine has a GPU; the refusal is for machines without one")
     assert cli.main(["kernels", str(EXAMPLE), "--device", "gpu"]) == 2
+
+
+def _mismatched(tmp_path):
+    """A graph TensorFlow cannot run on the data given: x [4, 8] times a [16, 10] matrix."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, None], name="x")
+        tf.matmul(x, tf.constant(np.ones((16, 10), np.float32)), name="logits")
+    path = tmp_path / "mismatch.pb"
+    path.write_bytes(g.as_graph_def().SerializeToString())
+    np.savez(tmp_path / "x.npz", x=np.ones((4, 8), np.float32))
+    return path, tmp_path / "x.npz"
+
+
+def test_a_model_tensorflow_cannot_run_is_the_users_error_with_tensorflows_reason(tmp_path, capsys):
+    path, data = _mismatched(tmp_path)
+    with pytest.raises(InputError, match="Matrix size-incompatible"):
+        onednn_kernels(path, inputs=data)
+    code = cli.main(["kernels", str(path), "--device", "cpu", "--inputs", str(data)])
+    err = capsys.readouterr().err
+    assert code == INPUT_EXIT and "Matrix size-incompatible" in err and str(path) in err
+    assert len(err.strip().splitlines()) == 1 and "bug" not in err
+
+
+_BUGS = {
+    # our worker code raising (an IR misuse, say) while the child runs the model
+    "exception": "def broken(): raise IRError('no node named \\'x\\'')",
+    # our worker code crashing the process outright
+    "crash": "def broken(): os.abort()",
+}
+
+
+@pytest.mark.parametrize("bug", sorted(_BUGS))
+def test_a_failure_of_our_own_child_process_is_an_internal_error(bug, tmp_path, monkeypatch,
+                                                                  capsys):
+    """One of our functions in the child (the oneDNN probe it calls first) made to fail,
+    through a sitecustomize only the child imports; the model itself runs fine."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\nfrom amp_rewrite import hardware\nfrom amp_rewrite.errors import IRError\n"
+        f"{_BUGS[bug]}\nhardware.onednn_enabled = broken\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    with pytest.raises(AmpRewriteError) as caught:
+        onednn_kernels(EXAMPLE, shapes={"images": (BATCH, 8, 8, 1)})
+    assert not isinstance(caught.value, InputError)
+    assert ("IRError" if bug == "exception" else "SIGABRT") in str(caught.value)
+    code = cli.main(["kernels", str(EXAMPLE), "--device", "cpu", "-q"])
+    err = capsys.readouterr().err
+    assert code == INTERNAL_EXIT and "bug in amp-rewrite" in err
+    assert len(err.strip().splitlines()) == 1
