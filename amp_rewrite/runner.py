@@ -219,7 +219,6 @@ class Runner:
 class GraphRunner(Runner):
     """A GraphDef or MetaGraphDef imported into its own graph and Session.
 
-    ``optimize=False`` runs the graph without grappler (see :func:`_unoptimized_config`).
     Variables (MetaGraphs) are restored from ``checkpoint`` when one is given, else run through
     their initializers (``initialize=False`` leaves that to :func:`share_weights`);
     :meth:`variable_values` / :meth:`load_variables` copy them between two runners so an
@@ -227,8 +226,7 @@ class GraphRunner(Runner):
     """
 
     def __init__(self, model: Model, signature: str | None = None, outputs: Sequence[str] = (),
-                 checkpoint: str | None = None, *, initialize: bool = True,
-                 optimize: bool = True):
+                 checkpoint: str | None = None, *, initialize: bool = True):
         import tensorflow as tf
         v1 = tf.compat.v1
         init_devices()
@@ -251,7 +249,7 @@ class GraphRunner(Runner):
             raise InputError(f"{self.path}: no graph outputs found; name them with --output")
         self.outputs = default_outputs
         self.set_outputs(outputs or default_outputs)
-        self.session = v1.Session(graph=self.graph, config=None if optimize else _unoptimized_config())
+        self.session = v1.Session(graph=self.graph)
         if initialize:
             self.initialize(checkpoint)
         elif checkpoint:
@@ -683,19 +681,22 @@ class SavedModelRunner(Runner):
             self._tracer.close()
 
 
-def open_model(path: str | os.PathLike, *, signature: str | None = None, outputs: Sequence[str] = (),
-               checkpoint: str | None = None, initialize: bool = True, emulate: bool = False) -> Runner:
-    """A :class:`Runner` for a GraphDef / MetaGraphDef file or a SavedModel directory
+def open_model(model: str | os.PathLike | Model, *, signature: str | None = None,
+               outputs: Sequence[str] = (), checkpoint: str | None = None,
+               initialize: bool = True, emulate: bool = False) -> Runner:
+    """A :class:`Runner` for a GraphDef / MetaGraphDef file, a SavedModel directory, or a
+    loaded :class:`~amp_rewrite.load.Model` (a SavedModel runs from its directory)
     (``initialize=False``: a graph's variables are left for :func:`share_weights`;
     ``emulate``: a float16 graph runs as its float32 emulation, :mod:`amp_rewrite.emulate`)."""
-    path = Path(path)
-    if path.is_dir() or path.name in SAVED_MODEL_FILES:
+    loaded = model if isinstance(model, Model) else None
+    path = Path(model) if loaded is None else loaded.path if loaded.kind == "savedmodel" else None
+    if path is not None and (path.is_dir() or path.name in SAVED_MODEL_FILES):
         folder = path if path.is_dir() else path.parent
         if outputs or checkpoint or emulate:
             raise InputError(f"{folder}: --output, --checkpoint and --emulate apply to graph "
                              "files, not SavedModels")
         return SavedModelRunner(folder, signature)
-    model = load(path)
+    model = loaded or load(path)
     if emulate:
         graphs = []
         for meta in model.meta_graphs:
@@ -713,28 +714,44 @@ def open_pair(original, converted, *, signature: str | None = None, outputs: Seq
     """An original and its conversion, ready to compare: the same inputs and number of outputs,
     and the same weights (a checkpoint is restored into the original, or its initializers run,
     once; its variable values are then copied into the converted graph, whose own extra state,
-    such as a loss scale, is initialized).
+    such as a loss scale, is initialized): :func:`open_model`, then :func:`open_converted`.
+    """
+    with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a:
+        with open_converted(a, converted, signature=signature, outputs=outputs,
+                            emulate=emulate) as b:
+            yield a, b
 
-    Without ``outputs``, a graph file without signatures compares the original's forward
-    outputs (see :meth:`GraphRunner._forward_outputs`) and, for a training graph, its
-    gradients: in a loss-scaled conversion the original's gradient against the converted
-    graph's unscaled one (``<gradient node>/amp_unscaled:0``). An output named with ``outputs``
-    that the conversion scales is compared unscaled too. ``emulate`` runs the converted graph
-    as its float32 emulation.
+
+def open_converted(original: Runner, converted, *, signature: str | None = None,
+                   outputs: Sequence[str] = (), emulate: bool = False) -> Runner:
+    """``converted`` (a path or a loaded :class:`~amp_rewrite.load.Model`) opened to compare
+    with ``original``, already open with its weights: the same inputs and number of outputs,
+    and ``original``'s variable values (see :func:`open_pair`).
+
+    Without ``outputs`` (the user's choice, as ``original`` was opened with), a graph file
+    without signatures compares the original's forward outputs (see
+    :meth:`GraphRunner._forward_outputs`) and, for a training graph, its gradients: in a
+    loss-scaled conversion the original's gradient against the converted graph's unscaled one
+    (``<gradient node>/amp_unscaled:0``). An output named with ``outputs`` that the conversion
+    scales is compared unscaled too. ``emulate`` runs the converted graph as its float32
+    emulation.
     """
     chosen = bool(outputs)
-    with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a:
-        if not outputs and isinstance(a, GraphRunner) and not a.has_signature:
-            # the converted graph keeps node names; its own "nodes nothing reads" would also
-            # list what the conversion added (loss-scale state and such)
-            outputs = a.outputs
-        with open_model(converted, signature=signature, outputs=outputs, initialize=False,
-                        emulate=emulate) as b:
-            if isinstance(b, GraphRunner):
-                _pair_gradients(a, b, chosen)
-            check_same_interface(a, b)
-            share_weights(a, b)
-            yield a, b
+    if not outputs and isinstance(original, GraphRunner) and not original.has_signature:
+        # the converted graph keeps node names; its own "nodes nothing reads" would also
+        # list what the conversion added (loss-scale state and such)
+        outputs = original.outputs
+    b = open_model(converted, signature=signature, outputs=outputs, initialize=False,
+                   emulate=emulate)
+    try:
+        if isinstance(b, GraphRunner):
+            _pair_gradients(original, b, chosen)
+        check_same_interface(original, b)
+        share_weights(original, b)
+    except BaseException:
+        b.close()
+        raise
+    return b
 
 
 def _pair_gradients(a: Runner, b: GraphRunner, chosen: bool) -> None:
@@ -785,15 +802,6 @@ def check_same_interface(a: Runner, b: Runner) -> None:
         raise InputError(f"the two models take different inputs: {names_a} and {names_b}")
     if len(a.outputs) != len(b.outputs):
         raise InputError(f"the two models give different outputs: {a.outputs} and {b.outputs}")
-
-
-def _unoptimized_config():
-    """A session config with grappler off: a graph run a few times only (``tune``'s trials)
-    spends most of its first run in grappler, and runs as written without it."""
-    from tensorflow.core.protobuf import config_pb2
-    config = config_pb2.ConfigProto()
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    return config
 
 
 def _private_copy(graph_def):

@@ -7,7 +7,10 @@ starts from the painted graph and searches with the error attribution of ``verif
 
 1. *Trial 0* is the ordinary conversion. A trial converts the model with the nodes kept so far
    as ``keep_fp32`` overrides, runs it on every sample, and scores each sample with the metric
-   (lower is better); it passes when every sample's score is within the tolerance.
+   (lower is better); it passes when every sample's score is within the tolerance. Both
+   models run as ``verify`` runs them (:func:`amp_rewrite.runner.open_model` and
+   :func:`~amp_rewrite.runner.open_converted`: the same outputs and weights, the same
+   session), so a tuned model passes ``verify`` on the same samples and tolerance.
 2. While a trial fails, the worst sample is traced through both models
    (:func:`amp_rewrite.verify.attribute`) and the nodes where the error starts are kept in
    float32: the low-precision tensors that add the most error over their inputs (an overflow
@@ -61,7 +64,7 @@ from .passes import Options
 from .pipeline import convert_model
 from .report import Report
 from .rules import NodeRule
-from .runner import GraphRunner, Runner, SavedModelRunner, load_inputs, share_weights
+from .runner import Runner, load_inputs, open_converted, open_model
 from .save import check_destination, save
 from .training import training_parts
 from .verify import REL_L2, TOP1, Attribution, ErrorStats, attribute, criteria
@@ -217,10 +220,11 @@ class _Trial:
 class _Tuner:
     def __init__(self, model: Model, options: Options, ref: Runner, feeds: list[dict],
                  metric: Metric, tolerance: float, max_trials: int, signature: str | None,
-                 progress, workdir: Path):
+                 outputs: Sequence[str], progress, workdir: Path):
         self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
         self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
-        self.signature, self.progress, self.workdir = signature, progress, workdir
+        self.signature, self.outputs = signature, outputs
+        self.progress, self.workdir = progress, workdir
         self.base = options.rule_set()
         self.ref_outputs = [self._outputs(ref, f) for f in feeds]
         self.crit = criteria()
@@ -271,15 +275,15 @@ class _Tuner:
         return t
 
     def _open_converted(self, converted: Model) -> Runner:
+        """A trial's conversion opened as ``verify`` opens one against the original
+        (:func:`~amp_rewrite.runner.open_converted`): the same outputs, the original's weights,
+        the same session; a SavedModel runs from a folder of its own."""
         if converted.kind == "savedmodel":
             self.folders += 1
             folder = self.workdir / f"model{self.folders}"
             save(converted, folder)
-            return SavedModelRunner(folder, self.signature)
-        runner = GraphRunner(converted, self.signature, self.ref.outputs, initialize=False,
-                             optimize=False)
-        share_weights(self.ref, runner)
-        return runner
+            converted = folder
+        return open_converted(self.ref, converted, signature=self.signature, outputs=self.outputs)
 
     def culprits(self, t: _Trial, kept: Mapping[str, Kept], names: set[str]) -> list[Kept]:
         """The nodes where the worst sample's error starts (module docstring, step 2)."""
@@ -423,12 +427,12 @@ def _neighbours(model: Model) -> dict[str, set[str]]:
 
 
 def _open(model: Model, signature: str | None, outputs: Sequence[str]) -> Runner:
-    if model.kind == "savedmodel":
-        if outputs:
-            raise InputError(f"{model.path}: output tensors (--output-tensor) apply to graph "
-                             "files; a SavedModel's signature names its outputs")
-        return SavedModelRunner(model.path, signature)
-    return GraphRunner(model, signature, outputs, optimize=False)
+    """The float32 model opened as ``verify`` opens the original (its variables drawn by their
+    initializers, once: every trial gets their values)."""
+    if model.kind == "savedmodel" and outputs:
+        raise InputError(f"{model.path}: output tensors (--output-tensor) apply to graph "
+                         "files; a SavedModel's signature names its outputs")
+    return open_model(model, signature=signature, outputs=outputs)
 
 
 # ----------------------------------------------------------------- the entry point
@@ -485,7 +489,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     with tempfile.TemporaryDirectory(prefix="amp-tune.") as workdir, \
             _open(model, signature, outputs) as ref:
         tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
-                       max_trials, signature, progress, Path(workdir))
+                       max_trials, signature, outputs, progress, Path(workdir))
         held = _feed_list(holdout, ref, "holdout")
         try:
             tuner.check_baseline()

@@ -19,12 +19,13 @@ from tensorflow.core.protobuf import meta_graph_pb2
 import graphs
 import tune_graphs
 from refusals import run_cli
-from amp_rewrite import convert
+from amp_rewrite import cli, convert
 from amp_rewrite.errors import InputError
 from amp_rewrite.load import Model, load
 from amp_rewrite.pipeline import convert_file
 from amp_rewrite.rules import load_rules
 from amp_rewrite.tuning import keep_rule, tune
+from amp_rewrite.verify import verify
 
 v1 = tf.compat.v1
 TOL = 1e-2
@@ -259,3 +260,74 @@ def test_keras_export_with_extreme_inputs_is_tuned_through_function_bodies(tmp_p
     report = convert_file(src, again, rules=[str(out) + ".tune.toml"])
     assert {n.name for n in report.nodes if n.code == "user_keep"} == {k.node for k in result.kept}
     assert load(again).meta_graphs[0].graph_def == load(out).meta_graphs[0].graph_def
+
+
+# -- a tuned graph file passes verify ---------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
+
+
+def _two_outputs(path):
+    """A GraphDef with two outputs: ``embedding`` is fine in float16, ``logits`` (a large
+    sum, as :func:`tune_graphs.large_sum`) overflows; tune must score both, as verify does."""
+    rng = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        h = tf.nn.relu(tf.matmul(x, rng.standard_normal((64, 256)).astype(np.float32),
+                                 name="dense1"), name="relu")
+        tf.tanh(tf.matmul(h, rng.standard_normal((256, 8)).astype(np.float32) * 0.01),
+                name="embedding")
+        pooled = tf.matmul(tf.square(h), rng.uniform(0.5, 1.5, (256, 16)).astype(np.float32),
+                           name="pool")
+        tf.matmul(pooled, rng.standard_normal((16, 10)).astype(np.float32) * 1e-4, name="logits")
+    path.write_bytes(g.as_graph_def().SerializeToString())
+
+
+def _with_variables(path):
+    """An inference MetaGraph whose weights are variables with unseeded random initializers:
+    tune and verify must run them with the same values."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        w1 = v1.get_variable("w1", [64, 256], initializer=v1.random_normal_initializer())
+        w2 = v1.get_variable("w2", [256, 16], initializer=v1.random_uniform_initializer(0.5, 1.5))
+        sq = tf.square(tf.nn.relu(tf.matmul(x, w1)), name="square")
+        tf.identity(tf.matmul(sq, w2, name="pool") * 1e-6, name="out")
+        path.write_bytes(v1.train.export_meta_graph(graph=g).SerializeToString())
+
+
+def _digits(path):
+    images = load_digits().images.astype(np.float32)[:64, :, :, None] / 16.0
+    np.savez(path, images=images)
+
+
+@pytest.mark.parametrize("model, options, tolerance", [
+    # the bundled CNN on digits in bfloat16 (1e-3 out of the box), held to 5e-4
+    ("cnn.pb", dict(target="bfloat16", device="cpu", min_matrix_intensity=0), 5e-4),
+    ("two_outputs.pb", {}, TOL),
+    ("variables.meta", {}, TOL),
+])
+def test_a_tuned_graph_file_passes_verify_on_the_same_inputs_and_tolerance(
+        model, options, tolerance, tmp_path):
+    src, data = tmp_path / model, tmp_path / "data.npz"
+    if model == "cnn.pb":
+        src.write_bytes(EXAMPLE.read_bytes())
+        _digits(data)
+    else:
+        (_two_outputs if model == "two_outputs.pb" else _with_variables)(src)
+        np.savez(data, x=tune_graphs.inputs(64, scale=10.0)["x"])
+    painted, out = tmp_path / f"painted{src.suffix}", tmp_path / f"tuned{src.suffix}"
+    convert_file(src, painted, **options)
+    before = verify(src, painted, inputs=str(data), rel_l2=tolerance)
+    assert not before.ok    # out of the box it fails: tune has work to do
+
+    result = tune(src, out, feeds=[data], tolerance=tolerance, **options)
+    assert result.ok and result.kept
+    after = verify(src, out, inputs=str(data), rel_l2=tolerance)
+    assert after.ok, after.failures()
+    assert cli.main(["verify", str(src), str(out), "--inputs", str(data), "--rel-l2",
+                     str(tolerance), "-q"]) == 0
+    # tune measured what verify measures: the same outputs, run the same way, the same numbers
+    for mine, theirs in ((result.before, before), (result.after, after)):
+        assert mine == pytest.approx(max(o.rel_l2 for o in theirs.outputs), rel=1e-6)
