@@ -270,6 +270,7 @@ UNCOMPARED = {
     "fetch_failed": "TensorFlow could not fetch it",
     "control_flow": "inside a v1 while loop or cond branch, which a fetch cannot reach",
     "after_write": "computed after a variable write, which fetching it would run",
+    "not_float": "a float in one model, of another dtype in the other",
     "only_original": "only in the original (the conversion removed or renamed it)",
     "only_converted": "only in the converted model (casts and nodes the conversion added)",
 }
@@ -518,11 +519,21 @@ def _graph_names(original: GraphRunner, converted: GraphRunner, skipped: dict[st
     shared = set(mine) & set(theirs)
     for name in mine:
         if name not in shared:
-            skipped[name] = hidden.get(name, "only_original")
+            skipped[name] = hidden.get(name) or (
+                "not_float" if _has_tensor(converted, name) else "only_original")
     for name in theirs:
         if name not in shared:
-            skipped[name] = hidden.get(name, "only_converted")
+            skipped[name] = hidden.get(name) or (
+                "not_float" if _has_tensor(original, name) else "only_converted")
     return [name for name in mine if name in shared]
+
+
+def _has_tensor(runner: GraphRunner, name: str) -> bool:
+    try:
+        runner.tensor(name)
+    except InputError:
+        return False
+    return True
 
 
 def _float_sources(name: str, info: Mapping, stats: Mapping) -> set[str]:

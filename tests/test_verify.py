@@ -200,3 +200,25 @@ def test_training_metagraph_forward_pass_compared_without_training(tmp_path):
     # labels that do not fit the logits: TensorFlow's reason in one line, exit 2
     assert cli.main(["verify", str(tmp_path / "t.meta"), str(tmp_path / "t16.meta"),
                      "--shape", "x=32,64", "--shape", "y=3", "--output", "loss"]) == 2
+
+
+def _rounded(path: Path, dtype) -> None:
+    """x -> dense -> ``levels`` (rounded, held as ``dtype``) -> back to float32 -> out."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        h = tf.matmul(x, np.full((4, 4), 0.5, np.float32), name="dense")
+        levels = tf.identity(tf.cast(tf.round(h), dtype), name="levels")
+        tf.identity(tf.cast(levels, tf.float32) + h, name="out")
+    path.write_bytes(g.as_graph_def().SerializeToString())
+
+
+def test_per_node_counts_a_tensor_whose_dtype_is_not_float_in_the_other_model(tmp_path):
+    """Two models that differ in one tensor's dtype (float32 in one, int32 in the other):
+    that tensor is counted as not compared, not dropped."""
+    _rounded(tmp_path / "a.pb", tf.float32)
+    _rounded(tmp_path / "b.pb", tf.int32)
+    result = verify(tmp_path / "a.pb", tmp_path / "b.pb", shapes={"x": (3, 4)}, nodes=True)
+    assert result.ok and "dense:0" in {n.tensor for n in result.nodes}
+    (group,) = [u for u in result.uncompared if u.reason == "not_float"]
+    assert group.tensors == ["levels:0"] and group.count == 1
