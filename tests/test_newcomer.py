@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tensorflow.core.framework import types_pb2
 
+import grappler_graphs
 import training_graphs
 from amp_rewrite import cli, convert, convert_file
 from amp_rewrite.errors import InputError, UnsupportedGraphError
@@ -121,13 +122,24 @@ def test_explain_command_takes_the_short_name_and_says_no_in_one_line(keras_bf16
     assert len(err.strip().splitlines()) == 1 and f"'{full}'" in err
 
 
-def test_keep_signature_and_direct_reasons_have_codes_of_their_own(adam_bn_meta):
+def test_keep_signature_and_direct_reasons_have_codes_of_their_own(adam_bn_meta, tmp_path):
+    """--keep, a signature's tensor (here one the graph reads on: not a graph output) and a
+    direct call of a library function each say so in their own code."""
     meta = load(adam_bn_meta).meta_graph
     conv = next(n.name for n in meta.graph_def.node if n.op == "Conv2D")
-    report = convert_file(adam_bn_meta, adam_bn_meta.with_name("kept.meta"), keep=[conv],
-                          target="float16", device="cpu")
+    relu = next(n.name for n in meta.graph_def.node if n.op == "Relu")
+    meta.signature_def["features"].outputs["relu"].name = relu + ":0"
+    path = tmp_path / "signed.meta"
+    path.write_bytes(meta.SerializeToString())
+    report = convert_file(path, tmp_path / "kept.meta", keep=[conv], target="float16", device="cpu")
     assert report.node(conv).code == "user_keep" and report.node(conv).precision == "float32"
     assert report.node("x").code == "interface"    # a graph input
+    assert report.node(relu).code == "interface" and report.node(relu).precision == "float32"
+    graph_def, _ = grappler_graphs.direct_call()
+    call = next(n for n in graph_def.node if n.op in {f.signature.name for f in graph_def.library.function})
+    _, report = convert(graph_def, target="float16")
+    assert report.node(call.name).code == "function_call"
+    assert report.node("m1").precision == report.node("m2").precision == "float16"
 
 
 def test_a_deny_path_runs_from_the_deny_op_along_data_edges(adam_bn_meta):
