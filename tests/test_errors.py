@@ -4,6 +4,7 @@ swallowed as a warning, and the CLI says it is a bug in amp-rewrite, with an exi
 A bug is simulated by making one of our own functions raise (TensorFlow is never mocked).
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,23 +82,42 @@ def test_usage_and_path_errors_answer_before_tensorflow_is_imported(argv, tmp_pa
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_the_command_writes_everything_before_its_fast_exit_and_a_closed_pipe_is_not_a_bug(tmp_path):
+def test_the_command_writes_everything_before_its_fast_exit(tmp_path):
     """``amp-rewrite`` ends without the interpreter's teardown (cli.console): the output file,
-    the report and the summary must all be complete; a reader that stops early (``| head``)
-    gets exit 141, as a shell reports SIGPIPE, and no "internal error"."""
+    the report and the summary must all be complete."""
     out, report = tmp_path / "out.pb", tmp_path / "report.json"
     argv = [sys.executable, "-m", "amp_rewrite", str(EXAMPLE), "-o", str(out), "--report", str(report)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {out}\n") and "casts added" in proc.stdout
     assert imports_in_tensorflow(out) and '"nodes"' in report.read_text()
-    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    proc = subprocess.run(argv + ["--force"], stdout=reader.stdin, stderr=subprocess.PIPE,
-                          text=True, timeout=300)
-    reader.stdin.close()
-    reader.wait()
-    assert proc.returncode in (0, 141), proc.stderr   # 0: all was written before head left
+
+
+@pytest.mark.parametrize("stdout", [
+    "unbuffered",
+    pytest.param("block-buffered", marks=pytest.mark.xfail(
+        strict=True, reason="bug: a summary still in stdout's buffer meets the closed pipe only in "
+                            "cli.console's final flush, which swallows it and exits 0")),
+])
+def test_a_closed_pipe_exits_141_and_is_not_a_bug(stdout, tmp_path):
+    """A reader that went away (``| head``) gets exit 141, as a shell reports SIGPIPE, and no
+    "internal error", however Python buffers stdout: unbuffered (``PYTHONUNBUFFERED``, ``-u``)
+    or block-buffered, as it is into a pipe by default. The read end is closed before the
+    command starts, so every write it makes meets the closed pipe."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if stdout == "unbuffered":
+        env["PYTHONUNBUFFERED"] = "1"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "amp_rewrite", str(EXAMPLE), "-o",
+                               str(tmp_path / "out.pb")], stdout=write, stderr=subprocess.PIPE,
+                              text=True, env=env, timeout=300)
+    finally:
+        os.close(write)
     assert "internal error" not in proc.stderr
+    assert proc.returncode == 141, proc.stderr
+    assert imports_in_tensorflow(tmp_path / "out.pb")   # written before the summary was printed
 
 
 def imports_in_tensorflow(path: Path) -> bool:
