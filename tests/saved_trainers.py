@@ -19,8 +19,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
+from tensorflow.core.framework import types_pb2
+from tensorflow.python.saved_model import loader_impl
 
 from amp_rewrite import convert_file
+from amp_rewrite.ops import MATRIX_OPS
 
 TRAIN = 1400        # digits 0..1399 train, the other 397 test
 
@@ -117,7 +120,8 @@ MODELS = {"MLP": MLP, "CNN": CNN, "LSTM": LSTM}
 
 @dataclass
 class Run:
-    """One seed of one model: test accuracies and the float16 run's loss-scale history."""
+    """One seed of one model: test accuracies, the float16 run's loss-scale history and what
+    shows that float16 ran: its train step's matrix ops, its weights, its predictions."""
 
     model: str
     seed: int
@@ -125,6 +129,11 @@ class Run:
     float16: float
     scale_history: list = field(default_factory=list)   # (step, new scale), first: (0, start)
     skipped: int = 0
+    steps: int = 0
+    good_steps: int = 0         # the loss scale's count of finite steps since its last change
+    float16_matrix_ops: int = 0   # MatMul/Conv ops in float16 in the converted train step
+    weight_difference: float = 0.0   # largest |float16 - FP32| weight after training
+    disagreements: int = 0      # held-out digits the two trained models classify differently
 
 
 def digits():
@@ -141,9 +150,17 @@ def _train(model, x, y, steps, seed, watch=None):
             watch(step)
 
 
-def _accuracy(model, x, y) -> float:
+def _predictions(model, x) -> np.ndarray:
     logits = model.signatures["serving_default"](x=tf.constant(x[TRAIN:]))["logits"].numpy()
-    return float(np.mean(np.argmax(logits, 1) == y[TRAIN:]))
+    return np.argmax(logits, 1)
+
+
+def float16_matrix_ops(saved_model: Path, functions: list[str]) -> int:
+    """How many MatMul/Conv-family ops of the named functions of a SavedModel run in float16."""
+    meta = loader_impl.parse_saved_model(str(saved_model)).meta_graphs[0]
+    return sum(n.op in MATRIX_OPS and n.attr["T"].type == types_pb2.DT_HALF
+               for f in meta.graph_def.library.function if f.signature.name in functions
+               for n in f.node_def)
 
 
 def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None) -> Run:
@@ -151,7 +168,8 @@ def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None) 
     module = MODELS[name](seed)
     tf.saved_model.save(module, str(folder / "fp32"), signatures={"serving_default": module.serve,
                                                                   "train": module.train_step})
-    convert_file(folder / "fp32", folder / "f16", target="float16", force=True)
+    report = convert_file(folder / "fp32", folder / "f16", target="float16", force=True)
+    train_functions = report.to_dict()["loss_scaling"]["functions"]
     x, y = digits()
     reference = tf.saved_model.load(str(folder / "fp32"))
     _train(reference, x, y, steps, seed)
@@ -164,5 +182,10 @@ def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None) 
         if value != history[-1][1]:
             history.append((step + 1, value))
     _train(converted, x, y, steps, seed, watch)
-    return Run(name, seed, _accuracy(reference, x, y), _accuracy(converted, x, y), history,
-               int(scale.skipped_steps.numpy()))
+    ours, theirs = _predictions(converted, x), _predictions(reference, x)
+    return Run(name, seed, float(np.mean(theirs == y[TRAIN:])), float(np.mean(ours == y[TRAIN:])),
+               history, int(scale.skipped_steps.numpy()), steps, int(scale.good_steps.numpy()),
+               float16_matrix_ops(folder / "f16", train_functions),
+               max(float(np.max(np.abs(a.numpy() - b.numpy())))
+                   for a, b in zip(converted.params, reference.params)),
+               int(np.sum(ours != theirs)))
