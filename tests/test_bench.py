@@ -5,6 +5,7 @@ lives in benchmarks/inference.py and BENCHMARKS.md.
 """
 
 import json
+import re
 
 import pytest
 
@@ -13,20 +14,48 @@ from amp_rewrite.bench import bench, time_interleaved
 from test_verify import EXAMPLE, cnn_bf16  # noqa: F401  (the example CNN and its bf16 conversion)
 
 
-def test_bench_reports_both_figures_and_the_ratio(cnn_bf16, tmp_path):
-    code = cli.main(["bench", str(EXAMPLE), str(cnn_bf16), "--shape", "images=32,8,8,1",
-                     "--runs", "6", "--warmup", "2", "--json", str(tmp_path / "b.json"),
-                     "--html", str(tmp_path / "b.html"), "-q"])
+@pytest.fixture(scope="module")
+def light_and_heavy(tmp_path_factory):
+    """Two GraphDefs of one interface (``x: [None, 256]`` -> ``y``): "light" adds a constant,
+    "heavy" first runs 32 MatMuls by 256x256 weights, about 16000 times the FLOPs per row."""
+    import numpy as np
+    import tensorflow as tf
+    folder = tmp_path_factory.mktemp("bench")
+    r = np.random.default_rng(0)
+    for name, depth in (("light", 0), ("heavy", 32)):
+        g = tf.Graph()
+        with g.as_default():
+            h = tf.compat.v1.placeholder(tf.float32, [None, 256], name="x")
+            for _ in range(depth):
+                h = tf.matmul(h, tf.constant(r.normal(0, 256 ** -0.5, (256, 256)).astype(np.float32)))
+            tf.identity(h + 1.0, name="y")
+        (folder / f"{name}.pb").write_bytes(g.as_graph_def().SerializeToString())
+    return folder / "light.pb", folder / "heavy.pb"
+
+
+def test_the_model_doing_more_work_is_the_slower_one(light_and_heavy, tmp_path, capsys):
+    """The speed-up says how many times faster the converted model (the second) is: under 1
+    where it does thousands of times the work, above 1 the other way round, in every round.
+    The printed figures are the JSON's."""
+    light, heavy = light_and_heavy
+    code = cli.main(["bench", str(light), str(heavy), "--shape", "x=512,256", "--runs", "6",
+                     "--warmup", "2", "--json", str(tmp_path / "b.json"),
+                     "--html", str(tmp_path / "b.html")])
     assert code == 0
+    printed = set(re.findall(r"\d+\.\d+", capsys.readouterr().out))
     r = json.loads((tmp_path / "b.json").read_text())
-    assert (r["runs"], r["warmup"], r["batch"]) == (6, 2, 32)
+    assert (r["runs"], r["warmup"], r["batch"]) == (6, 2, 512)
     for side in ("original", "converted"):
         t = r[side]
         assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
-        assert t["throughput"] == pytest.approx(32 / (t["median_ms"] / 1e3))
-    assert r["speedup"] == pytest.approx(r["original"]["median_ms"] / r["converted"]["median_ms"])
-    assert 0 < r["speedup_p10"] <= r["speedup_p90"]
+        assert {f"{t['median_ms']:.3f}", f"{t['throughput']:.1f}"} <= printed
+    assert r["converted"]["median_ms"] > r["original"]["median_ms"]
+    assert r["converted"]["throughput"] < r["original"]["throughput"]
+    assert 0 < r["speedup_p10"] <= r["speedup_p90"] < 1 and r["speedup"] < 1
+    assert f"{r['speedup']:.2f}" in printed
     assert (tmp_path / "b.html").stat().st_size > 0
+    swapped = bench(heavy, light, runs=3, warmup=1, shapes={"x": (512, 256)})
+    assert swapped.speedup > 1 and min(swapped.round_speedups) > 1
 
 
 def test_interleaving_warmup_and_progress():
