@@ -447,24 +447,10 @@ def _keras_lambda_archive(d):
     return path
 
 
-def _wide_mlp(width=2048, depth=4):
-    """Four 2048x2048 float32 weight matrices: a 64 MiB GraphDef."""
-    r = np.random.default_rng(0)
-    g = tf.Graph()
-    with g.as_default():
-        h = v1.placeholder(tf.float32, [None, width], name="x")
-        for _ in range(depth):
-            w = r.standard_normal((width, width), np.float32) * width ** -0.5
-            h = tf.nn.relu(tf.matmul(h, tf.constant(w)))
-        tf.identity(h, name="out")
-    return g.as_graph_def()
-
-
-def test_untrusted_models_run_no_code_and_memory_stays_linear(tmp_path, mlp_bytes, saved_model):
+def test_untrusted_models_run_no_code(tmp_path, mlp_bytes, saved_model):
     (tmp_path / "small.pb").write_bytes(mlp_bytes)
-    (tmp_path / "big.pb").write_bytes(_wide_mlp().SerializeToString())
-    models = [tmp_path / "small.pb", tmp_path / "big.pb", saved_model,
-              _pickle_payload(tmp_path, mlp_bytes), _keras_lambda_archive(tmp_path)]
+    models = [tmp_path / "small.pb", saved_model, _pickle_payload(tmp_path, mlp_bytes),
+              _keras_lambda_archive(tmp_path)]
     out = tmp_path / "out"
     out.mkdir()
     worker = Path(__file__).with_name("untrusted_worker.py")
@@ -476,8 +462,96 @@ def test_untrusted_models_run_no_code_and_memory_stays_linear(tmp_path, mlp_byte
     assert result["outcomes"] == ["converted", "converted", "refused", "refused"]
     assert result["events"] == []  # no exec, compile, marshal, unpickling or subprocess
     assert not (tmp_path / "pwned").exists()
-    # peak memory of converting a 64 MiB graph: a few copies of it (measured 5.2x), not more
-    assert result["growth"] <= 8 * result["size"]
+
+
+def _wide_mlp(width=2048, depth=4):
+    """Four width x width float32 weight Consts: a GraphDef of 64 MiB at 2048, 16 MiB at 1024,
+    almost all of it tensor contents."""
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        h = v1.placeholder(tf.float32, [None, width], name="x")
+        for _ in range(depth):
+            w = r.standard_normal((width, width), np.float32) * width ** -0.5
+            h = tf.nn.relu(tf.matmul(h, tf.constant(w)))
+        tf.identity(h, name="out")
+    return g.as_graph_def()
+
+
+def _many_nodes(blocks, width=8):
+    """``blocks`` residual blocks ``h + relu(h @ W + b)`` with 8x8 weights: 6 nodes a block of
+    about 130 bytes each, most of them node structure. One block is built with
+    TensorFlow and copied (building each would take seconds per thousand blocks)."""
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, width], name="x")
+        with tf.name_scope("block"):
+            w = r.normal(0, width ** -0.5, (width, width)).astype(np.float32)
+            h = tf.add(x, tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), np.full(width, 0.1, np.float32))),
+                       name="out")
+        tf.identity(h, name="out")
+    template = g.as_graph_def()
+    graph_def = tf.compat.v1.GraphDef(versions=template.versions)
+    graph_def.node.extend(n for n in template.node if n.name == "x")
+    last = "x"
+    for b in range(blocks):
+        for n in template.node:
+            if n.name.startswith("block/"):
+                node = graph_def.node.add()
+                node.CopyFrom(n)
+                node.name = n.name.replace("block/", f"block{b}/")
+                node.input[:] = [last if i == "x" else i.replace("block/", f"block{b}/") for i in n.input]
+        last = f"block{b}/out"
+    graph_def.node.extend(n for n in template.node if n.name == "out")
+    graph_def.node[-1].input[:] = [last]
+    return graph_def
+
+
+# two graphs of each kind, the second four times the first
+MEMORY_GRAPHS = {"weights": (lambda: _wide_mlp(1024), lambda: _wide_mlp(2048)),
+                 "nodes": (lambda: _many_nodes(2000), lambda: _many_nodes(8000))}
+# the bound: per byte of the GraphDef, per node (measured: 3.0x a weights graph's size,
+# 5.3 KiB a node of a graph of many small nodes)
+BYTES_FACTOR, NODE_KIB = 4, 7
+
+
+def _conversion_memory(graph_def, folder: Path, warm_up: Path) -> dict:
+    """Peak RSS above the RSS before, of converting ``graph_def`` file to file in a fresh
+    process (tests/memory_worker.py); with the file's size and node count."""
+    folder.mkdir()
+    path = folder / "graph.pb"
+    path.write_bytes(graph_def.SerializeToString())
+    worker = Path(__file__).with_name("memory_worker.py")
+    proc = subprocess.run([sys.executable, str(worker), str(warm_up), str(path), str(folder)],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kib = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"growth": (kib["peak_kib"] - kib["base_kib"]) * 1024, "size": path.stat().st_size,
+            "nodes": len(graph_def.node)}
+
+
+@pytest.mark.parametrize("kind", sorted(MEMORY_GRAPHS))
+def test_conversion_memory_is_linear_in_the_graph(kind, tmp_path, mlp_bytes, capsys):
+    """A graph four times the size takes four times the memory to convert (within a quarter),
+    and each stays under BYTES_FACTOR times its size plus NODE_KIB per node; measured from a
+    fresh baseline in a process per graph, after a warm-up conversion of a tiny graph. Prints
+    what it measured."""
+    warm_up = tmp_path / "tiny.pb"
+    warm_up.write_bytes(mlp_bytes)
+    small, large = (_conversion_memory(build(), tmp_path / f"graph{i}", warm_up)
+                    for i, build in enumerate(MEMORY_GRAPHS[kind]))
+    line = f"conversion memory, {kind}: " + "; ".join(
+        f"{m['size'] / 2 ** 20:.1f} MiB GraphDef of {m['nodes']} nodes: peak {m['growth'] / 2 ** 20:.0f} "
+        f"MiB above the baseline ({m['growth'] / m['size']:.1f}x its size, "
+        f"{m['growth'] / m['nodes'] / 1024:.2f} KiB a node)" for m in (small, large))
+    with capsys.disabled():
+        print("\n" + line)
+    linearity = (large["growth"] / small["growth"]) / (large["size"] / small["size"])
+    assert 0.8 <= linearity <= 1.25, line
+    for m in (small, large):
+        assert 0 < m["growth"] <= BYTES_FACTOR * m["size"] + NODE_KIB * 1024 * m["nodes"], line
 
 
 # ----------------------------------------------------------------- end to end, own processes

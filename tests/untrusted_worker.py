@@ -1,17 +1,15 @@
 """Run as a script by test_bad_input: convert models in a fresh process and report, as JSON,
-what Python code-loading events happened and how much memory the conversion took.
+what Python code-loading events happened.
 
-    python untrusted_worker.py OUT_DIR SMALL_GRAPH BIG_GRAPH SAVED_MODEL REFUSED_FILE...
+    python untrusted_worker.py OUT_DIR MODEL...
 
-A warm-up round (every model but the big one) imports everything a conversion needs, so in
-the measured round that follows any ``exec``,
-``compile``, ``marshal.loads`` or ``pickle.find_class`` event can only come from running code
-carried by a model. Peak RSS growth is measured over the conversion of ``BIG_MODEL``.
+A warm-up round over every model imports everything a conversion needs, so in the recorded
+round that follows any ``exec``, ``compile``, ``marshal.loads`` or ``pickle.find_class`` event
+can only come from running code carried by a model. (The memory a conversion takes is
+tests/memory_worker.py's.)
 """
 
 import json
-import os
-import resource
 import sys
 from pathlib import Path
 
@@ -29,10 +27,6 @@ def _hook(event, args):
         _seen.append(event)
 
 
-def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
-
-
 def _convert_all(out: Path, models: list[str], tag: str) -> list[str]:
     outcomes = []
     for path in models:
@@ -44,18 +38,14 @@ def _convert_all(out: Path, models: list[str], tag: str) -> list[str]:
     return outcomes
 
 
-def main(out_dir: str, small: str, big: str, *others: str) -> None:
+def main(out_dir: str, *models: str) -> None:
     out = Path(out_dir)
-    _convert_all(out, [small, *others], "warmup")
+    _convert_all(out, list(models), "warmup")
     sys.addaudithook(_hook)
-    before = _peak()
     _recording[0] = True
-    _convert_all(out, [big], "big")
-    growth = _peak() - before
-    outcomes = _convert_all(out, [small, *others], "again")
+    outcomes = _convert_all(out, list(models), "again")
     _recording[0] = False
-    print(json.dumps({"events": _seen, "growth": growth, "size": os.path.getsize(big),
-                      "outcomes": outcomes}))
+    print(json.dumps({"events": _seen, "outcomes": outcomes}))
 
 
 if __name__ == "__main__":
