@@ -57,6 +57,8 @@ def test_tensor_cores_only_changes_only_allow_ops():
     base = _precisions(convert(gd, rules=load_rules("float16", env={}))[0])
     new, report = convert(gd, rules=load_rules("float16", [EXAMPLES / "tensor_cores_only.toml"], env={}))
     got = _precisions(new)
+    assert {"Conv2D", "MatMul", "FusedBatchNormV3", "Relu", "BiasAdd", "MaxPool", "Reshape"} <= {
+        n.op for n in gd.node}   # each branch below has nodes to check
     for n in gd.node:
         if n.op in ("Conv2D", "MatMul"):
             assert got[n.name] == "lowp"
@@ -84,6 +86,7 @@ def test_no_einsum_moves_exactly_einsum():
     ops = {n.name: n.op for n in gd.node}
     base = _precisions(convert(gd)[0])
     got = _precisions(new)
+    assert {"Einsum", "BatchMatMulV2"} <= set(ops.values())
     for name, op in ops.items():
         if op == "Einsum":
             assert base[name] == "lowp" and got[name] == "float32"

@@ -25,12 +25,13 @@ def test_training_graph_trains_like_fp32(target):
     matmuls = [n for n in converted.node if n.op == "MatMul"]
     assert len(matmuls) >= 5 and all(n.attr["T"].type == lowp for n in matmuls)
     # ... while the weights, their reads and their updates stay float32 (master weights)
+    updates = [n for n in converted.node if n.op == "ResourceApplyGradientDescent"]
+    assert len(updates) == len([n for n in converted.node if n.op == "VarHandleOp"]) >= 2
     for n in converted.node:
         if n.op in ("VarHandleOp", "ReadVariableOp", "ResourceApplyGradientDescent"):
             key = "dtype" if "dtype" in n.attr else "T"
             assert n.attr[key].type == tf.float32.as_datatype_enum, n.name
     # the gradient reaching each update is float32: a cast from the low-precision MatMul
-    for n in converted.node:
-        if n.op == "ResourceApplyGradientDescent":
-            src = by_name[n.input[2].split(":")[0]]
-            assert src.op == "Cast" and src.attr["DstT"].type == tf.float32.as_datatype_enum
+    for n in updates:
+        src = by_name[n.input[2].split(":")[0]]
+        assert src.op == "Cast" and src.attr["DstT"].type == tf.float32.as_datatype_enum
