@@ -377,6 +377,9 @@ def test_cli_converts_meta_file_and_refuses_missing_seed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and not none.exists()
     assert cli.main([str(bad), "-o", str(none), "--device", "cpu", "--grad", "seed"]) == 0
+    named = Trainer(tf.compat.v1.MetaGraphDef.FromString(none.read_bytes()))
+    named.train(2)
+    assert named.fetch(SCALE, GOOD) == [2.0 ** 15, 2]   # the named seed is scaled and checked
 
 
 def test_graphdef_input_keeps_init_op_and_saver_nodes(tmp_path):
@@ -501,7 +504,8 @@ def test_train_step_in_a_library_function_is_scaled_inside_it(tmp_path, capsys):
     # and the CLI converts it too
     src, dst = tmp_path / "step.pb", tmp_path / "step_amp.pb"
     src.write_bytes(graph_def.SerializeToString())
-    assert cli.main([str(src), "-o", str(dst), "--device", "cpu", "-q"]) == 0 and dst.exists()
+    assert cli.main([str(src), "-o", str(dst), "--device", "cpu", "-q"]) == 0
+    assert tf.compat.v1.GraphDef.FromString(dst.read_bytes()) == model.graph_def
 
 
 def _metagraph_with_function_step():

@@ -189,9 +189,13 @@ def test_force_never_replaces_a_folder_that_is_not_a_saved_model(tmp_path):
     (project / "src" / "train.py").write_text("code")
     assert main([str(tmp_path / "sm"), "-o", str(project), "--force"]) == 2
     assert (project / "src" / "train.py").read_text() == "code"
-    # a SavedModel output is still replaced with --force
-    assert main([str(tmp_path / "sm"), "-o", str(tmp_path / "out")]) == 0
-    assert main([str(tmp_path / "sm"), "-o", str(tmp_path / "out"), "--force"]) == 0
+    # a SavedModel output is still replaced with --force: whole, not merged into
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "sm"), "-o", str(out)]) == 0
+    (out / "stale.txt").write_text("from before")
+    assert main([str(tmp_path / "sm"), "-o", str(out), "--force"]) == 0
+    assert not (out / "stale.txt").exists()
+    assert tf.saved_model.load(str(out))(tf.ones([2, 4])).numpy().tolist() == [[4.0] * 4] * 2
 
 
 def test_loss_scale_beyond_float32_is_refused(tmp_path, capsys):
