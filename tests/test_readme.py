@@ -55,3 +55,8 @@ def test_first_readme_command_works_from_a_shell(tmp_path):
     done = subprocess.run(convert, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
+    # what it wrote is the example converted to float16 (the default target)
+    from tensorflow.core.framework import graph_pb2, types_pb2
+    written = graph_pb2.GraphDef.FromString((tmp_path / "cnn_amp.pb").read_bytes())
+    matrix = [n for n in written.node if n.op in ("Conv2D", "MatMul")]
+    assert len(matrix) == 4 and all(n.attr["T"].type == types_pb2.DT_HALF for n in matrix)
