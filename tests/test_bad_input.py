@@ -501,7 +501,8 @@ def _many_nodes(blocks, width=8):
                 node = graph_def.node.add()
                 node.CopyFrom(n)
                 node.name = n.name.replace("block/", f"block{b}/")
-                node.input[:] = [last if i == "x" else i.replace("block/", f"block{b}/") for i in n.input]
+                node.input[:] = [last if i == "x" else i.replace("block/", f"block{b}/")
+                                 for i in n.input]
         last = f"block{b}/out"
     graph_def.node.extend(n for n in template.node if n.name == "out")
     graph_def.node[-1].input[:] = [last]
@@ -543,8 +544,8 @@ def test_conversion_memory_is_linear_in_the_graph(kind, tmp_path, mlp_bytes, cap
     small, large = (_conversion_memory(build(), tmp_path / f"graph{i}", warm_up)
                     for i, build in enumerate(MEMORY_GRAPHS[kind]))
     line = f"conversion memory, {kind}: " + "; ".join(
-        f"{m['size'] / 2 ** 20:.1f} MiB GraphDef of {m['nodes']} nodes: peak {m['growth'] / 2 ** 20:.0f} "
-        f"MiB above the baseline ({m['growth'] / m['size']:.1f}x its size, "
+        f"{m['size'] / 2 ** 20:.1f} MiB GraphDef of {m['nodes']} nodes: peak "
+        f"{m['growth'] / 2 ** 20:.0f} MiB above the baseline ({m['growth'] / m['size']:.1f}x its size, "
         f"{m['growth'] / m['nodes'] / 1024:.2f} KiB a node)" for m in (small, large))
     with capsys.disabled():
         print("\n" + line)

@@ -111,7 +111,8 @@ def test_graphs_with_variables_are_not_rewritten():
     g = tf.Graph()
     with g.as_default():
         tf.graph_util.import_graph_def(gd, name="")
-        tf.identity(v1.get_variable("w", initializer=np.ones(3, np.float32), use_resource=True), name="w_out")
+        w = v1.get_variable("w", initializer=np.ones(3, np.float32), use_resource=True)
+        tf.identity(w, name="w_out")
     _, report = convert(g.as_graph_def(), fold_constants=True)
     assert "fusion" not in report.extra
     assert report.node("conv_bn").op == "AddV2"

@@ -147,7 +147,8 @@ def test_no_import_of_a_higher_layer_inside_a_subpackage():
                 continue     # between top-level units: the README's table decides
             if internal_layer(target) > internal_layer(me):
                 problems.append(f"{path.relative_to(ROOT)}:{line}: {me} (layer "
-                                f"{internal_layer(me)}) imports {target} (layer {internal_layer(target)})")
+                                f"{internal_layer(me)}) imports {target} "
+                                f"(layer {internal_layer(target)})")
     assert problems == []
 
 

@@ -136,7 +136,8 @@ def test_keep_signature_and_direct_reasons_have_codes_of_their_own(adam_bn_meta,
     assert report.node("x").code == "interface"    # a graph input
     assert report.node(relu).code == "interface" and report.node(relu).precision == "float32"
     graph_def, _ = grappler_graphs.direct_call()
-    call = next(n for n in graph_def.node if n.op in {f.signature.name for f in graph_def.library.function})
+    functions = {f.signature.name for f in graph_def.library.function}
+    call = next(n for n in graph_def.node if n.op in functions)
     _, report = convert(graph_def, target="float16")
     assert report.node(call.name).code == "function_call"
     assert report.node("m1").precision == report.node("m2").precision == "float16"
