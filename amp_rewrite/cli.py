@@ -364,7 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args)
     try:
         _check_paths(command, args)
-        return _load_runner(args.verbose).run(command, args)
+        code = _load_runner(args.verbose).run(command, args)
+        # a reader that went away meets the summary here, where it is exit 141, and not in
+        # the final flush of a block-buffered stdout (into a pipe), which cannot report it
+        sys.stdout.flush()
+        return code
     except AmpRewriteError as exc:
         if args.verbose:
             traceback.print_exc()
