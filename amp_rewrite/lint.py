@@ -1,21 +1,31 @@
-"""The lint every converted graph must pass before anything is written.
+"""The lint every converted graph must pass before anything is written, and the checks of an
+input graph against what TensorFlow's importer refuses.
 
-A failure here is an amp-rewrite bug, never the user's: the CLI reports it as an internal
-error (exit 70) and writes nothing.
+A lint failure is an amp-rewrite bug, never the user's: the CLI reports it as an internal
+error (exit 70) and writes nothing. An input check failure is the user's (an InputError, raised
+by the caller): see "Input checks" below.
 """
 
 from __future__ import annotations
 
-from typing import Collection
+import functools
+import re
+from typing import Collection, Iterator
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.client import pywrap_tf_session as c_api
+from tensorflow.python.framework import c_api_util
+from tensorflow.python.framework import function as tf_function
 
 from .before import Before
 from .dtypes import INVALID, LOW_PRECISION, dtype_name
 from .errors import LintError
 from .ir import Graph
-from .ops import VARIABLE_OPS
+from .ops import MERGE_OPS, NEXT_ITERATION_OPS, VARIABLE_OPS
 from .rules import RuleSet
 from .signatures import (TypeAttr, allowed_by_opdef, edge_dtype, get_dtype, input_dtype, node_types,
-                         output_dtype)
+                         op_def, output_dtype)
 
 
 def lint_problems(graph: Graph, *, original: Before | None = None,
@@ -145,3 +155,243 @@ def lint(graph: Graph, **kwargs) -> None:
     problems = lint_problems(graph, **kwargs)
     if problems:
         raise LintError(problems)
+
+
+# ----------------------------------------------------------------- input checks
+# What tf.graph_util.import_graph_def refuses, found by importing damaged GraphDefs
+# (tests/test_fuzz_input.py): its C++ half (names, input order, colocation, attrs against the
+# OpDef, shapes, the function library) is run as it is (tensorflow_import_error); what its
+# Python half refuses, and what the C++ half checks where it cannot be run (a graph with custom
+# ops), is checked here (graph_def_problems). load.check_importable calls them.
+
+# GraphConstructor's IsValidNodeName (allow_internal_ops=false)
+_NODE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\-/]*(?:>[A-Za-z0-9.][A-Za-z0-9_.\-/]*)*\Z")
+_COLOCATION = b"loc:@"
+# the AttrValue list fields after "s", in the order Operation.get_attr reads them
+_NOT_STRINGS = ("i", "f", "b", "type", "shape", "tensor", "func")
+
+
+def graph_def_problems(graph_def: graph_pb2.GraphDef, *, structure: bool = True,
+                       serialized: bytes | None = None) -> Iterator[str]:
+    """The problems TensorFlow's importer would find in ``graph_def``'s nodes and library, as
+    one sentence each naming the node (lazily: the caller usually wants the first).
+
+    Always, what the importer's Python half reads: ``_class`` colocation attrs are lists of
+    UTF-8 strings, device strings parse as ``tf.DeviceSpec`` parses them, the library's
+    gradients name its functions; and function attrs name a function of the library or an op
+    (the importer lets a missing one through, but the graph cannot run), no function is
+    defined twice. With ``structure``, also what its C++ half checks, for a graph it cannot
+    be run on (one with custom ops): node names as TensorFlow spells them, control inputs
+    after the data inputs, the attrs an OpDef requires, colocation with nodes of the graph,
+    no cycle but a v1 loop's, no library function named like an op. ``serialized``: the
+    GraphDef's bytes, if at hand (they tell which attrs no node has).
+    """
+    functions = {f.signature.name for f in graph_def.library.function}
+    names = _Names(graph_def) if structure else None
+    # reading each node's attr map costs more than the rest: only where a node may have it
+    colocated = serialized is None or b"_class" in serialized
+    for nd in graph_def.node:
+        problem = ((_name_problem(nd) or _input_order_problem(nd) or _missing_attr_problem(nd))
+                   if structure else None) \
+            or (_colocation_problem(nd, names) if colocated else None) or _device_problem(nd) \
+            or _function_attr_problem(nd, functions)
+        if problem:
+            yield f"node {nd.name!r} ({nd.op}) {problem}"
+    if structure:
+        yield from _cycle_problems(graph_def)
+    yield from _library_problems(graph_def.library, functions, structure)
+
+
+class _Names:
+    """The graph's node names, collected when first asked about (few graphs colocate)."""
+
+    def __init__(self, graph_def):
+        self._graph_def, self._names = graph_def, None
+
+    def __contains__(self, name: str) -> bool:
+        if self._names is None:
+            self._names = {nd.name for nd in self._graph_def.node}
+        return name in self._names
+
+
+def _name_problem(nd) -> str | None:
+    if _NODE_NAME.match(nd.name):
+        return None
+    return ("has a name TensorFlow refuses (a letter, digit or '.' first, then letters, digits "
+            "and '_.-/')")
+
+
+def _input_order_problem(nd) -> str | None:
+    control = next((i for i, text in enumerate(nd.input) if text.startswith("^")), None)
+    if control is None or all(text.startswith("^") for text in nd.input[control:]):
+        return None
+    return f"lists control input {nd.input[control]!r} before a data input"
+
+
+def _missing_attr_problem(nd) -> str | None:
+    missing = next((name for name in _required_attrs(nd.op) if name not in nd.attr), None)
+    return f"lacks attr {missing!r}, which its OpDef requires" if missing else None
+
+
+@functools.lru_cache(maxsize=None)
+def _required_attrs(op: str) -> tuple[str, ...]:
+    od = op_def(op)
+    return tuple(a.name for a in od.attr if not a.HasField("default_value")) if od else ()
+
+
+def _colocation_problem(nd, names: _Names | None) -> str | None:
+    """``_class``: what the importer's Python half reads (a list of UTF-8 strings), and with
+    ``names`` what its C++ half checks (each ``loc:@X`` names a node of the graph)."""
+    if "_class" not in nd.attr:
+        return None
+    value = nd.attr["_class"]
+    kind = value.WhichOneof("value")
+    if kind is None or (kind == "s" and not value.s):
+        return None
+    if kind != "list" or (not value.list.s and any(getattr(value.list, f) for f in _NOT_STRINGS)):
+        return "has a _class attr that is not a list of strings"
+    for entry in value.list.s:
+        try:
+            text = entry.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"has a _class entry that is not UTF-8 text: {entry[:40]!r}"
+        target = text[len("loc:@"):] if entry.startswith(_COLOCATION) else None
+        if names is not None and target is not None and target not in names:
+            return f"is to be colocated with {target!r}, which is not a node of the graph"
+    return None
+
+
+def _device_problem(nd) -> str | None:
+    error = _device_error(nd.device) if nd.device else None
+    return f"has device {nd.device!r}, which TensorFlow cannot parse: {error}" if error else None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_error(device: str) -> str | None:
+    # a graph names a few devices on many nodes: each string parsed once
+    try:
+        tf.DeviceSpec.from_string(device)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _function_attr_problem(nd, functions: set[str]) -> str | None:
+    for key in _function_attrs(nd.op):
+        if key not in nd.attr:
+            continue
+        value = nd.attr[key]
+        named = [value.func.name] if value.HasField("func") else [f.name for f in value.list.func]
+        missing = next((name for name in named if name and name not in functions
+                        and op_def(name) is None), None)
+        if missing is not None:
+            return f"has {key} naming function {missing!r}, which the graph's library lacks"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _function_attrs(op: str) -> tuple[str, ...]:
+    od = op_def(op)
+    return tuple(a.name for a in od.attr if a.type in ("func", "list(func)")) if od else ()
+
+
+def _cycle_problems(graph_def) -> Iterator[str]:
+    """A node the importer never reaches: it adds a node once its inputs are in, but a Merge fed
+    by a NextIteration (a v1 loop's back edge) once one data input is. A cycle any other way
+    is refused (the IR lets a NextIteration's edges through whatever they feed)."""
+    nodes = {nd.name: nd for nd in graph_def.node}
+    pending, consumers = {}, {}
+    for nd in graph_def.node:
+        sources = [_input_node(text) for text in nd.input]
+        sources = [src for src in sources if src in nodes]
+        back = nd.op in MERGE_OPS and any(nodes[_input_node(text)].op in NEXT_ITERATION_OPS
+                                          for text in nd.input if not text.startswith("^")
+                                          and _input_node(text) in nodes)
+        controls = sum(text.startswith("^") for text in nd.input)
+        pending[nd.name] = controls + 1 if back else len(sources)
+        for src in sources:
+            consumers.setdefault(src, []).append(nd.name)
+    ready = [name for name, count in pending.items() if count <= 0]
+    while ready:
+        for name in consumers.get(ready.pop(), ()):
+            pending[name] -= 1
+            if pending[name] == 0:
+                ready.append(name)
+    stuck = [nd for nd in graph_def.node if pending[nd.name] > 0]
+    if stuck:
+        yield (f"node {stuck[0].name!r} ({stuck[0].op}) is in a cycle that is not a while loop's "
+               f"(a Merge reading a NextIteration), with {len(stuck) - 1} other nodes")
+
+
+def _input_node(text: str) -> str:
+    name, sep, port = text.lstrip("^").rpartition(":")
+    return name if sep and port.isdigit() else text.lstrip("^")
+
+
+def _library_problems(library, functions: set[str], structure: bool) -> Iterator[str]:
+    seen = set()
+    for fdef in library.function:
+        name = fdef.signature.name
+        if name in seen:
+            # the importer takes a function twice if both copies are the same; they would not
+            # stay the same once converted (one is painted, the other left as it is)
+            yield f"the function library defines {name!r} more than once"
+        seen.add(name)
+        if structure and op_def(name) is not None:
+            yield f"library function {name!r} has the name of a TensorFlow op"
+        for nd in fdef.node_def:
+            problem = _function_attr_problem(nd, functions)
+            if problem:
+                yield f"node {nd.name!r} ({nd.op}) of function {name!r} {problem}"
+    # the importer reads the gradients only of a library that has functions
+    for grad in library.gradient if functions else ():
+        for name in (grad.function_name, grad.gradient_func):
+            if name not in functions:
+                yield f"the function library names {name!r} in a gradient but does not define it"
+    with_gradients = {grad.function_name for grad in library.gradient}
+    if library.gradient and functions and not functions - with_gradients:
+        yield "the function library's gradients form a cycle (every function has one)"
+
+
+def unregistered_ops(graph_def: graph_pb2.GraphDef) -> set[str]:
+    """The ops of the graph's nodes that neither TensorFlow registers nor its library defines:
+    custom ops, which TensorFlow imports only where their library is loaded."""
+    functions = {f.signature.name for f in graph_def.library.function}
+    return {op for op in {nd.op for nd in graph_def.node}
+            if op_def(op) is None and op not in functions}
+
+
+def tensorflow_import_error(serialized: bytes, library) -> str | None:
+    """Why ``tf.graph_util.import_graph_def`` refuses the serialized GraphDef (in a fresh
+    graph), in one line naming the node where TensorFlow does; None when it imports.
+
+    Its C++ half (the nodes, their OpDefs and shapes, the library) runs on the bytes; of its
+    Python half, the function library ``library`` is read back as it does (what else it reads,
+    devices and ``_class``, :func:`graph_def_problems` checks). Whatever either raises is its
+    refusal. The graph is imported into a scratch graph and dropped.
+    """
+    graph = tf.Graph()   # no Python operations: they are made only when asked for
+    options = c_api_util.ScopedTFImportGraphDefOptions()
+    buffer = c_api.TF_NewBufferFromString(serialized)
+    try:
+        with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+            c_api.TF_DeleteImportGraphDefResults(
+                c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options))
+        if library.function:
+            with graph.as_default():   # so the functions go to it, not to the eager context
+                for fn in tf_function.from_library(library):
+                    fn.add_to_graph(graph)
+    except Exception as exc:  # noqa: BLE001 - the importer's refusal, whatever it raises
+        return _tidy(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+    return None
+
+
+def _tidy(message: str) -> str:
+    """TensorFlow's message, with the NodeDefs and OpDefs it quotes whole cut to their names."""
+    text = re.sub(r"'\{\{node ([^}]*)\}\}[^']*'", r"node '\1'", message)
+    text = re.sub(r"\{\{node ([^}]*)\}\}", r"node '\1'", text)
+    text = re.sub(r"Op<name=([^;>]*)(?:->|[^>])*>", r"op \1", text)
+    text = " ".join(text.split())
+    return text if len(text) <= 400 else text[:400] + " ..."

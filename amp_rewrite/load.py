@@ -3,7 +3,8 @@ content, and SavedModel directories.
 
 Loading only parses protocol buffers: it never runs code from the model (no pickle, no Keras
 deserialization), never reads a SavedModel's variables and never changes the input. Every
-failure is an :class:`InputError` that names the file and what is wrong with it.
+failure is an :class:`InputError` that names the file and what is wrong with it, a graph that
+TensorFlow's importer refuses among them (:func:`check_importable`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from google.protobuf import message, text_format
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
+from . import lint
 from .errors import InputError
 from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, keras_file
 from .ops import VARIABLE_CREATORS
+from .rewrite import check_input
+from .signatures import graph_with_defaults, set_call_signature
 
 # protobuf cannot parse a message of 2 GiB or more
 PROTOBUF_LIMIT = 2**31 - 1
@@ -46,7 +50,9 @@ class Model:
     @classmethod
     def of_graph_def(cls, graph_def: graph_pb2.GraphDef, path: str | os.PathLike = "<graph_def>",
                      text: bool = False) -> "Model":
-        """A model of ``graph_def``, copied into its wrapper (the caller's is not changed)."""
+        """A model of ``graph_def``, copied into its wrapper (the caller's is not changed);
+        an :class:`InputError` for a graph TensorFlow would not import."""
+        check_importable(graph_def)
         return cls._wrapping(meta_graph_pb2.MetaGraphDef(graph_def=graph_def), path, text)
 
     @classmethod
@@ -137,6 +143,8 @@ def _load_saved_model(path: Path) -> Model:
     if not saved.meta_graphs or not any(len(m.graph_def.node) for m in saved.meta_graphs):
         raise InputError(f"{proto_path}: the SavedModel holds no graph")
     model = Model(path, "savedmodel", proto_path.suffix == ".pbtxt", tuple(saved.meta_graphs), saved)
+    for meta in model.meta_graphs:
+        _check_file_graph(proto_path, meta.graph_def)
     _check_checkpoint(model)
     return model
 
@@ -176,6 +184,8 @@ def parse(data: bytes, path: Path) -> Model:
         raise InputError(f"{path}: not a TensorFlow GraphDef or MetaGraphDef (the bytes do not "
                          "parse as either; is the file truncated or another format?)")
     kind, meta = model
+    # a GraphDef file's bytes are the GraphDef's: the importer reads them as they are
+    _check_file_graph(path, meta.graph_def, data if kind == "graphdef" else None)
     if kind == "metagraph":
         return Model(path, "metagraph", False, (meta,))
     return Model._wrapping(meta, path, text=False)
@@ -224,7 +234,56 @@ def _parse_text(data: bytes, path: Path) -> Model:
     if is_meta:
         if not _valid_graph(proto.graph_def):
             raise InputError(f"{path}: the MetaGraphDef holds no graph nodes")
+        _check_file_graph(path, proto.graph_def)
         return Model(path, "metagraph", True, (proto,))
     if not _valid_graph(proto):
         raise InputError(f"{path}: the GraphDef holds no nodes")
+    _check_file_graph(path, proto)
     return Model._wrapping(wrapper, path, text=True)
+
+
+# ----------------------------------------------------------------- what TensorFlow would refuse
+def _check_file_graph(path: Path, graph_def: graph_pb2.GraphDef,
+                      serialized: bytes | None = None) -> None:
+    try:
+        check_importable(graph_def, serialized)
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
+
+
+def check_importable(graph_def: graph_pb2.GraphDef, serialized: bytes | None = None) -> None:
+    """Raise an :class:`InputError` naming the node for a graph that
+    ``tf.graph_util.import_graph_def`` refuses in a fresh graph, or whose function attrs name
+    functions it lacks: a converted file of it would be refused too, or could not run.
+
+    ``serialized``: the GraphDef's bytes, if at hand. A graph with custom ops, which TensorFlow
+    imports only where their library is loaded, gets the checks that need no OpDef of them.
+    """
+    if lint.unregistered_ops(graph_def):
+        problem = next(lint.graph_def_problems(graph_def, serialized=serialized), None)
+        if problem:
+            raise InputError(problem)
+        return
+    serialized = graph_def.SerializeToString() if serialized is None else serialized
+    problem = next(lint.graph_def_problems(graph_def, structure=False, serialized=serialized), None)
+    if problem:
+        raise InputError(problem)
+    error = lint.tensorflow_import_error(serialized, graph_def.library)
+    if error is not None:
+        # TensorFlow's words quote whole NodeDefs and OpDefs and do not always name the node;
+        # ours, asked only now that the graph is refused anyway, do
+        _refuse_in_our_words(graph_def)
+        raise InputError(f"TensorFlow's importer refuses the graph: {error}")
+
+
+def _refuse_in_our_words(graph_def: graph_pb2.GraphDef) -> None:
+    """Raise the first problem our own input checks find in ``graph_def``, if any."""
+    problem = next(lint.graph_def_problems(graph_def), None)
+    if problem:
+        raise InputError(problem)
+    graph, _ = graph_with_defaults(graph_def)
+    calls = {f.signature.name: f.signature for f in graph_def.library.function}
+    for node in graph.nodes():
+        if node.op in calls:
+            set_call_signature(node, calls[node.op])
+    check_input(graph)
