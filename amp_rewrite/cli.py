@@ -19,10 +19,11 @@ import logging
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import NoReturn
 
 from .errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
-from .files import check_container, same_file, tune_rules_path
+from .files import check_container, is_saved_model, same_file, tune_rules_path
 from .loss_scale import scale_config
 from .version import __version__
 
@@ -173,6 +174,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
         p.add_argument("--report", metavar="FILE.json",
                        help="the convert command's JSON report, to include its decisions in --html")
+        _force_flag(p)
     elif command == "tune":
         _tune_flags(p)
     elif command == "kernels":
@@ -181,14 +183,20 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        help="where to run it (default: gpu if TensorFlow sees one, else cpu)")
         _run_flags(p)
         p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
+        _force_flag(p)
     elif command == "bench":
         _model_flags(p)
         p.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
         p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
         p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
+        _force_flag(p)
     _common(p)
     return p
+
+
+def _force_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace existing --html/--json files")
 
 
 def _tune_flags(p: argparse.ArgumentParser) -> None:
@@ -226,20 +234,38 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------- checks before any work
-def _check_writable(path: str, what: str, *others: str) -> None:
-    for other in others:
+def _inside(path: str, folder: str) -> bool:
+    return Path(folder).resolve() in Path(path).resolve().parents
+
+
+def _check_output(path: str, what: str, *, force: bool, inputs=(), outputs=(),
+                  folder: bool = False) -> None:
+    """Refuse an output the command could not write, or must not: one that is an input or
+    another output or lies inside one (a SavedModel directory), an existing one without
+    ``force`` (``folder``: a TensorBoard folder, which takes a new file, must be a folder), a
+    file output that is a directory, a folder that is missing or not writable. Checked for
+    every output before the work starts, so that none is written unless all can be."""
+    for other, whose in [(p, "the input") for p in inputs] + [(p, "an output") for p in outputs]:
         if same_file(path, other):
-            raise InputError(f"{path}: the {what} would overwrite {other}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"{path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):  # found only after the output is written otherwise
-        raise InputError(f"{path}: cannot write in {folder}: permission denied")
+            raise InputError(f"{path}: the {what} would overwrite {other} ({whose})")
+        if _inside(path, other):
+            raise InputError(f"{path}: the {what} would be written inside {other} ({whose})")
+    if folder and os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError(f"{path}: not a folder, which the {what} must be")
+    if not folder and os.path.isdir(path):
+        raise InputError(f"{path}: is a directory")
+    if not folder and os.path.lexists(path) and not force:
+        raise InputError(f"{path}: already exists; pass --force to replace it")
+    parent = path if folder and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InputError(f"{path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"{path}: cannot write in {parent}: permission denied")
 
 
 def _check_paths(command: str, args) -> None:
     """Refuse, before TensorFlow is imported, a missing input and an output that cannot be
-    written (or would clobber the input or an existing file)."""
+    written (or would clobber the input, another output or an existing file)."""
     inputs = {"convert": [args.input] if command == "convert" else [],
               "explain": [getattr(args, "input", None)],
               "verify": [getattr(args, "original", None), getattr(args, "converted", None)],
@@ -256,22 +282,26 @@ def _check_paths(command: str, args) -> None:
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
     if command == "tune":
-        rules_out = args.rules_out or str(tune_rules_path(args.output))
-        for path in (args.output, rules_out):
-            if os.path.exists(path) and not args.force:
-                raise InputError(f"{path}: already exists; pass --force to replace it")
-            _check_writable(path, "output", *[p for p in inputs if p])
-        if args.report:
-            _check_writable(args.report, "report", args.output, rules_out,
-                            *[p for p in inputs if p])
-        check_container(args.input, args.output)
+        _check_tune_outputs(args, inputs)
     if command == "convert":
-        _check_convert_outputs(args)
+        _check_convert_outputs(args, inputs)
         scale_config(args.loss_scale, args.target, args.loss_scale_options)  # conflicts, ranges
+    written = []
     for flag in ("html", "json"):
         path = getattr(args, flag, None)
+        if path and command != "convert":
+            _check_output(path, f"--{flag} file", force=args.force, inputs=inputs, outputs=written)
+            written.append(path)
+
+
+def _check_tune_outputs(args, inputs: list[str]) -> None:
+    _check_model_output(args.input, args.output, force=args.force, inputs=inputs)
+    written = [args.output]
+    rules_out = args.rules_out or str(tune_rules_path(args.output))
+    for path, what in ((rules_out, "rules file"), (args.report, "--report file")):
         if path:
-            _check_writable(path, f"--{flag} file", *[p for p in inputs if p])
+            _check_output(path, what, force=args.force, inputs=inputs, outputs=written)
+            written.append(path)
 
 
 def _loss_scale_options(args) -> dict:
@@ -285,17 +315,35 @@ def _loss_scale_options(args) -> dict:
     return options
 
 
-def _check_convert_outputs(args) -> None:
-    # output = input is reported by convert_file, which names --in-place rather than --force
-    if (os.path.exists(args.output) and not (args.force or args.in_place)
-            and not same_file(args.input, args.output)):
-        raise InputError(f"{args.output}: already exists; pass --force to replace it")
-    folder = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(folder):
-        raise InputError(f"{args.output}: folder {folder} does not exist")
-    check_container(args.input, args.output)
-    if args.report:
-        _check_writable(args.report, "report", args.input, args.output)
+def _check_convert_outputs(args, inputs: list[str]) -> None:
+    """The converted model, then its side outputs."""
+    if same_file(args.input, args.output) and not args.in_place:
+        raise InputError(f"{args.output}: the output is the input; pass --in-place to overwrite it")
+    _check_model_output(args.input, args.output, force=args.force or args.in_place,
+                        inputs=[p for p in inputs if not same_file(p, args.output)])
+    written = [args.output]
+    for path, what, folder in ((args.report, "--report file", False),
+                               (args.html, "--html file", False),
+                               (args.tensorboard, "--tensorboard folder", True)):
+        if path:
+            _check_output(path, what, force=args.force, inputs=inputs, outputs=written,
+                          folder=folder)
+            written.append(path)
+
+
+def _check_model_output(src: str, dst: str, *, force: bool, inputs: list[str]) -> None:
+    """A converted model's path: a file, or a directory for a SavedModel (which saving checks
+    further: it replaces only a SavedModel)."""
+    if not is_saved_model(src):
+        _check_output(dst, "output", force=force, inputs=inputs)
+        return
+    check_container(src, dst)
+    if os.path.lexists(dst) and not force:
+        raise InputError(f"{dst}: already exists; pass --force to replace it")
+    _check_output(dst, "output", force=True, inputs=inputs, folder=True)
+    folder = os.path.dirname(os.path.abspath(dst))
+    if not os.access(folder, os.W_OK):   # a SavedModel is built beside its place, then renamed
+        raise InputError(f"{dst}: cannot write in {folder}: permission denied")
 
 
 def _refuse_misspelled_command(argv: list[str], parser: argparse.ArgumentParser) -> None:

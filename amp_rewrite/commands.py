@@ -1,11 +1,15 @@
 """What each command of the ``amp-rewrite`` CLI does, once :mod:`amp_rewrite.cli` has parsed
 and checked its arguments. This half imports TensorFlow; with :mod:`amp_rewrite.cli` it is the
 only code that prints (the library logs).
+
+A command makes all its outputs in memory (the model, reports, pages) and then writes them as
+one :class:`~amp_rewrite.files.OutputSet`: every file, or (on any error) none.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -15,13 +19,16 @@ from . import kernels as kernels_mod
 from . import report_html
 from . import tuning
 from . import verify as verify_mod
-from .errors import InputError
-from .files import atomic_write
+from .errors import InputError, RuleError
+from .files import OutputSet, atomic_write
 from .load import load
 from .passes import Options
-from .pipeline import convert_file, convert_model
+from .pipeline import convert_model
 from .rules import LISTS, load_rules
 from .runner import init_devices, parse_shapes
+from .save import stage
+
+log = logging.getLogger(__name__)
 
 
 __all__ = ["init_devices", "run"]
@@ -33,23 +40,41 @@ def run(command: str, args) -> int:
 
 
 def convert(args) -> int:
-    report = convert_file(args.input, args.output, force=args.force, in_place=args.in_place,
-                          target=args.target, device=args.device, rules=args.rules,
-                          keep=args.keep, lowp_io=args.lowp_io,
-                          fold_constants=args.fold_constants, loss_scale=args.loss_scale,
-                          min_matrix_intensity=args.min_matrix_intensity,
-                          loss_scale_options=args.loss_scale_options, emulate=args.emulate,
-                          cost_aware=args.cost_aware)
-    if args.report:
-        atomic_write(Path(args.report), report.to_json().encode("utf-8"), force=True)
-    if args.html:
-        report_html.write_convert_report(args.html, report.to_dict())
+    model, report = _convert(args)
+    with OutputSet() as outputs:
+        stage(model, args.output, outputs, force=args.force or args.in_place)
+        if args.report:
+            outputs.add_file(args.report, report.to_json().encode("utf-8"), force=args.force)
+        if args.html:
+            outputs.add_file(args.html, report_html.convert_page(report.to_dict()).encode("utf-8"),
+                             force=args.force)
+        if args.tensorboard:
+            event = report_html.stage_tensorboard(outputs, args.tensorboard, model.graph_def)
+        outputs.commit()
     if args.tensorboard:
-        report_html.write_tensorboard(args.tensorboard, load(args.output).graph_def)
+        log.info("wrote the converted graph for TensorBoard to %s", event)
     if not args.quiet:
         print(f"wrote {args.output}")
         print(report.format_summary())
     return 0
+
+
+def _convert(args):
+    """The converted model and its report, in memory (:func:`~amp_rewrite.pipeline.convert_file`
+    without the write; the CLI checked the paths)."""
+    options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
+                      lowp_io=args.lowp_io, fold_constants=args.fold_constants,
+                      loss_scale=args.loss_scale, loss_scale_options=args.loss_scale_options,
+                      min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
+                      cost_aware=args.cost_aware)
+    options.check()
+    try:
+        return convert_model(load(args.input), options)
+    except InputError as exc:
+        # errors found in the graph name a node; the user also needs to know which file
+        if not isinstance(exc, RuleError) and not str(exc).startswith(str(args.input)):
+            exc.args = (f"{args.input}: {exc}",)
+        raise
 
 
 def explain(args) -> int:
@@ -94,7 +119,8 @@ def verify(args) -> int:
     if not args.quiet:
         print(verify_mod.format_result(result, args.top))
     if args.html:
-        report_html.write_verify_report(args.html, result, args.converted, args.report)
+        page = report_html.verify_page(result, args.converted, args.report)
+        atomic_write(Path(args.html), page.encode("utf-8"), force=args.force)
     return 0 if result.ok else 1
 
 
@@ -103,7 +129,7 @@ def kernels(args) -> int:
                                        shapes=parse_shapes(args.shape), inputs=args.inputs,
                                        signature=args.signature)
     if args.json:
-        _write_json(args.json, report.to_dict())
+        atomic_write(Path(args.json), _json_bytes(report.to_dict()), force=args.force)
     if not args.quiet:
         print(hardware.machine_line())
         print(kernels_mod.format_report(report))
@@ -116,10 +142,13 @@ def bench(args) -> int:
                              signature=args.signature, outputs=args.output,
                              checkpoint=args.checkpoint,
                              progress=None if args.quiet else _progress_bar)
-    if args.json:
-        _write_json(args.json, result.to_dict())
-    if args.html:
-        report_html.write_bench_report(args.html, result, args.converted)
+    with OutputSet() as outputs:
+        if args.json:
+            outputs.add_file(args.json, _json_bytes(result.to_dict()), force=args.force)
+        if args.html:
+            page = report_html.bench_page(result, args.converted)
+            outputs.add_file(args.html, page.encode("utf-8"), force=args.force)
+        outputs.commit()
     if not args.quiet:
         print(hardware.machine_line())
         print(bench_mod.format_result(result))
@@ -135,11 +164,10 @@ def tune(args) -> int:
                            force=args.force, relax=args.relax, progress=bar,
                            target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
-                           lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity)
+                           lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
+                           report=args.report)
     if bar is not None:
         sys.stderr.write("\n")
-    if args.report and result.ok:
-        atomic_write(Path(args.report), result.report.to_json().encode("utf-8"), force=True)
     if not result.ok:
         print(f"amp-rewrite: tolerance not met, nothing written: {result.message}", file=sys.stderr)
         if not args.quiet:
@@ -156,8 +184,8 @@ def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:
     _draw_bar(done, budget, f"trial {done}/{budget}  metric {metric:.3g}  kept {kept} in float32   ")
 
 
-def _write_json(path: str, data: dict) -> None:
-    atomic_write(Path(path), (json.dumps(data, indent=1) + "\n").encode(), force=True)
+def _json_bytes(data: dict) -> bytes:
+    return (json.dumps(data, indent=1) + "\n").encode()
 
 
 def _progress_bar(done: int, total: int) -> None:

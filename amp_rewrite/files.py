@@ -3,13 +3,18 @@ tell. Standard library only, so the CLI can check paths before TensorFlow is imp
 
 A write goes to a temporary file in the target's own folder, is flushed to disk and renamed
 over the target: a crash leaves at most a hidden ``.NAME.*.tmp`` beside it, never a
-half-written output.
+half-written output. A command with several outputs writes them as one :class:`OutputSet`:
+all of them, or none.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
@@ -90,26 +95,156 @@ def check_file_destination(path: Path, *, force: bool = False) -> Path:
 
 def atomic_write(path: Path, data: bytes, *, force: bool = False) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
-    path = Path(path)
-    folder = check_file_destination(path, force=force)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    try:
-        # mkstemp makes the file private (0600); give it the mode a plain open() would, or the
-        # mode of the file it replaces
-        os.fchmod(fd, _mode_for(path))
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
+    with OutputSet() as outputs:
+        outputs.add_file(path, data, force=force)
+        outputs.commit()
+
+
+def _cannot_write(path, exc: OSError) -> InputError:
+    return InputError(f"{path}: cannot write: {exc.strerror or exc}")
+
+
+@dataclass
+class _Staged:
+    tmp: Path        # written in full, in the target's folder
+    target: Path
+    replace: bool    # whether an existing target may be replaced
+
+
+class OutputSet:
+    """Files and folders a command writes as one set: all of them, or none.
+
+    Each output is first written in full under a hidden temporary name in its target's own
+    folder (:meth:`add_file`; a folder the caller fills, from :meth:`temporary_folder`, is
+    handed over with :meth:`add`); :meth:`commit` then renames them into place, in the order
+    they were added. Running out of space or permission happens while writing, before the first
+    rename; should a rename still fail (the folder changed under us), the renames before it are
+    undone and what they replaced is put back. Leaving the ``with`` block without a commit
+    removes every temporary. Only a crash during the renames themselves (a few system calls)
+    can leave part of the set in place, and what it replaced as hidden ``.NAME.*.old`` files.
+    """
+
+    def __init__(self) -> None:
+        self._staged: list[_Staged] = []
+        self._temporaries: list[Path] = []
+
+    def __enter__(self) -> "OutputSet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._remove_temporaries()
+
+    def add_file(self, path: str | os.PathLike, data: bytes, *, force: bool = False) -> None:
+        """Stage ``data`` for the file ``path`` (an InputError where :func:`check_file_destination`
+        finds one, or the temporary cannot be written)."""
+        path = Path(path)
+        folder = check_file_destination(path, force=force)
         try:
-            os.unlink(tmp)
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        except OSError as exc:
+            raise _cannot_write(path, exc) from None
+        self._temporaries.append(Path(name))
+        try:
+            # mkstemp makes the file private (0600); give it the mode a plain open() would, or
+            # the mode of the file it replaces
+            os.fchmod(fd, _mode_for(path))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise _cannot_write(path, exc) from None
+        self._staged.append(_Staged(Path(name), path, force))
+
+    def temporary_folder(self, target: str | os.PathLike) -> Path:
+        """A new hidden folder beside ``target``, removed with the set unless it was renamed
+        into place (:meth:`add`)."""
+        target = Path(target)
+        parent = target.parent if str(target.parent) else Path(".")
+        try:
+            folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
+        except OSError as exc:
+            raise _cannot_write(target, exc) from None
+        self._temporaries.append(folder)
+        return folder
+
+    def add(self, tmp: Path, target: str | os.PathLike, *, replace: bool = False) -> None:
+        """Stage ``tmp`` (a file or folder written in full, on ``target``'s file system) to be
+        renamed to ``target``; an existing target is replaced only with ``replace``."""
+        self._staged.append(_Staged(Path(tmp), Path(target), replace))
+
+    def commit(self) -> None:
+        """Rename every staged output into place, or (an InputError) none."""
+        done: list[tuple[_Staged, Path | None]] = []
+        try:
+            for staged in self._staged:
+                done.append((staged, _put(staged)))
+        except BaseException as exc:
+            for placed, backup in reversed(done):
+                _undo(placed.target, backup)
+            if isinstance(exc, OSError):
+                raise _cannot_write(staged.target, exc) from None
+            raise
+        self._staged = []
+        for _, backup in done:
+            if backup is not None:
+                _remove(backup)
+        self._remove_temporaries()
+
+    def _remove_temporaries(self) -> None:
+        for path in self._temporaries:
+            _remove(path)
+        self._temporaries = []
+
+
+def _put(staged: _Staged) -> Path | None:
+    """Rename ``staged`` into place; returns where the output it replaced now is, if any."""
+    target = staged.target
+    if not os.path.lexists(target):
+        os.rename(staged.tmp, target)
+        return None
+    if not staged.replace:
+        raise FileExistsError(errno.EEXIST, "it appeared while the command ran")
+    if target.is_dir() != staged.tmp.is_dir():   # a file never replaces a folder, nor the reverse
+        raise FileExistsError(errno.EEXIST, "a " + ("folder" if target.is_dir() else "file")
+                              + " appeared there while the command ran")
+    backup = target.with_name(f".{target.name}.{secrets.token_hex(4)}.old")
+    if target.is_file() and staged.tmp.is_file():
+        try:
+            os.link(target, backup)   # the old file stays whole under a second name ...
+        except OSError:
+            pass                      # (a file system without hard links: move it aside)
+        else:
+            os.replace(staged.tmp, target)   # ... and the target is never missing
+            return backup
+    os.rename(target, backup)
+    try:
+        os.rename(staged.tmp, target)
+    except OSError:
+        os.rename(backup, target)
+        raise
+    return backup
+
+
+def _undo(target: Path, backup: Path | None) -> None:
+    """Take a committed output back out, and put what it replaced back (best effort: this runs
+    while another error is on its way to the user)."""
+    try:
+        if backup is not None:
+            if target.is_dir() and not target.is_symlink():
+                _remove(target)
+            os.replace(backup, target)
+        else:
+            _remove(target)
+    except OSError:
+        pass
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
         except OSError:
             pass
-        if isinstance(exc, OSError):
-            raise InputError(f"{path}: cannot write: {exc.strerror or exc}") from None
-        raise

@@ -9,66 +9,66 @@ verify / bench results when the command that wrote it has them.
 from __future__ import annotations
 
 import json
-import logging
 from collections import Counter
 from html import escape
 from pathlib import Path
 
 from .errors import InputError
-from .files import atomic_write
+from .files import OutputSet
 from .ir import Node
 from .load import load
 from .ops import MATRIX_OPS, VARIABLE_OPS
 from .report import precision_of
 
-log = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "float16", "bfloat16", "mixed", "none")
 COLOURS = {"float32": "#4e79a7", "float16": "#f28e2b", "bfloat16": "#e15759", "mixed": "#b07aa1",
            "none": "#bab0ac"}
 
 
-# -- writers -----------------------------------------------------------------------------------
+# -- pages and event files ---------------------------------------------------------------------
+# Each is made in full before the command writes anything, and written with the command's
+# other outputs as one set (files.OutputSet): pages as text, the TensorBoard event file staged.
 
-def write_convert_report(path, report: dict) -> None:
+def convert_page(report: dict) -> str:
     """The HTML report of one conversion (``report`` is ``Report.to_dict()``)."""
-    _write(path, render("amp-rewrite conversion report", report=report))
+    return render("amp-rewrite conversion report", report=report)
 
 
-def write_verify_report(path, result, converted_path, report_json=None) -> None:
+def verify_page(result, converted_path, report_json=None) -> str:
     """The HTML report of a verify run; the convert JSON report adds the decisions."""
     report = _read_report(report_json) if report_json else None
     precision = None if report else graph_precision(converted_path)
-    _write(path, render("amp-rewrite verify report", report=report, precision=precision,
-                        verify=result.to_dict()))
+    return render("amp-rewrite verify report", report=report, precision=precision,
+                  verify=result.to_dict())
 
 
-def write_bench_report(path, result, converted_path) -> None:
-    _write(path, render("amp-rewrite bench report", precision=graph_precision(converted_path),
-                        bench=result.to_dict()))
+def bench_page(result, converted_path) -> str:
+    return render("amp-rewrite bench report", precision=graph_precision(converted_path),
+                  bench=result.to_dict())
 
 
-def write_tensorboard(logdir, graph_def) -> Path:
-    """Write ``graph_def`` into a new event file in ``logdir`` (TensorBoard's Graphs tab)."""
+def stage_tensorboard(outputs: OutputSet, logdir, graph_def) -> Path:
+    """Write ``graph_def`` into a new event file (TensorBoard's Graphs tab) staged for
+    ``logdir``: committing ``outputs`` moves it into ``logdir``, or makes ``logdir`` holding
+    it where there is none yet (its parent must exist). Returns the event file's final path."""
     import tensorflow as tf
     logdir = Path(logdir)
-    try:
-        logdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"{logdir}: cannot create the TensorBoard folder: {exc.strerror or exc}") from None
-    before = set(logdir.glob("events.out.tfevents.*"))
-    writer = tf.summary.create_file_writer(str(logdir))
+    if logdir.exists() and not logdir.is_dir():
+        raise InputError(f"{logdir}: a file, not a TensorBoard folder")
+    # staged inside an existing logdir (its parent may be anyone's), else beside it
+    staging = outputs.temporary_folder(logdir / "events" if logdir.is_dir() else logdir)
+    writer = tf.summary.create_file_writer(str(staging))
     with writer.as_default():
         tf.summary.graph(graph_def)
     writer.flush()
     writer.close()
-    written = sorted(set(logdir.glob("events.out.tfevents.*")) - before)
-    log.info("wrote the converted graph for TensorBoard to %s", written[-1] if written else logdir)
-    return written[-1] if written else logdir
-
-
-def _write(path, text: str) -> None:
-    atomic_write(Path(path), text.encode("utf-8"), force=True)
+    (event,) = staging.glob("events.out.tfevents.*")
+    if logdir.is_dir():
+        outputs.add(event, logdir / event.name)
+    else:
+        outputs.add(staging, logdir)
+    return logdir / event.name
 
 
 def _read_report(path) -> dict:

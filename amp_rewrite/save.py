@@ -1,7 +1,8 @@
 """Saving every format: deterministic bytes, written beside the output and renamed into place.
 
 A failed or interrupted save leaves no half-written output behind, and an existing output is
-only replaced when the caller says so. A SavedModel is written as a new directory: only
+only replaced when the caller says so. :func:`stage` writes a model as part of an
+:class:`~amp_rewrite.files.OutputSet`, so a command's other outputs go in with it or not at all. A SavedModel is written as a new directory: only
 ``saved_model.pb`` is new, ``variables/``, ``assets/`` and every other file are copied byte for
 byte, so the weights stay float32 on disk and a model whose weights exceed protobuf's 2 GiB
 limit converts (its weights never enter a protobuf message). A SavedModel that gained loss-scale
@@ -14,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import py_checkpoint_reader
 
 from .errors import InputError
-from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, atomic_write, check_file_destination
+from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, OutputSet, check_file_destination
 from .load import Model
 
 log = logging.getLogger(__name__)
@@ -66,12 +66,22 @@ def output_proto(model: Model, out_path: Path):
 
 def save(model: Model, out_path: str | os.PathLike, *, force: bool = False) -> None:
     """Write ``model`` (already converted) to ``out_path``, in the input's container."""
+    with OutputSet() as outputs:
+        stage(model, out_path, outputs, force=force)
+        outputs.commit()
+
+
+def stage(model: Model, out_path: str | os.PathLike, outputs: OutputSet, *,
+          force: bool = False) -> None:
+    """Write ``model`` in full under a temporary name beside ``out_path``, for ``outputs`` to
+    rename into place with the command's other outputs (an InputError where :func:`save`
+    would raise one)."""
     out_path = Path(out_path)
     if model.kind == "savedmodel":
-        save_saved_model(model, out_path, force=force)
+        _stage_saved_model(model, out_path, outputs, force)
         return
     proto, text = output_proto(model, out_path)
-    atomic_write(out_path, serialize(proto, text), force=force)
+    outputs.add_file(out_path, serialize(proto, text), force=force)
 
 
 # ----------------------------------------------------------------- SavedModel directories
@@ -103,25 +113,17 @@ def _check_saved_model_destination(model: Model, out_path: Path, force: bool) ->
         raise InputError(f"{out_path}: inside the input SavedModel {model.path}; write it elsewhere")
 
 
-def save_saved_model(model: Model, out_path: Path, *, force: bool = False) -> None:
-    """Write the SavedModel to directory ``out_path``: built as a hidden folder beside it and
-    renamed into place; an existing output is moved aside first, and only with ``force``."""
-    out_path = Path(out_path)
+def _stage_saved_model(model: Model, out_path: Path, outputs: OutputSet, force: bool) -> None:
+    """Build the SavedModel as a hidden folder beside ``out_path``; committing renames it into
+    place (an existing output is moved aside first, and only with ``force``)."""
     _check_saved_model_destination(model, out_path, force)
-    parent = out_path.parent if str(out_path.parent) else Path(".")
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=parent))
-    except OSError as exc:
-        raise InputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
+    tmp = outputs.temporary_folder(out_path)
     try:
         shutil.copymode(model.path, tmp)  # mkdtemp's 0700 would hide the model from others
         _write_tree(model, tmp)
-        _swap_into_place(tmp, out_path)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise InputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
-        raise
+    except OSError as exc:
+        raise InputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
+    outputs.add(tmp, out_path, replace=force)
 
 
 def _write_tree(model: Model, folder: Path) -> None:
@@ -236,19 +238,3 @@ def _write_fingerprint(folder: Path) -> None:
         log.warning("no fingerprint.pb written: %s", exc)
         return
     (folder / _FINGERPRINT).write_bytes(data)
-
-
-def _swap_into_place(tmp: Path, out_path: Path) -> None:
-    """Rename ``tmp`` to ``out_path``; an existing output is moved aside first, then deleted."""
-    if not out_path.exists():
-        os.rename(tmp, out_path)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.", suffix=".old", dir=tmp.parent))
-    old.rmdir()
-    os.rename(out_path, old)
-    try:
-        os.rename(tmp, out_path)
-    except OSError:
-        os.rename(old, out_path)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -56,7 +56,7 @@ import numpy as np
 
 from .dtypes import BFLOAT16, HALF, TARGET_NAMES
 from .errors import InputError, UnsupportedGraphError
-from .files import (atomic_write, check_container, check_file_destination, same_file,
+from .files import (OutputSet, check_container, check_file_destination, same_file,
                     tune_rules_path)
 from .load import Model, load
 from .ops import FUNCTIONAL_OPS
@@ -65,7 +65,7 @@ from .pipeline import convert_model
 from .report import Report
 from .rules import NodeRule
 from .runner import Runner, load_inputs, open_converted, open_model
-from .save import check_destination, save
+from .save import check_destination, save, stage
 from .training import training_parts
 from .verify import REL_L2, TOP1, Attribution, ErrorStats, attribute, criteria
 
@@ -444,7 +444,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
          rules_out: str | os.PathLike | None = None, signature: str | None = None,
          outputs: Sequence[str] = (), force: bool = False, relax: bool = False,
          progress: Callable[[int, int, float, int], None] | None = None,
-         **options) -> TuneResult:
+         report: str | os.PathLike | None = None, **options) -> TuneResult:
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
 
@@ -459,10 +459,11 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     tolerance holds (module docstring, step 4). ``options``: those of
     :class:`~amp_rewrite.passes.Options`.
 
-    When it passes and ``output`` is given, writes the converted model there and the chosen
-    overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``); an
-    existing file is replaced only with ``force``. When it does not pass, nothing is written
-    and ``result.ok`` is False, ``result.message`` says why.
+    When it passes and ``output`` is given, writes the converted model there, the chosen
+    overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``) and, if
+    given, the JSON report of the conversion to ``report``, all or none; an existing file is
+    replaced only with ``force``. When it does not pass, nothing is written and ``result.ok``
+    is False, ``result.message`` says why.
     """
     started = time.perf_counter()
     opts = Options(**options)
@@ -482,7 +483,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
         raise InputError("--max-trials must be at least 1")
     if not isinstance(model, Model):
         model = load(model)
-    out_paths = _check_outputs(model, output, rules_out, force)
+    out_paths = _check_outputs(model, output, rules_out, force, report)
     if model.kind != "savedmodel" and "the graph" in training_parts(model.graph_def):
         raise UnsupportedGraphError(f"{model.path}: the graph trains; tune compares inference "
                                     "outputs: freeze or export the inference graph first")
@@ -510,8 +511,13 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     result.seconds = time.perf_counter() - started
     if result.ok and out_paths is not None:
         out, rules_path = out_paths
-        save(result.model, out, force=force)    # checked before the search, as the rules path
-        atomic_write(rules_path, rules_text(result, model, opts).encode("utf-8"), force=force)
+        with OutputSet() as written:    # checked before the search, each of them
+            stage(result.model, out, written, force=force)
+            written.add_file(rules_path, rules_text(result, model, opts).encode("utf-8"),
+                             force=force)
+            if report is not None:
+                written.add_file(report, result.report.to_json().encode("utf-8"), force=force)
+            written.commit()
         result.rules_file = str(rules_path)
     return result
 
@@ -548,15 +554,20 @@ def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
     return out
 
 
-def _check_outputs(model: Model, output, rules_out, force: bool):
-    """The output and rules paths, checked before any work as saving would check them: not
-    the input nor inside it, not existing unless ``force``, in a folder that exists."""
+def _check_outputs(model: Model, output, rules_out, force: bool, report=None):
+    """The output and rules paths, checked before any work as saving would check them (and
+    the report path): not the input nor inside it, not existing unless ``force``, in a folder
+    that exists."""
     if output is None:
         return None
     out = Path(output)
     rules_path = Path(rules_out) if rules_out is not None else tune_rules_path(out)
-    if same_file(model.path, out) or same_file(model.path, rules_path) or same_file(out, rules_path):
-        raise InputError(f"{out}: the output, the rules file and the input must be three files")
+    paths = [model.path, out, rules_path] + ([Path(report)] if report is not None else [])
+    if any(same_file(a, b) for i, a in enumerate(paths) for b in paths[i + 1:]):
+        raise InputError(f"{out}: the output, the rules file, the report and the input must be "
+                         "different files")
+    if report is not None:
+        check_file_destination(Path(report), force=force)
     if model.path.exists():
         check_container(model.path, out)
     check_destination(model, out, force=force)
