@@ -13,7 +13,7 @@ import re
 from typing import Collection, Iterator
 
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.client import pywrap_tf_session as c_api
 from tensorflow.python.framework import c_api_util
 from tensorflow.python.framework import function as tf_function
@@ -21,11 +21,11 @@ from tensorflow.python.framework import function as tf_function
 from .before import Before
 from .dtypes import INVALID, LOW_PRECISION, dtype_name
 from .errors import LintError
-from .ir import Graph
+from .ir import Graph, Node
 from .ops import MERGE_OPS, NEXT_ITERATION_OPS, VARIABLE_OPS
 from .rules import RuleSet
-from .signatures import (TypeAttr, allowed_by_opdef, edge_dtype, get_dtype, input_dtype, node_types,
-                         op_def, output_dtype)
+from .signatures import (TypeAttr, allowed_by_opdef, edge_dtype, fill_defaults, get_dtype,
+                         input_dtype, node_types, op_def, output_dtype, set_call_signature)
 
 
 def lint_problems(graph: Graph, *, original: Before | None = None,
@@ -359,6 +359,71 @@ def unregistered_ops(graph_def: graph_pb2.GraphDef) -> set[str]:
     functions = {f.signature.name for f in graph_def.library.function}
     return {op for op in {nd.op for nd in graph_def.node}
             if op_def(op) is None and op not in functions}
+
+
+def with_stand_ins(graph_def: graph_pb2.GraphDef, custom: set[str]) -> graph_pb2.GraphDef:
+    """A copy of ``graph_def`` TensorFlow's importer takes although ops ``custom`` are not
+    registered, so that it checks the rest of the graph, shapes included, as it would where
+    they are: each node of one becomes a NoOp waiting on the nodes it read, and each tensor of
+    it a node reads, a Placeholder (of unknown shape) of the dtype the reader expects, after it;
+    a VariableV2 where the reader takes references."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    standing = {nd.name for nd in out.node if nd.op in custom}
+    names = {nd.name for nd in out.node}
+    calls = {f.signature.name: f.signature for f in out.library.function}
+    added = []
+    for nd in out.node:
+        if nd.name in standing:
+            reads = list(dict.fromkeys("^" + _input_node(text) for text in nd.input))
+            kept = {k: v for k, v in nd.attr.items() if k.startswith("_")}   # _class among them
+            nd.op = "NoOp"
+            nd.ClearField("attr")
+            for key, value in kept.items():
+                nd.attr[key].CopyFrom(value)
+            del nd.input[:]
+            nd.input.extend(reads)
+            continue
+        reader = None
+        for port, text in enumerate(nd.input):
+            if text.startswith("^") or _input_node(text) not in standing:
+                continue
+            reader = reader or _typed(nd, calls)
+            name = _fresh(f"{_input_node(text)}/amp_stand_in", names)
+            added.append(_stand_in(name, _input_node(text), input_dtype(reader, port), nd.op))
+            nd.input[port] = name
+    out.node.extend(added)
+    return out
+
+
+def _typed(nd, calls) -> Node:
+    """``nd`` as a typed IR node (its defaults filled in a copy), to ask what it reads."""
+    proto = node_def_pb2.NodeDef()
+    proto.CopyFrom(nd)
+    fill_defaults(proto)
+    node = Node(proto)
+    if nd.op in calls:
+        set_call_signature(node, calls[nd.op])
+    return node
+
+
+def _fresh(base: str, names: set[str]) -> str:
+    name, n = base, 0
+    while name in names:
+        n += 1
+        name = f"{base}_{n}"
+    names.add(name)
+    return name
+
+
+def _stand_in(name: str, after: str, dtype: int | None, reader_op: str):
+    od = op_def(reader_op)
+    refs = od is not None and any(arg.is_ref for arg in od.input_arg)
+    nd = node_def_pb2.NodeDef(name=name, op="VariableV2" if refs else "Placeholder",
+                              input=["^" + after])
+    nd.attr["dtype"].type = dtype or tf.float32.as_datatype_enum
+    nd.attr["shape"].shape.unknown_rank = True
+    return nd
 
 
 def tensorflow_import_error(serialized: bytes, library) -> str | None:

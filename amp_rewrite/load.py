@@ -257,17 +257,18 @@ def check_importable(graph_def: graph_pb2.GraphDef, serialized: bytes | None = N
     functions it lacks: a converted file of it would be refused too, or could not run.
 
     ``serialized``: the GraphDef's bytes, if at hand. A graph with custom ops, which TensorFlow
-    imports only where their library is loaded, gets the checks that need no OpDef of them.
+    imports only where their library is loaded, is imported with stand-ins for their nodes
+    (:func:`~amp_rewrite.lint.with_stand_ins`), after our checks of what the importer checks.
     """
-    if lint.unregistered_ops(graph_def):
-        problem = next(lint.graph_def_problems(graph_def, serialized=serialized), None)
-        if problem:
-            raise InputError(problem)
-        return
-    serialized = graph_def.SerializeToString() if serialized is None else serialized
-    problem = next(lint.graph_def_problems(graph_def, structure=False, serialized=serialized), None)
+    custom = lint.unregistered_ops(graph_def)
+    if serialized is None and not custom:
+        serialized = graph_def.SerializeToString()
+    problem = next(lint.graph_def_problems(graph_def, structure=bool(custom),
+                                           serialized=serialized), None)
     if problem:
         raise InputError(problem)
+    if custom:   # the importer refuses ops it does not know: it checks the rest around them
+        serialized = lint.with_stand_ins(graph_def, custom).SerializeToString()
     error = lint.tensorflow_import_error(serialized, graph_def.library)
     if error is not None:
         # TensorFlow's words quote whole NodeDefs and OpDefs and do not always name the node;
