@@ -10,6 +10,7 @@ import json
 import marshal
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from tensorflow.core.protobuf import config_pb2, saved_model_pb2
 
+import corrupt
 import graphs
 from amp_rewrite import convert, convert_file, load
 from amp_rewrite.errors import InputError
@@ -259,6 +261,106 @@ def test_graph_tensorflow_would_refuse_is_an_input_error(name, tmp_path, capsys)
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, [src, "-o", tmp_path / "out.pb"])
     assert_refused(code, err, src, tmp_path, before)
+
+
+def _with_custom_op(gd):
+    """A node of an op TensorFlow does not register, reading h."""
+    custom = gd.node.add(name="custom", op="MyCustomOp", input=["h"])
+    custom.attr["T"].type = tf.float32.as_datatype_enum
+
+
+def _node(gd, name):
+    return next(n for n in gd.node if n.name == name)
+
+
+# what tf.graph_util.import_graph_def refuses (found by importing damaged graphs), each with the
+# node the refusal must name
+IMPORT_REFUSALS = {
+    "colocated_with_a_missing_node": (
+        lambda gd: _node(gd, "h").attr["_class"].list.s.append(b"loc:@nowhere"), "h"),
+    "class_attr_not_a_list": (
+        lambda gd: setattr(_node(gd, "h").attr["_class"], "s", b"loc:@w1"), "h"),
+    "class_entry_not_utf8": (
+        lambda gd: _node(gd, "h").attr["_class"].list.s.append(b"loc:@\xff"), "h"),
+    "device_tensorflow_cannot_parse": (
+        lambda gd: setattr(_node(gd, "h"), "device", "/device:GPU:x"), "h"),
+    "two_device_types": (
+        lambda gd: setattr(_node(gd, "h"), "device", "/cpu:0/gpu:1"), "h"),
+    "control_input_before_data": (
+        lambda gd: _node(gd, "logits").input.insert(0, "^w1"), "logits"),
+    "name_tensorflow_refuses": (lambda gd: setattr(_node(gd, "probs"), "name", "_probs"), "_probs"),
+    "required_attr_missing": (lambda gd: setattr(_node(gd, "h"), "op", "Enter"), "h"),
+    "shapes_do_not_fit": (lambda gd: _node(gd, "logits").input.__setitem__(1, "w1"), "logits"),
+    "cycle": (lambda gd: _node(gd, "MatMul").input.__setitem__(0, "probs"), "MatMul"),
+}
+
+
+@pytest.mark.parametrize("custom", [False, True], ids=["registered_ops", "with_a_custom_op"])
+@pytest.mark.parametrize("name", sorted(IMPORT_REFUSALS))
+def test_what_tensorflows_importer_refuses_is_refused_naming_the_node(name, custom, tmp_path,
+                                                                      capsys):
+    """Exit 0 means a file TensorFlow imports: these used to convert (exit 0) into files it
+    refuses. With a custom op in the graph TensorFlow's importer cannot take the graph as it
+    is: it takes it with a stand-in for the custom op, after our own checks."""
+    damage, node = IMPORT_REFUSALS[name]
+    gd, _, _ = graphs.mlp()
+    if custom:
+        _with_custom_op(gd)
+    damage(gd)
+    if not custom:
+        assert corrupt.import_error(gd) is not None   # TensorFlow's verdict on the input
+    with pytest.raises(InputError, match=re.escape(repr(node))):
+        convert(gd)
+    src = tmp_path / "in.pb"
+    src.write_bytes(gd.SerializeToString())
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, [src, "-o", tmp_path / "out.pb"])
+    assert_refused(code, err, src, tmp_path, before)
+    assert repr(node) in err
+
+
+def _while_parts(gd):
+    loop = next(n for n in gd.node if n.op == "StatelessWhile")
+    body = next(f for f in gd.library.function if f.signature.name == loop.attr["body"].func.name)
+    return loop, body
+
+
+def _name_like_an_op(gd):
+    loop, body = _while_parts(gd)
+    body.signature.name = loop.attr["body"].func.name = "MatMul"
+
+
+LIBRARY_REFUSALS = {
+    # TensorFlow imports this one, but the loop could never run
+    "function_attr_names_a_missing_function": (
+        lambda gd: setattr(_while_parts(gd)[0].attr["body"].func, "name", "nowhere"), "nowhere"),
+    "function_defined_twice": (
+        lambda gd: gd.library.function.add().CopyFrom(_while_parts(gd)[1]), "while_body"),
+    "gradient_names_a_missing_function": (
+        lambda gd: gd.library.gradient.add(function_name="nowhere",
+                                           gradient_func=_while_parts(gd)[1].signature.name),
+        "nowhere"),
+    "function_named_like_an_op": (_name_like_an_op, "MatMul"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIBRARY_REFUSALS))
+def test_broken_function_libraries_are_refused_naming_the_function(name):
+    damage, named = LIBRARY_REFUSALS[name]
+    gd, _, _ = graphs.functional_while()
+    damage(gd)
+    with pytest.raises(InputError, match=named):
+        convert(gd)
+
+
+def test_a_v1_loop_whose_merge_became_a_custom_op_is_a_cycle():
+    """The IR lets a NextIteration's edges through whatever they feed; TensorFlow's importer
+    only into a Merge, and refuses the cycle otherwise."""
+    gd, _, _ = graphs.while_v1()
+    merge = next(n for n in gd.node if n.op == "Merge")
+    merge.op = "MyCustomOp"
+    with pytest.raises(InputError, match="cycle"):
+        convert(gd)
 
 
 def test_forged_port_count_is_refused_without_allocating():
