@@ -25,7 +25,8 @@ from .ir import Graph, Node
 from .ops import MERGE_OPS, NEXT_ITERATION_OPS, VARIABLE_OPS
 from .rules import RuleSet
 from .signatures import (TypeAttr, allowed_by_opdef, edge_dtype, fill_defaults, get_dtype,
-                         input_dtype, node_types, op_def, output_dtype, set_call_signature)
+                         input_dtype, node_types, number_args, op_def, output_dtype,
+                         set_call_signature)
 
 
 def lint_problems(graph: Graph, *, original: Before | None = None,
@@ -199,6 +200,7 @@ def graph_def_problems(graph_def: graph_pb2.GraphDef, *, structure: bool = True,
             yield f"node {nd.name!r} ({nd.op}) {problem}"
     if structure:
         yield from _cycle_problems(graph_def)
+        yield from _custom_port_problems(graph_def, functions)
     yield from _library_problems(graph_def.library, functions, structure)
 
 
@@ -321,6 +323,27 @@ def _cycle_problems(graph_def) -> Iterator[str]:
     if stuck:
         yield (f"node {stuck[0].name!r} ({stuck[0].op}) is in a cycle that is not a while loop's "
                f"(a Merge reading a NextIteration), with {len(stuck) - 1} other nodes")
+
+
+def _custom_port_problems(graph_def, functions: set[str]) -> Iterator[str]:
+    """A custom op's node reading an output its producer does not have: the importer checks
+    the port of every edge, into ops it does not know too (their stand-ins read no data)."""
+    nodes = {nd.name: nd for nd in graph_def.node}
+    calls = {f.signature.name: f.signature for f in graph_def.library.function}
+    for nd in graph_def.node:
+        if op_def(nd.op) is not None or nd.op in functions:
+            continue
+        for text in nd.input:
+            src = nodes.get(_input_node(text))
+            # a forged port count (N=2**40) is check_input's to refuse, before ports are listed
+            if text.startswith("^") or src is None or any(
+                    not 0 <= src.attr[n].i <= 1 << 16 for n in number_args(src.op) if n in src.attr):
+                continue
+            port = int(text.rpartition(":")[2]) if text != _input_node(text) else 0
+            types = node_types(_typed(src, calls))
+            if types is not None and port >= len(types.outputs):
+                yield (f"node {nd.name!r} ({nd.op}) reads output {port} of {src.name!r}, which "
+                       f"has {len(types.outputs)} outputs")
 
 
 def _input_node(text: str) -> str:
