@@ -12,7 +12,8 @@ register (custom ops, calls of missing functions) are converted and left as they
 importer refuses such a file in any case: that refusal alone is not held against the output.
 
 Hypothesis runs derandomized, so CI sees the same graphs every run. ``AMP_REWRITE_FUZZ=N``
-runs N examples instead of the default (a larger run, for a person to start by hand).
+runs N examples instead of the default, and ``AMP_REWRITE_FUZZ_SEED=S`` other examples than
+CI's (a larger run, for a person to start by hand).
 """
 
 import contextlib
@@ -23,12 +24,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, seed, settings, strategies as st
 
 import corrupt
 from amp_rewrite import cli
 
 EXAMPLES = int(os.environ.get("AMP_REWRITE_FUZZ", "2000"))
+SEED = os.environ.get("AMP_REWRITE_FUZZ_SEED")
 EDITS = st.lists(st.tuples(st.integers(0, len(corrupt.KINDS) - 1), st.integers(0, 10**4),
                            st.integers(0, 10**4), st.integers(0, 10**4)),
                  min_size=1, max_size=4)
@@ -49,7 +51,8 @@ def _run(argv: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.filterwarnings("ignore")
-@settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
+@(seed(int(SEED)) if SEED else lambda test: test)
+@settings(max_examples=EXAMPLES, derandomize=SEED is None, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(source=st.integers(0, len(corrupt.SOURCES) - 1), edits=EDITS,
        target=st.sampled_from(TARGETS))
