@@ -21,7 +21,7 @@ from tensorflow.python.framework import function as tf_function
 from .before import Before
 from .dtypes import INVALID, LOW_PRECISION, dtype_name
 from .errors import LintError
-from .ir import Graph, Node
+from .ir import Graph, Node, copy_except
 from .ops import MERGE_OPS, NEXT_ITERATION_OPS, VARIABLE_OPS
 from .rules import RuleSet
 from .signatures import (TypeAttr, allowed_by_opdef, edge_dtype, fill_defaults, get_dtype,
@@ -382,6 +382,44 @@ def unregistered_ops(graph_def: graph_pb2.GraphDef) -> set[str]:
     functions = {f.signature.name for f in graph_def.library.function}
     return {op for op in {nd.op for nd in graph_def.node}
             if op_def(op) is None and op not in functions}
+
+
+# A Const holding more bytes than this reaches the importer as a Placeholder of its dtype and
+# shape (:func:`without_weights`): the importer checks shapes, not values, and its own copy of
+# every weight raised a conversion's peak memory from 3x to 5x a weight-heavy GraphDef.
+_WEIGHT_BYTES = 1 << 12
+
+
+def without_weights(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
+    """A copy of ``graph_def`` for the importer in which every Const of more than 4 KiB is a
+    Placeholder of its dtype and shape (name, device, ``_class`` and control inputs kept), or
+    None when it has none. Runs of other nodes are copied a slice at a time."""
+    nodes = graph_def.node
+    big = [i for i, nd in enumerate(nodes) if nd.op == "Const" and "value" in nd.attr
+           and nd.attr["value"].tensor.ByteSize() > _WEIGHT_BYTES]
+    if not big:
+        return None
+    out = graph_pb2.GraphDef()
+    copy_except(graph_def, out, "node")
+    start = 0
+    for i in big:
+        out.node.extend(nodes[start:i])
+        out.node.append(_shaped_placeholder(nodes[i]))
+        start = i + 1
+    out.node.extend(nodes[start:])
+    return out
+
+
+def _shaped_placeholder(const) -> node_def_pb2.NodeDef:
+    """A Placeholder standing for Const ``const``: its value's dtype and shape, no value."""
+    nd = node_def_pb2.NodeDef(name=const.name, op="Placeholder", device=const.device,
+                              input=[text for text in const.input if text.startswith("^")])
+    tensor = const.attr["value"].tensor
+    nd.attr["dtype"].type = tensor.dtype
+    nd.attr["shape"].shape.CopyFrom(tensor.tensor_shape)
+    if "_class" in const.attr:
+        nd.attr["_class"].CopyFrom(const.attr["_class"])
+    return nd
 
 
 def with_stand_ins(graph_def: graph_pb2.GraphDef, custom: set[str]) -> graph_pb2.GraphDef:

@@ -261,14 +261,18 @@ def check_importable(graph_def: graph_pb2.GraphDef, serialized: bytes | None = N
     (:func:`~amp_rewrite.lint.with_stand_ins`), after our checks of what the importer checks.
     """
     custom = lint.unregistered_ops(graph_def)
+    light = lint.without_weights(graph_def)   # the importer checks shapes, not weights
+    if light is not None:
+        serialized = None
     if serialized is None and not custom:
-        serialized = graph_def.SerializeToString()
+        serialized = (graph_def if light is None else light).SerializeToString()
     problem = next(lint.graph_def_problems(graph_def, structure=bool(custom),
                                            serialized=serialized), None)
     if problem:
         raise InputError(problem)
     if custom:   # the importer refuses ops it does not know: it checks the rest around them
-        serialized = lint.with_stand_ins(graph_def, custom).SerializeToString()
+        serialized = lint.with_stand_ins(graph_def if light is None else light,
+                                         custom).SerializeToString()
     error = lint.tensorflow_import_error(serialized, graph_def.library)
     if error is not None:
         # TensorFlow's words quote whole NodeDefs and OpDefs and do not always name the node;
