@@ -38,8 +38,9 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
     so they are checked on the exported GraphDef); each data edge's producer dtype equals what
     the consumer's OpDef expects; every type attribute holds a dtype its OpDef allows; no
     deny-list op runs in low precision (unless a user override forced it); variable ops keep
-    their dtypes; an op TensorFlow does not register sees the dtypes it saw before. Those last
-    three compare with ``original``, the record of the graph before the conversion.
+    their dtypes; an op TensorFlow does not register sees the dtypes it saw before; no node the
+    conversion added sits on a v1 loop's back edge. Those last four compare with ``original``,
+    the record of the graph before the conversion.
 
     ``only`` limits the checks to those nodes and the edges into them: a pass that knows what
     it changed (and the readers of what it retyped) need not lint what ``original`` already
@@ -60,7 +61,17 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
             problems += _deny_problems(node, types, rules, original)
         if original is not None and node.op in VARIABLE_OPS and node.name in original:
             problems += _variable_problems(node, types, original)
+        if original is not None and node.name not in original:
+            problems += _back_edge_problems(graph, node)
     return problems
+
+
+def _back_edge_problems(graph: Graph, node) -> list[str]:
+    """A node the conversion added may not read a NextIteration: a v1 loop's back edge must
+    run straight into its Merge, so a cast there means the loop's dtypes did not agree."""
+    return [f"node {node.name!r} ({node.op}), added by the conversion, sits on the loop back "
+            f"edge from {ref.node!r}" for ref in graph.inputs(node.name)
+            if graph.node(ref.node).op in NEXT_ITERATION_OPS]
 
 
 def _name_problems(graph: Graph, names: list[str]) -> list[str]:

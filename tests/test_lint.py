@@ -87,3 +87,17 @@ def test_the_report_warns_of_unregistered_ops_and_of_an_input_already_16bit():
     assert "ops not registered with TensorFlow left as they are: NotARegisteredOp" in report.warnings
     assert ("the input already has 1 low-precision nodes (e.g. 'h'); they are left as they are"
             in report.warnings)
+
+
+def test_a_cast_on_a_loop_back_edge_is_caught(monkeypatch):
+    """Painting's loop agreement keeps a NextIteration and its Merges in one dtype; without it
+    a cast lands on the back edge, which the lint must refuse as our bug."""
+    import grappler_graphs as gg
+    from amp_rewrite import convert, paint
+    from amp_rewrite.errors import LintError
+    graph_def, _ = gg.simple_loop("b", "gwc", "c")
+    _, report = convert(graph_def, target="bfloat16", device="cpu", min_matrix_intensity=0)
+    assert any(n.code == "loop_match" for n in report.nodes)   # agreement is what it takes
+    monkeypatch.setattr(paint, "agree_loops", lambda state: None)
+    with pytest.raises(LintError, match="loop back edge"):
+        convert(graph_def, target="bfloat16", device="cpu", min_matrix_intensity=0)
