@@ -2,7 +2,7 @@
 
 import sys
 
-from amp_rewrite.cli import main
+from amp_rewrite.cli.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

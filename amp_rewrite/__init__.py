@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import importlib
 
-from .version import __version__ as __version__   # the one place it is written
+from .version import __version__ as __version__  # the one place it is written
 
 _EXPORTS = {
-    "Options": "passes", "convert": "pipeline", "convert_file": "pipeline",
-    "convert_model": "pipeline",
-    "AmpRewriteError": "errors", "InputError": "errors", "IRError": "errors", "LintError": "errors",
-    "RuleError": "errors", "UnsupportedGraphError": "errors",
-    "Report": "report", "RuleSet": "rules", "load_rules": "rules", "tune": "tuning",
-    "TuneResult": "tuning",
+    "Options": "convert.graph", "convert": "convert.pipeline", "convert_file": "convert.pipeline",
+    "convert_model": "convert.pipeline",
+    "AmpRewriteError": "core.errors", "InputError": "core.errors", "IRError": "core.errors",
+    "LintError": "core.errors", "RuleError": "core.errors", "UnsupportedGraphError": "core.errors",
+    "Report": "report.decisions", "RuleSet": "rules.loader", "load_rules": "rules.loader",
+    "tune": "tools.tuning", "TuneResult": "tools.tuning",
 }
 __all__ = sorted(_EXPORTS)
 

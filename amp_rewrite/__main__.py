@@ -1,5 +1,5 @@
 """``python -m amp_rewrite``: the ``amp-rewrite`` command."""
 
-from .cli import console
+from .cli.run import console
 
 console()

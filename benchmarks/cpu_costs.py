@@ -1,5 +1,5 @@
 """What a bfloat16 op costs or saves on this CPU against float32: the basis of the runtime cost
-model (:mod:`amp_rewrite.costs`, README "Small matrix ops stay float32").
+model (:mod:`amp_rewrite.paint.costs`, README "Small matrix ops stay float32").
 
 Matrix ops save time in proportion to their FLOPs; an elementwise op whose bfloat16 kernel is
 slower than its float32 one (TensorFlow's CPU kernels for most activations are Eigen loops, not
@@ -26,9 +26,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from benchmd import publish  # noqa: E402
-from amp_rewrite import hardware  # noqa: E402
+
+from amp_rewrite.core import hardware  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent

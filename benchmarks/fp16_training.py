@@ -21,11 +21,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
 import saved_trainers  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
-from amp_rewrite import hardware  # noqa: E402
+
+from amp_rewrite.core import hardware  # noqa: E402
 
 SECTION = "## float16 training"
 

@@ -33,14 +33,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from benchmd import publish  # noqa: E402
-from amp_rewrite import hardware  # noqa: E402
-from amp_rewrite.functions import paint_library  # noqa: E402
-from amp_rewrite.ir import Graph  # noqa: E402
-from amp_rewrite.pipeline import convert  # noqa: E402
-from amp_rewrite.rewrite import Target, rewrite  # noqa: E402
-from amp_rewrite.rules import load_rules  # noqa: E402
+
+from amp_rewrite.convert.library import paint_library  # noqa: E402
+from amp_rewrite.convert.pipeline import convert  # noqa: E402
+from amp_rewrite.convert.rewrite import Target, rewrite  # noqa: E402
+from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.core.ir import Graph  # noqa: E402
+from amp_rewrite.rules.loader import load_rules  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,10 +24,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from benchmd import write_section  # noqa: E402
-from amp_rewrite.runner import parse_shapes  # noqa: E402
-from amp_rewrite.verify import verify  # noqa: E402
+
+from amp_rewrite.tools.runner import parse_shapes  # noqa: E402
+from amp_rewrite.tools.verify import verify  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def mlp(width=1024, depth=3) -> tf.compat.v1.GraphDef:
 
 
 def amp_rewrite(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "amp_rewrite.cli", *args, "-q"]
+    cmd = [sys.executable, "-m", "amp_rewrite", *args, "-q"]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
 
 

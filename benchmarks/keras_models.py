@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import tempfile
 import platform
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -31,13 +31,13 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
-    convert_variables_to_constants_v2)
-
 from benchmd import publish  # noqa: E402
 from scaling import convert_in_child  # noqa: E402
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2  # noqa: E402
 from train_step import runtime_difference, session, time_round_robin  # noqa: E402
-from amp_rewrite import convert, hardware  # noqa: E402
+
+from amp_rewrite import convert  # noqa: E402
+from amp_rewrite.core import hardware  # noqa: E402
 
 v1 = tf.compat.v1
 SECTION = "## Keras models"

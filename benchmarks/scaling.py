@@ -36,13 +36,14 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from benchmd import publish  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
-from benchmd import publish  # noqa: E402
-from amp_rewrite import convert, hardware  # noqa: E402
-from amp_rewrite.fold import grappler_alone  # noqa: E402
+from amp_rewrite import convert  # noqa: E402
+from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.transforms.constfold import grappler_alone  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,9 +23,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from benchmd import publish  # noqa: E402
-from amp_rewrite import hardware  # noqa: E402
+
+from amp_rewrite.core import hardware  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent

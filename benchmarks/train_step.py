@@ -33,14 +33,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from benchmd import publish  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
-from benchmd import publish  # noqa: E402
-from amp_rewrite import hardware  # noqa: E402
-from amp_rewrite.load import Model  # noqa: E402
-from amp_rewrite.pipeline import Options, convert_model  # noqa: E402
+from amp_rewrite.convert.pipeline import Options, convert_model  # noqa: E402
+from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.io.load import Model  # noqa: E402
 
 v1 = tf.compat.v1
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 same models, sample and tolerance: trials, wall time, nodes left in float32.
 
 Each model is a frozen FP32 GraphDef that fails in float16 out of the box
-(``tests/tune_graphs.py``). Our side runs :func:`amp_rewrite.tuning.tune` in this process; the
+(``tests/tune_graphs.py``). Our side runs :func:`amp_rewrite.tools.tuning.tune` in this process; the
 ONNX side runs ``benchmarks/onnx_amp.py`` in its own venv (tf2onnx export, then the search;
 see that script's docstring for the venv). Both get one sample and ``rel_l2 <= 1e-2`` on
 every output.
@@ -41,9 +41,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import tune_graphs  # noqa: E402
 from benchmd import publish  # noqa: E402
-from amp_rewrite import hardware  # noqa: E402
-from amp_rewrite.load import Model  # noqa: E402
-from amp_rewrite.tuning import tune  # noqa: E402
+
+from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.io.load import Model  # noqa: E402
+from amp_rewrite.tools.tuning import tune  # noqa: E402
 
 SECTION = "## Accuracy-driven tuning vs onnxconverter-common"
 TOLERANCE = 1e-2
@@ -71,7 +72,8 @@ def _mobilenet(cache={}):
         import keras
         import tensorflow as tf
         from tensorflow.python.framework.convert_to_constants import (
-            convert_variables_to_constants_v2)
+            convert_variables_to_constants_v2,
+        )
         keras.utils.set_random_seed(0)
         model = keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3))
         fn = tf.function(lambda x: model(x, training=False))

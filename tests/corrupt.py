@@ -18,11 +18,11 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import graphs
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-import graphs
-from amp_rewrite.signatures import op_def
+from amp_rewrite.schema.opdefs import op_def
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
 

@@ -42,15 +42,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
 import graphs  # noqa: E402
 import grappler_graphs as gg  # noqa: E402
+import tensorflow as tf  # noqa: E402
 import training_graphs as tg  # noqa: E402
+
 from amp_rewrite import convert_file  # noqa: E402
-from amp_rewrite.errors import AmpRewriteError  # noqa: E402
-from amp_rewrite.rules import builtin_rules_dir  # noqa: E402
+from amp_rewrite.core.errors import AmpRewriteError  # noqa: E402
+from amp_rewrite.rules.loader import builtin_rules_dir  # noqa: E402
 
 ROOT = HERE.parent
 EXAMPLE = ROOT / "examples" / "cnn_fp32.pb"

@@ -13,7 +13,7 @@ from tensorflow.python.framework import function as v1_function
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import tf_optimizer
 
-from amp_rewrite.fold import grappler_alone
+from amp_rewrite.transforms.constfold import grappler_alone
 
 v1 = tf.compat.v1
 LOWP = (tf.bfloat16.as_datatype_enum, tf.float16.as_datatype_enum)

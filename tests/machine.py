@@ -6,7 +6,7 @@ oneDNN on) or skips with the reason.
 
 import pytest
 
-from amp_rewrite import hardware
+from amp_rewrite.core import hardware
 
 needs_onednn = pytest.mark.skipif(
     not hardware.onednn_enabled(),

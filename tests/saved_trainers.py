@@ -23,7 +23,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.python.saved_model import loader_impl
 
 from amp_rewrite import convert_file
-from amp_rewrite.ops import MATRIX_OPS
+from amp_rewrite.core.ops import MATRIX_OPS
 
 TRAIN = 1400        # digits 0..1399 train, the other 397 test
 

@@ -17,19 +17,19 @@ import sys
 import zipfile
 from pathlib import Path
 
+import corrupt
+import graphs
 import numpy as np
 import pytest
 import tensorflow as tf
+from refusals import assert_refused, run_batch, run_cli, run_process, snapshot, without_root_powers
 from sklearn.datasets import load_digits
 from tensorflow.core.protobuf import config_pb2, saved_model_pb2
 
-import corrupt
-import graphs
-from amp_rewrite import convert, convert_file, load
-from amp_rewrite.errors import InputError
-from amp_rewrite.load import PROTOBUF_LIMIT
-from refusals import (assert_refused, run_batch, run_cli, run_process, snapshot,
-                      without_root_powers)
+from amp_rewrite import convert, convert_file
+from amp_rewrite.core.errors import InputError
+from amp_rewrite.io import load
+from amp_rewrite.io.load import PROTOBUF_LIMIT
 
 v1 = tf.compat.v1
 

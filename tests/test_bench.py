@@ -8,10 +8,10 @@ import json
 import re
 
 import pytest
+from test_verify import EXAMPLE, cnn_bf16  # noqa: F401  (the example CNN and its bf16 conversion)
 
 from amp_rewrite import cli
-from amp_rewrite.bench import bench, time_interleaved
-from test_verify import EXAMPLE, cnn_bf16  # noqa: F401  (the example CNN and its bf16 conversion)
+from amp_rewrite.tools.bench import bench, time_interleaved
 
 
 @pytest.fixture(scope="module")

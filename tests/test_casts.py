@@ -1,10 +1,10 @@
 """Cast placement: shared casts, device placement, retargeted casts, no chains, Consts in place."""
 
+import graphs
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import graphs
 from amp_rewrite import convert
 
 v1 = tf.compat.v1
@@ -108,10 +108,11 @@ def test_a_const_is_stored_as_tensorflow_stores_the_cast_values(shape, target):
     """Whatever way a Const's values are held (one value listed, packed bytes, none), the
     converted Const is the TensorProto TensorFlow writes for those values cast to the target,
     and holds exactly what TensorFlow's Cast computes (NaN, inf and rounding included)."""
-    from amp_rewrite import consts
-    from amp_rewrite.ir import Node
     from tensorflow.core.framework import node_def_pb2
     from tensorflow.python.framework import tensor_util
+
+    from amp_rewrite.core.ir import Node
+    from amp_rewrite.schema import consts
 
     rng = np.random.default_rng(len(shape))
     values = (rng.standard_normal(shape) * 1e3).astype(np.float32)

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
-
-from amp_rewrite import cli, convert_file, emulate
-from amp_rewrite.dtypes import FLOAT
-from amp_rewrite.errors import INTERNAL_EXIT
-from amp_rewrite.library import check_call_types, function_to_graph
-from amp_rewrite.lint import lint_problems
-from amp_rewrite.training import saved_step
-from test_savedmodel import Trainer
 from test_emulate import EXAMPLE
+from test_savedmodel import Trainer
+
+from amp_rewrite import cli, convert_file
+from amp_rewrite.check.lint import lint_problems
+from amp_rewrite.core.dtypes import FLOAT
+from amp_rewrite.core.errors import INTERNAL_EXIT
+from amp_rewrite.schema.functiondef import check_call_types, function_to_graph
+from amp_rewrite.training import in_functions
+from amp_rewrite.transforms import emulate
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +55,13 @@ def test_every_function_of_a_scaled_train_step_passes_the_lint(trainer, tmp_path
 def _corrupt_next_state(monkeypatch):
     """Make the step that writes the next loss-scale state store an int64 counter through a
     float32 write: what a slip in that code would do."""
-    original = saved_step._next_state
+    original = in_functions._next_state
 
     def broken(body, *args):
         updates = original(body, *args)
         body.attr(updates[0])["dtype"].type = FLOAT
         return updates
-    monkeypatch.setattr(saved_step, "_next_state", broken)
+    monkeypatch.setattr(in_functions, "_next_state", broken)
 
 
 def test_a_broken_train_step_edit_is_our_bug_and_nothing_is_written(trainer, tmp_path, capsys,

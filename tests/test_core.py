@@ -1,10 +1,9 @@
 """The core converter on small real graphs: converts, imports, runs, and matches FP32."""
 
-import numpy as np
+import graphs
 import pytest
 import tensorflow as tf
 
-import graphs
 from amp_rewrite import convert
 
 TOL = {"float16": 5e-3, "bfloat16": 2e-2}

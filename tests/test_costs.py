@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-
 import training_graphs
 from machine import needs_onednn
+
 from amp_rewrite import convert, convert_file
-from amp_rewrite.costs import matrix_intensity
-from amp_rewrite.ir import Graph
-from amp_rewrite.load import load
-from amp_rewrite.ops import MATRIX_OPS
+from amp_rewrite.core.ir import Graph
+from amp_rewrite.core.ops import MATRIX_OPS
+from amp_rewrite.io.load import load
+from amp_rewrite.paint.costs import matrix_intensity
 
 v1 = tf.compat.v1
 BF16 = tf.bfloat16.as_datatype_enum
@@ -97,7 +97,7 @@ def test_a_small_training_graph_stays_float32_forward_and_backward(tmp_path):
 
 
 def test_cli_knob(tmp_path, capsys):
-    from amp_rewrite.cli import main
+    from amp_rewrite.cli.run import main
     src = tmp_path / "m.pb"
     # with a bias the relu is fused into the MatMul: no activation to weigh, the knob decides
     src.write_bytes(chain([32, 32], bias=True).SerializeToString())
@@ -113,8 +113,8 @@ def test_cost_aware_on_a_cpu_without_a_bfloat16_unit_keeps_every_island_float32(
     """--cost-aware as on an AVX2-only CPU (the detection answers None, as it does there): the
     big island that gains on AVX512-BF16 stays float32 too, code cost, and the graph computes
     what the input does; a forced node still goes to bfloat16."""
-    from amp_rewrite import hardware
-    from amp_rewrite.cli import main
+    from amp_rewrite.cli.run import main
+    from amp_rewrite.core import hardware
     monkeypatch.setattr(hardware, "bf16_matrix_unit", lambda: None)
     src = tmp_path / "m.pb"
     src.write_bytes(chain([256, 256, 256]).SerializeToString())
@@ -144,7 +144,7 @@ def test_cost_aware_on_a_cpu_without_a_bfloat16_unit_keeps_every_island_float32(
 
 
 def test_cost_aware_changes_nothing_where_the_cpu_has_a_bfloat16_unit(monkeypatch):
-    from amp_rewrite import hardware
+    from amp_rewrite.core import hardware
     monkeypatch.setattr(hardware, "bf16_matrix_unit", lambda: "avx512_bf16")
     gd = chain([256, 256, 256])
     plain, _ = convert(gd, target="bfloat16", device="cpu")
@@ -190,8 +190,8 @@ def inverted_residual(bias=None, act=tf.nn.relu6, batch=None):
 def test_unfused_slow_activations_keep_an_island_float32_on_a_cpu():
     """Per sample the block's convolutions do 41 MFLOPs (about 37 µs saved in bfloat16), its
     two unfused Relu6 write 301k elements (about 66 µs lost): float32, and the reason says so."""
-    from amp_rewrite.costs import runtime_estimate
-    from amp_rewrite.shapes import Shapes
+    from amp_rewrite.paint.costs import runtime_estimate
+    from amp_rewrite.schema.shapes import Shapes
     gd = inverted_residual()
     graph = Graph.from_graph_def(gd)
     est = runtime_estimate(graph, Shapes(graph), [n.name for n in graph.nodes()])
@@ -269,7 +269,8 @@ def test_what_counts_as_fused_is_what_grappler_fuses_on_a_cpu():
     left (a fused op takes the name of the pattern's last node)."""
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
-    from amp_rewrite.costs import slow_unfused
+
+    from amp_rewrite.paint.costs import slow_unfused
     gd, want = _fusion_cases()
     graph = Graph.from_graph_def(gd)
     assert {n: slow_unfused(graph, graph.node(n)) for n in want} == want
@@ -290,7 +291,7 @@ def test_what_counts_as_fused_is_what_grappler_fuses_on_a_cpu():
 
 
 def test_a_frozen_graph_kept_float32_for_unfused_activations_hints_at_folding(tmp_path, capsys):
-    from amp_rewrite.cli import main
+    from amp_rewrite.cli.run import main
     _, report = convert(inverted_residual(), target="bfloat16", device="cpu")
     assert report.extra["unfused_kept"] == 2   # the expansion and the depthwise convolution
     assert any("--fold-constants may" in w for w in report.warnings)

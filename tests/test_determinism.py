@@ -7,16 +7,16 @@ converted graphs, SavedModel directories and JSON reports.
 
 import json
 
+import graphs
 import numpy as np
 import pytest
+import random_graphs
 import tensorflow as tf
+import training_graphs
+from refusals import run_batch, snapshot
 from tensorflow.core.protobuf import fingerprint_pb2
 
-import graphs
-import random_graphs
-import training_graphs
 from amp_rewrite import convert
-from refusals import run_batch, snapshot
 
 
 @pytest.fixture(scope="module")

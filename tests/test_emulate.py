@@ -10,8 +10,8 @@ from sklearn.datasets import load_digits
 from tensorflow.core.framework import types_pb2
 
 from amp_rewrite import UnsupportedGraphError, cli, convert_file
-from amp_rewrite.errors import InputError
-from amp_rewrite.verify import verify
+from amp_rewrite.core.errors import InputError
+from amp_rewrite.tools.verify import verify
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
 v1 = tf.compat.v1
@@ -130,7 +130,8 @@ def test_emulation_matches_grapplers_cpu_emulation(build, tmp_path):
     import graphs
     from tensorflow.core.protobuf import meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
-    from amp_rewrite.fold import grappler_alone
+
+    from amp_rewrite.transforms.constfold import grappler_alone
     if build == "example":
         gd = _graph_def(EXAMPLE)
         feeds = {"images:0": (load_digits().data[:256] / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)}

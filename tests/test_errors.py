@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import test_functions
+
 from amp_rewrite import cli, convert
-from amp_rewrite import commands, functions
-from amp_rewrite.errors import INPUT_EXIT, INTERNAL_EXIT, InputError, IRError, LintError
+from amp_rewrite.cli import commands
+from amp_rewrite.convert import library
+from amp_rewrite.core.errors import INPUT_EXIT, INTERNAL_EXIT, InputError, IRError, LintError
 
 pytestmark = pytest.mark.fast
 
@@ -51,11 +52,11 @@ def test_bad_input_is_exit_2_and_not_called_a_bug(tmp_path, capsys):
 def test_an_ir_error_in_a_function_body_is_not_turned_into_a_warning(monkeypatch):
     graph_def = test_functions.control_flow_graph()
     # a body our IR cannot take as input is left as it is, with a warning ...
-    monkeypatch.setattr(functions, "function_to_graph", _raise(InputError("not a body we take")))
+    monkeypatch.setattr(library, "function_to_graph", _raise(InputError("not a body we take")))
     _, report = convert(graph_def, target="bfloat16", device="cpu")
     assert any("left as it is" in w for w in report.warnings)
     # ... but a misused IR primitive is our bug and stops the conversion
-    monkeypatch.setattr(functions, "function_to_graph", _raise(IRError("no node named 'x'")))
+    monkeypatch.setattr(library, "function_to_graph", _raise(IRError("no node named 'x'")))
     with pytest.raises(IRError):
         convert(graph_def, target="bfloat16", device="cpu")
 

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite import convert
-from amp_rewrite.cli import main
-from amp_rewrite.rules import load_rules
+from amp_rewrite.cli.run import main
+from amp_rewrite.rules.loader import load_rules
 
 pytestmark = pytest.mark.fast  # conversions only: no TensorFlow session
 v1 = tf.compat.v1

@@ -1,11 +1,11 @@
 """--fold-constants: Const-only float32 subgraphs folded before painting."""
 
+import graphs
 import numpy as np
 import tensorflow as tf
 
-import graphs
 from amp_rewrite import convert
-from amp_rewrite.cli import main
+from amp_rewrite.cli.run import main
 
 v1 = tf.compat.v1
 

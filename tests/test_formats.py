@@ -1,14 +1,14 @@
 """Formats: binary/text GraphDef and MetaGraphDef, detected from content, round-tripped."""
 
+import graphs
 import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.core.protobuf import meta_graph_pb2
 
-import graphs
 from amp_rewrite import convert_file
-from amp_rewrite.load import load
+from amp_rewrite.io.load import load
 
 v1 = tf.compat.v1
 

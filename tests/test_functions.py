@@ -1,16 +1,21 @@
 """Function libraries in plain GraphDefs: bodies painted, boundaries lowered, callees specialized."""
 
+import graphs
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import function as v1_function
 
-import graphs
-from amp_rewrite import casts, cli, convert, convert_file
-from amp_rewrite.errors import INTERNAL_EXIT, IRError, LintError
-from amp_rewrite.library import (check_call_types, function_to_graph, graph_to_function,
-                                   reachable)
+from amp_rewrite import cli, convert, convert_file
+from amp_rewrite.core.errors import INTERNAL_EXIT, IRError, LintError
+from amp_rewrite.schema.functiondef import (
+    check_call_types,
+    function_to_graph,
+    graph_to_function,
+    reachable,
+)
+from amp_rewrite.transforms import casts
 
 TOL = {"float16": 5e-3, "bfloat16": 2e-2}
 DEVICE = {"float16": "gpu", "bfloat16": "cpu"}

@@ -1,12 +1,13 @@
-"""--fold-constants folds batch norms into the convolutions they follow (amp_rewrite.fusion)."""
+"""--fold-constants folds batch norms into the convolutions they follow (amp_rewrite.transforms.bnfold)."""
 
+import graphs
 import numpy as np
 import tensorflow as tf
 
-import graphs
-from amp_rewrite import convert, fold
-from amp_rewrite.fusion import fold_batch_norms
-from amp_rewrite.ir import Graph
+from amp_rewrite import convert
+from amp_rewrite.core.ir import Graph
+from amp_rewrite.transforms import constfold
+from amp_rewrite.transforms.bnfold import fold_batch_norms
 
 v1 = tf.compat.v1
 
@@ -69,7 +70,7 @@ def test_batch_norms_become_filters_and_bias_adds_with_the_same_values():
 def test_the_float32_rewrite_alone_computes_what_the_input_does():
     gd, feeds = _block()
     for gd, feeds, counts in ((*_block(_folded, seed=2), (2, 2)),
-                              (fold.fold_constants(gd, {"out"}), feeds, (1, 2))):
+                              (constfold.fold_constants(gd, {"out"}), feeds, (1, 2))):
         graph = Graph.from_graph_def(gd)
         done = fold_batch_norms(graph, set())
         assert (done.scales_folded, done.bias_adds) == counts
@@ -103,7 +104,7 @@ def test_what_it_leaves_alone():
 
 
 def test_graphs_with_variables_are_not_rewritten():
-    """The block whose batch norms fold, with one variable beside it: nothing is rewritten
+    """The block whose batch norms constfold, with one variable beside it: nothing is rewritten
     (a variable's value may change between runs)."""
     gd, _ = _block(_folded)
     _, alone = convert(gd, fold_constants=True)

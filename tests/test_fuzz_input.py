@@ -23,10 +23,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, event, given, seed, settings, strategies as st
-
 import corrupt
+import pytest
+from hypothesis import HealthCheck, event, given, seed, settings
+from hypothesis import strategies as st
+
 from amp_rewrite import cli
 
 EXAMPLES = int(os.environ.get("AMP_REWRITE_FUZZ", "2000"))

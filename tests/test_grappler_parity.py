@@ -9,10 +9,10 @@ nodes must agree; every difference must be one README.md lists ("Where we differ
 grappler"), identified here by the decision code our report gives the node.
 """
 
-import pytest
-
 import grappler_graphs as gg
+import pytest
 from machine import needs_onednn
+
 from amp_rewrite import convert
 
 # decision code of ours -> why grappler differs (README "Where we differ from grappler")

@@ -3,8 +3,8 @@
 import pytest
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
-from amp_rewrite.errors import InputError, IRError
-from amp_rewrite.ir import Graph, TensorRef
+from amp_rewrite.core.errors import InputError, IRError
+from amp_rewrite.core.ir import Graph, TensorRef
 
 pytestmark = pytest.mark.fast
 

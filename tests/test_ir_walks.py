@@ -1,10 +1,10 @@
 """The IR's one graph walk: descendants and ancestors, with control edges and stop nodes."""
 
 import pytest
-
-from amp_rewrite.errors import IRError
-from amp_rewrite.ir import Graph
 from test_ir import graph_def
+
+from amp_rewrite.core.errors import IRError
+from amp_rewrite.core.ir import Graph
 
 pytestmark = pytest.mark.fast
 

@@ -10,15 +10,15 @@ Two checks per model:
   ``fold_constants``.
 """
 
+import graphs
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from machine import needs_onednn
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-import graphs
-from machine import needs_onednn
 from amp_rewrite import convert
 
 MODELS = {"ResNet50": keras.applications.ResNet50, "MobileNetV2": keras.applications.MobileNetV2}
@@ -112,7 +112,7 @@ def test_calibrated_logits_no_worse_than_grappler(model_name, images):
     assert ours <= 1.25 * theirs + 1e-3
     # folding the batch-norm constants in float32 first, as grappler does at run time, closes
     # the gap: one rounding of each folded value instead of one per operand. It also folds a
-    # depthwise convolution's batch-norm scale into its filter (amp_rewrite.fusion), which
+    # depthwise convolution's batch-norm scale into its filter (amp_rewrite.transforms.bnfold), which
     # grappler leaves as a Mul after it: rounded in another place, the error moves by a few
     # percent either way (MobileNetV2 here: 1.05x grappler's)
     folded, report = convert(graph_def, target="bfloat16", device="cpu", fold_constants=True,

@@ -7,12 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from machine import needs_bf16_units, needs_onednn
 from tensorflow.core.framework import step_stats_pb2
 
 from amp_rewrite import cli, convert_file
-from amp_rewrite.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
-from amp_rewrite.kernels import classify_gpu_kernels, kernel_report, misaligned_dims, onednn_kernels
-from machine import needs_bf16_units, needs_onednn
+from amp_rewrite.core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
+from amp_rewrite.tools.kernels import (
+    classify_gpu_kernels,
+    kernel_report,
+    misaligned_dims,
+    onednn_kernels,
+)
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
 BATCH = 4
@@ -156,7 +161,7 @@ def test_a_failure_of_our_own_child_process_is_an_internal_error(bug, tmp_path, 
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import os\nfrom amp_rewrite import hardware\nfrom amp_rewrite.errors import IRError\n"
+        "import os\nfrom amp_rewrite.core import hardware\nfrom amp_rewrite.core.errors import IRError\n"
         f"{_BUGS[bug]}\nhardware.onednn_enabled = broken\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     with pytest.raises(AmpRewriteError) as caught:

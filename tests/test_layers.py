@@ -1,11 +1,11 @@
-"""The package's imports run one way: the layers README.md's "Layout" table declares, and
-inside each subpackage the order :data:`INTERNAL_LAYERS` declares.
+"""The package's imports run one way: the layers docs/architecture.md declares, between its
+folders ("Folders") and inside each folder ("Inside each folder").
 
-Read from the source with ``ast`` (nothing is imported): every module is in the tables; no
-module imports a module of a higher layer, by the README's table or by its subpackage's order;
-the imports form no cycle, between top-level units or between modules; no package import sits
-inside a function; a package module is loaded by name (``importlib``) only where the README
-says so.
+Read from the source with ``ast`` (nothing is imported): every module is in the tables and every
+table row names modules that exist; no module imports a module of a higher layer, by the
+folders' table or by its folder's own; the imports form no cycle, between folders or between
+modules; no package import sits inside a function; a package module is loaded by name
+(``importlib``) only where the architecture says so.
 """
 
 import ast
@@ -18,39 +18,48 @@ pytestmark = pytest.mark.fast
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "amp_rewrite"
-# the late loads the README names: cli loads commands (TensorFlow) after checking arguments,
-# __init__ hands out the public API on first use
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# the late loads the architecture names: cli.run loads cli.commands (TensorFlow) after checking
+# arguments, __init__ hands out the public API on first use
 LATE_LOADERS = {"cli", "__init__"}
-# Each subpackage's modules, lowest layer first; a module imports only modules of its own
-# layer or below (the subpackage's __init__, its public face, is the top).
-INTERNAL_LAYERS = {
-    "paint": [
-        {"decisions"},      # Decision, Painting: what painting produces
-        {"typegraph"},      # the graph painting walks: type attributes joined by data edges
-        {"state"},          # PaintState: the graph, the rules, what is allowed or blocked
-        {"propagation", "islands", "overrides", "agreement", "feeders", "reasons"},   # the steps
-        {"__init__"},       # paint(): the steps in order
-    ],
-    "training": [
-        {"nodes", "detect"},        # node builders; finding the backward pass
-        {"state"},                  # the loss-scale state variables
-        {"scaling", "saved_step"},  # loss scaling of a graph; of TF2 train-step functions
-        {"__init__"},               # add_loss_scaling and friends
-    ],
-}
+
+
+def _rows(text: str) -> list[tuple[int, list[str]]]:
+    """``(layer, names)`` of each row of the Markdown tables in ``text``."""
+    rows = []
+    for line in text.splitlines():
+        row = re.match(r"^\| (\d+) \| ([^|]+) \|", line)
+        if row:
+            rows.append((int(row.group(1)), re.findall(r"`([\w.]+)`", row.group(2))))
+    return rows
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end >= 0 else None]
 
 
 def declared_layers() -> dict[str, int]:
-    """Top-level unit (module or subpackage) -> layer, from README.md's Layout table."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Layout"):]
-    layers = {}
-    for line in section.splitlines():
-        row = re.match(r"^\| (\d+) \| ([^|]+) \|", line)
-        if row:
-            for name in re.findall(r"`([\w.]+)`", row.group(2)):
-                layers[name] = int(row.group(1))
-    return layers
+    """Top-level unit (folder or module) -> layer, from the architecture's "Folders" table."""
+    text = ARCHITECTURE.read_text()
+    return {name: layer for layer, names in _rows(_section(text, "## Folders")) for name in names}
+
+
+def declared_internal_layers() -> dict[str, list[set[str]]]:
+    """Folder -> its modules' layers, lowest first, from "Inside each folder"."""
+    text = _section(ARCHITECTURE.read_text(), "## Inside each folder")
+    out = {}
+    for block in re.split(r"^### ", text, flags=re.M)[1:]:
+        folder = re.match(r"`(\w+)/`", block).group(1)
+        layers: dict[int, set[str]] = {}
+        for layer, names in _rows(block):
+            layers.setdefault(layer, set()).update(names)
+        out[folder] = [layers[k] for k in sorted(layers)]
+    return out
+
+
+INTERNAL_LAYERS = declared_internal_layers()
 
 
 def unit_of(path: Path) -> str:
@@ -102,7 +111,7 @@ def late_loads(path: Path) -> list[str]:
     """Package units a file loads by name: strings ``"amp_rewrite.x"``, and the values of an
     ``_EXPORTS`` table (``__init__``'s public names, module by module)."""
     text = path.read_text()
-    names = re.findall(r"""["']amp_rewrite\.(\w+)""", text)
+    names = re.findall(r"""["']amp_rewrite\.([\w.]+)""", text)
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_EXPORTS" for t in node.targets):
             names += [v.value for v in node.value.values]
@@ -114,28 +123,31 @@ def sources() -> list[Path]:
 
 
 def internal_layer(module: str) -> int | None:
-    """The layer of a subpackage's module inside it (its ``__init__`` for the subpackage
-    itself); None for a top-level module."""
+    """The layer of a folder's module inside it (its ``__init__`` for the folder itself: the
+    top when the table leaves it out, a face that only hands names on); None for a top-level
+    module."""
     package, _, name = module.partition(".")
     if package not in INTERNAL_LAYERS:
         return None
-    return next(i for i, names in enumerate(INTERNAL_LAYERS[package]) if (name or "__init__") in names)
+    layers = INTERNAL_LAYERS[package]
+    return next((i for i, names in enumerate(layers) if (name or "__init__") in names), len(layers))
 
 
-def test_every_module_is_in_the_layout_table():
+def test_every_folder_and_module_is_in_the_folders_table():
     layers = declared_layers()
     units = {unit_of(p) for p in sources()}
-    assert units - set(layers) == set(), "modules missing from README's Layout table"
-    assert set(layers) - units == set(), "README's Layout table names modules that do not exist"
+    assert units - set(layers) == set(), "folders or modules missing from the Folders table"
+    assert set(layers) - units == set(), "the Folders table names what does not exist"
 
 
-def test_every_subpackage_module_has_an_internal_layer():
+def test_every_module_of_a_folder_has_a_layer_inside_it():
     packages = {p.parent.name for p in sources() if p.parent != PACKAGE}
-    assert packages == set(INTERNAL_LAYERS) and packages >= {"paint", "training"}
+    assert packages == set(INTERNAL_LAYERS) and packages >= {"core", "paint", "convert"}
     for package, layers in INTERNAL_LAYERS.items():
         declared = [name for names in layers for name in names]
-        present = sorted(p.stem for p in (PACKAGE / package).glob("*.py"))
-        assert sorted(declared) == present, f"{package}/: INTERNAL_LAYERS against its files"
+        present = sorted(p.stem for p in (PACKAGE / package).glob("*.py")
+                         if p.stem != "__init__" or "__init__" in declared)
+        assert sorted(declared) == present, f"{package}/: its table against its files"
 
 
 def test_no_import_of_a_higher_layer_inside_a_subpackage():
@@ -144,7 +156,7 @@ def test_no_import_of_a_higher_layer_inside_a_subpackage():
         me = module_of(path)
         for target, line, _ in package_imports(path):
             if unit_of(path) != target.split(".")[0] or internal_layer(me) is None:
-                continue     # between top-level units: the README's table decides
+                continue     # between folders: the Folders table decides
             if internal_layer(target) > internal_layer(me):
                 problems.append(f"{path.relative_to(ROOT)}:{line}: {me} (layer "
                                 f"{internal_layer(me)}) imports {target} "
@@ -208,21 +220,23 @@ def test_the_checks_see_what_they_check():
     finds a cycle (checks that could pass on an empty list of imports or edges would say
     nothing)."""
     seen = {m for p in sources() for m, _, _ in package_imports(p)}
-    assert {"paint.state", "paint.decisions", "training.nodes", "consts", "hardware", "ir"} <= seen
+    assert {"paint.state", "paint.decisions", "training.nodes", "schema.consts", "core.hardware",
+            "core.ir", "check.lint"} <= seen
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
 
 
-def test_late_loads_only_where_the_readme_says_and_downward():
+def test_late_loads_only_where_the_architecture_says_and_downward():
     layers = declared_layers()
     for path in sources():
         me = unit_of(path)
         named = late_loads(path)
         if me not in LATE_LOADERS:
-            # log names ("amp_rewrite.x" loggers) are not loads; only cli and __init__ load
+            # log names ("amp_rewrite.x" loggers) are not loads; only cli.run and __init__ load
             text = path.read_text()
             assert "import_module" not in text and "__import__" not in text, \
                 f"{path.relative_to(ROOT)} loads modules late"
             continue
         for target in named:
-            assert layers[target] <= layers[me], f"{me} loads {target} from a higher layer"
+            unit = target.split(".")[0]
+            assert layers[unit] <= layers[me], f"{me} loads {target} from a higher layer"

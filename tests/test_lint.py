@@ -4,13 +4,13 @@ catches the fault it names, and a graph left as it was passes."""
 import pytest
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
-from amp_rewrite import lint
-from amp_rewrite.before import Before
-from amp_rewrite.ir import Graph, TensorRef
+from amp_rewrite.check import lint
+from amp_rewrite.core.ir import Graph, TensorRef
 from amp_rewrite.paint import Painting
-from amp_rewrite.report import build_report
-from amp_rewrite.rules import load_rules
-from amp_rewrite.signatures import TypeAttr
+from amp_rewrite.report.decisions import build_report
+from amp_rewrite.rules.loader import load_rules
+from amp_rewrite.schema.opdefs import TypeAttr
+from amp_rewrite.schema.snapshot import Before
 
 pytestmark = pytest.mark.fast
 
@@ -93,8 +93,9 @@ def test_a_cast_on_a_loop_back_edge_is_caught(monkeypatch):
     """Painting's loop agreement keeps a NextIteration and its Merges in one dtype; without it
     a cast lands on the back edge, which the lint must refuse as our bug."""
     import grappler_graphs as gg
+
     from amp_rewrite import convert, paint
-    from amp_rewrite.errors import LintError
+    from amp_rewrite.core.errors import LintError
     graph_def, _ = gg.simple_loop("b", "gwc", "c")
     _, report = convert(graph_def, target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert any(n.code == "loop_match" for n in report.nodes)   # agreement is what it takes

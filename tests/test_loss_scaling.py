@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from sklearn.datasets import load_digits
+from training_graphs import Trainer, batches, build
 
 from amp_rewrite import cli, convert_file
-from amp_rewrite.errors import InputError, UnsupportedGraphError
-from amp_rewrite.ir import Graph
-from amp_rewrite.load import Model
-from amp_rewrite.pipeline import Options, convert_model
+from amp_rewrite.convert.pipeline import Options, convert_model
+from amp_rewrite.core.errors import InputError, UnsupportedGraphError
+from amp_rewrite.core.ir import Graph
+from amp_rewrite.io.load import Model
 from amp_rewrite.training.detect import find_backprop
-from training_graphs import Trainer, batches, build
 
 SCALE = "amp_loss_scale/scale/Read/ReadVariableOp:0"
 SKIPPED = "amp_loss_scale/skipped_steps/Read/ReadVariableOp:0"

@@ -8,16 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grappler_graphs
 import pytest
+import training_graphs
 from tensorflow.core.framework import types_pb2
 
-import grappler_graphs
-import training_graphs
 from amp_rewrite import cli, convert, convert_file
-from amp_rewrite.errors import InputError, UnsupportedGraphError
-from amp_rewrite.load import load
-from amp_rewrite.ops import MATRIX_OPS
-from amp_rewrite.report_html import graph_precision
+from amp_rewrite.core.errors import InputError, UnsupportedGraphError
+from amp_rewrite.core.ops import MATRIX_OPS
+from amp_rewrite.io.load import load
+from amp_rewrite.report.html import graph_precision
 
 HERE = Path(__file__).resolve().parent
 KERAS_EXPORT = HERE / "data" / "keras_export"
@@ -217,8 +217,8 @@ def test_conflicting_loss_scale_options_are_refused(flags, adam_bn_meta, tmp_pat
 def test_refusal_of_a_saved_model_train_step_fits_the_options_given(tmp_path):
     """A TF1 SavedModel whose graph trains gets no loss scaling: the message fits what was
     asked (bfloat16 needs none; float16 has other ways). A TF2 train step gets it either way."""
-    import test_savedmodel
     import tensorflow as tf
+    import test_savedmodel
     src = tmp_path / "tf1"
     test_savedmodel._tf1_train_and_serve(src)
     with pytest.raises(UnsupportedGraphError) as bf16:
@@ -254,7 +254,7 @@ def test_tensorflow_c_log_stays_quiet_without_verbose(argv, tmp_path):
     are on``, a CUDA driver missing ...) are written at import whatever TF_CPP_MIN_LOG_LEVEL
     says: hidden by default, shown with -v."""
     def stderr(*extra):
-        proc = subprocess.run([sys.executable, "-m", "amp_rewrite.cli", *argv, *extra],
+        proc = subprocess.run([sys.executable, "-m", "amp_rewrite", *argv, *extra],
                               capture_output=True, text=True, cwd=tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr
         return proc.stderr.splitlines()

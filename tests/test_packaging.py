@@ -27,7 +27,7 @@ BUILD_FILES = ("pyproject.toml", "setup.py", "README.md")
 def _package_files() -> set[str]:
     """The files a wheel must hold, as their paths inside it."""
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "amp_rewrite").rglob("*.py")}
-    rules = {"amp_rewrite/default_rules/" + str(p.relative_to(ROOT / "rules"))
+    rules = {"amp_rewrite/rules/defaults/" + str(p.relative_to(ROOT / "rules"))
              for p in (ROOT / "rules").rglob("*") if p.suffix in (".toml", ".py")}
     return modules | rules
 
@@ -69,7 +69,7 @@ def test_the_sdist_holds_every_module_and_rule_file(artefacts):
     with tarfile.open(sdist) as tar:
         top = f"amp_rewrite-{__version__}/"
         held = {n[len(top):] for n in tar.getnames()}
-    modules = {p for p in _package_files() if not p.startswith("amp_rewrite/default_rules/")}
+    modules = {p for p in _package_files() if not p.startswith("amp_rewrite/rules/defaults/")}
     rules = {str(p.relative_to(ROOT)) for p in (ROOT / "rules").rglob("*.toml")}
     assert (modules | rules | {"setup.py", "pyproject.toml", "README.md"}) - held == set()
 

@@ -1,9 +1,9 @@
 """Painting rules that need their own small graphs: TensorList clusters, ref variables."""
 
+import graphs
 import numpy as np
 import tensorflow as tf
 
-import graphs
 from amp_rewrite import convert
 
 v1 = tf.compat.v1

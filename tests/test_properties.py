@@ -7,17 +7,20 @@ the same graphs every run.
 import functools
 from pathlib import Path
 
-import numpy as np
-import tensorflow as tf
-from hypothesis import HealthCheck, event, given, settings, strategies as st
-
 import graphs
+import numpy as np
 import random_graphs
-from amp_rewrite import convert, lint, load
-from amp_rewrite.errors import InputError
-from amp_rewrite.ir import Graph
-from amp_rewrite.pipeline import Options, convert_model
-from amp_rewrite.rules import load_rules
+import tensorflow as tf
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from amp_rewrite import convert
+from amp_rewrite.check import lint
+from amp_rewrite.convert.pipeline import Options, convert_model
+from amp_rewrite.core.errors import InputError
+from amp_rewrite.core.ir import Graph
+from amp_rewrite.io import load
+from amp_rewrite.rules.loader import load_rules
 
 LOWP = {"float16": tf.float16.as_datatype_enum, "bfloat16": tf.bfloat16.as_datatype_enum}
 DEVICE = {"float16": "gpu", "bfloat16": "cpu"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amp_rewrite.cli import main
+from amp_rewrite.cli.run import main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

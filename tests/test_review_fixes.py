@@ -2,15 +2,15 @@
 splat Consts, reasons of index-typed ops, retargeted-cast chains, grappler's LOG_PATH,
 commented text MetaGraphs, explain on training graphs."""
 
+import graphs
 import numpy as np
 import tensorflow as tf
 from google.protobuf import text_format
 
-import graphs
 from amp_rewrite import convert
-from amp_rewrite.cli import main
-from amp_rewrite.load import load
-from amp_rewrite.rules import load_rules
+from amp_rewrite.cli.run import main
+from amp_rewrite.io.load import load
+from amp_rewrite.rules.loader import load_rules
 
 v1 = tf.compat.v1
 HALF = tf.float16.as_datatype_enum
@@ -211,7 +211,6 @@ def test_loss_scale_beyond_float32_is_refused(tmp_path, capsys):
 def test_splat_listing_several_values_is_not_expanded():
     """A splat lists fewer values than its shape holds (the last repeats); converting it keeps
     the listed values only, in the target's bits."""
-    from tensorflow.core.framework import attr_value_pb2
     g = tf.Graph()
     with g.as_default():
         x = v1.placeholder(tf.float32, [2, 4], name="x")

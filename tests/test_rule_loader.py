@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from amp_rewrite.errors import RuleError
-from amp_rewrite.rules import load_rules
+from amp_rewrite.core.errors import RuleError
+from amp_rewrite.rules.loader import load_rules
 
 pytestmark = pytest.mark.fast
 

@@ -2,14 +2,13 @@
 
 from pathlib import Path
 
-import numpy as np
+import graphs
 import pytest
 import tensorflow as tf
 
-import graphs
 from amp_rewrite import convert
-from amp_rewrite.errors import RuleError
-from amp_rewrite.rules import builtin_rules_dir, load_rules
+from amp_rewrite.core.errors import RuleError
+from amp_rewrite.rules.loader import builtin_rules_dir, load_rules
 
 pytestmark = pytest.mark.fast  # conversions only: no TensorFlow session
 
@@ -192,7 +191,7 @@ def test_default_lists_are_valid_and_disjoint():
                 seen[op] = name
     assert load_rules("bfloat16", env={}).infer_follows_allow
     # float16 follows the installed TensorFlow's grappler: on from TensorFlow 2.21
-    from amp_rewrite.rules import TF_VERSION, grappler_default
+    from amp_rewrite.rules.loader import TF_VERSION, grappler_default
     on = tuple(int(p) for p in TF_VERSION.split(".")[:2]) >= (2, 21)
     assert load_rules("float16", env={}).infer_follows_allow is on
     assert grappler_default("infer_follows_allow", "float16") is on

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import graphs
 import keras
 import numpy as np
 import pytest
@@ -17,11 +18,9 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.python.saved_model import loader_impl
 
 from amp_rewrite import UnsupportedGraphError, convert_file
-from amp_rewrite.cli import main
-from amp_rewrite.errors import InputError
-from amp_rewrite.library import function_to_graph, graph_to_function
-
-import graphs
+from amp_rewrite.cli.run import main
+from amp_rewrite.core.errors import InputError
+from amp_rewrite.schema.functiondef import function_to_graph, graph_to_function
 
 TOL = {"float16": 5e-3, "bfloat16": 2e-2}
 DEVICE = {"float16": "gpu", "bfloat16": "cpu"}

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from amp_rewrite.ir import Graph, TensorRef
-from amp_rewrite.shapes import Shapes
+from amp_rewrite.core.ir import Graph, TensorRef
+from amp_rewrite.schema.shapes import Shapes
 
 v1 = tf.compat.v1
 

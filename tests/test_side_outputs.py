@@ -4,7 +4,7 @@ A bad destination for any output (the model, ``--report``, ``--html``, ``--tenso
 ``--json``, tune's rules file) is refused before the work starts: exit 2, one line naming it,
 no file written (the model included), the input unchanged. A good run writes every output.
 Should a rename fail once everything is written, the renames before it are undone
-(:class:`~amp_rewrite.files.OutputSet`).
+(:class:`~amp_rewrite.io.files.OutputSet`).
 """
 
 import json
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-
 import tune_graphs
-from amp_rewrite.errors import InputError
-from amp_rewrite.files import OutputSet
 from refusals import assert_refused, run_batch, run_cli, snapshot, without_root_powers
+
+from amp_rewrite.core.errors import InputError
+from amp_rewrite.io.files import OutputSet
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
 KERAS_EXPORT = Path(__file__).parent / "data" / "keras_export"

@@ -1,10 +1,10 @@
 """A tf.compat.v1 training graph (tf.gradients + GradientDescent) converts, runs and trains."""
 
+import graphs
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import graphs
 from amp_rewrite import convert
 
 DEVICE = {"float16": "gpu", "bfloat16": "cpu"}

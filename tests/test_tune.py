@@ -10,22 +10,22 @@ CNN+LSTM+attention export fed digits scaled to 1e5.
 import importlib
 from pathlib import Path
 
+import graphs
 import numpy as np
 import pytest
 import tensorflow as tf
+import tune_graphs
+from refusals import run_cli
 from sklearn.datasets import load_digits
 from tensorflow.core.protobuf import meta_graph_pb2
 
-import graphs
-import tune_graphs
-from refusals import run_cli
 from amp_rewrite import cli, convert
-from amp_rewrite.errors import InputError
-from amp_rewrite.load import Model, load
-from amp_rewrite.pipeline import convert_file
-from amp_rewrite.rules import load_rules
-from amp_rewrite.tuning import keep_rule, tune
-from amp_rewrite.verify import verify
+from amp_rewrite.convert.pipeline import convert_file
+from amp_rewrite.core.errors import InputError
+from amp_rewrite.io.load import Model, load
+from amp_rewrite.rules.loader import load_rules
+from amp_rewrite.tools.tuning import keep_rule, tune
+from amp_rewrite.tools.verify import verify
 
 v1 = tf.compat.v1
 TOL = 1e-2
@@ -157,9 +157,9 @@ def test_force_lowp_on_a_while_is_refused_with_a_warning(tmp_path):
 
 
 def test_public_tune_is_the_function_whatever_was_imported_first():
-    importlib.import_module("amp_rewrite.commands")   # the CLI's module imports .tuning
+    importlib.import_module("amp_rewrite.cli.commands")   # the CLI's module imports .tuning
     from amp_rewrite import tune as public
-    assert callable(public) and public.__module__ == "amp_rewrite.tuning"
+    assert callable(public) and public.__module__ == "amp_rewrite.tools.tuning"
 
 
 def test_budget_and_unmeetable_tolerance_end_with_a_message_and_nothing_written(tmp_path, capsys):

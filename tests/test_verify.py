@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite import cli, convert_file
-from amp_rewrite.runner import open_pair
-from amp_rewrite.verify import verify
+from amp_rewrite.tools.runner import open_pair
+from amp_rewrite.tools.verify import verify
 
 v1 = tf.compat.v1
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"

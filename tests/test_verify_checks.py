@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from sklearn.datasets import load_digits
+from test_html import _Dom
 
 from amp_rewrite import cli, convert_file
-from amp_rewrite.verify import ErrorStats, verify
-from test_html import _Dom
+from amp_rewrite.tools.verify import ErrorStats, verify
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 from amp_rewrite import cli, convert_file
-from amp_rewrite.runner import open_model
-from amp_rewrite.verify import verify
+from amp_rewrite.tools.runner import open_model
+from amp_rewrite.tools.verify import verify
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,20 @@ from collections import Counter
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from amp_rewrite import cli, convert_file
-from amp_rewrite.runner import open_pair
-from amp_rewrite.verify import (attribute, compare_outputs, criteria, feed_sets, format_result,
-                                per_node, verify)
-
 import training_graphs
 from test_html import _Dom
+
+from amp_rewrite import cli, convert_file
+from amp_rewrite.tools.runner import open_pair
+from amp_rewrite.tools.verify import (
+    attribute,
+    compare_outputs,
+    criteria,
+    feed_sets,
+    format_result,
+    per_node,
+    verify,
+)
 
 v1 = tf.compat.v1
 

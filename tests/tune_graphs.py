@@ -2,10 +2,9 @@
 benchmark): each computes something real whose float16 version overflows or loses its
 accuracy where the rule lists call the ops safe."""
 
+import graphs
 import numpy as np
 import tensorflow as tf
-
-import graphs
 
 
 def large_sum(seed=0, width=64, hidden=256):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from amp_rewrite import convert_file
-from amp_rewrite.errors import InputError
+from amp_rewrite.core.errors import InputError
 
 CODE_EVENTS = {"exec", "compile", "marshal.loads", "marshal.load", "pickle.find_class",
                "os.system", "subprocess.Popen"}

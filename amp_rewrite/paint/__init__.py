@@ -16,22 +16,27 @@ in the order :func:`paint` runs them, each in its own module:
 9. :mod:`.reasons`: every item gets its :class:`Decision`, the undecided ones the reason they
    stayed float32.
 
-The graph is not changed: :mod:`amp_rewrite.casts` applies the result.
+The graph is not changed: :mod:`amp_rewrite.transforms.casts` applies the result.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from ..ir import Graph
-from ..rules import RuleSet
+from ..core.ir import Graph
+from ..rules.loader import RuleSet
 from .agreement import agree_loops, agree_tensorlists
 from .decisions import LOWP_CODES, Decision, Painting, TNode
 from .feeders import paint_feeders
 from .islands import drop_cheap_islands
 from .overrides import force_overrides
-from .propagation import (paint_between_allow, paint_infer_after_allow, propagate_deny, seed_allow,
-                          spread_through_clear)
+from .propagation import (
+    paint_between_allow,
+    paint_infer_after_allow,
+    propagate_deny,
+    seed_allow,
+    spread_through_clear,
+)
 from .reasons import record
 from .state import PaintState, interface_names
 
@@ -46,7 +51,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     ``keep`` maps the names of nodes whose dtypes must not change to ``(code, reason)``, the
     decision they get (``user_keep`` for ``--keep``, ``interface`` for signature tensors ...).
     A painted island whose matrix ops all have a known intensity
-    (:func:`~amp_rewrite.costs.matrix_intensity`) under ``min_intensity`` stays float32 (code
+    (:func:`~amp_rewrite.paint.costs.matrix_intensity`) under ``min_intensity`` stays float32 (code
     ``cost``).
     """
     s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),

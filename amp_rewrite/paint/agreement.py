@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from ..ops import FUNCTIONAL_OPS, MERGE_OPS, NEXT_ITERATION_OPS, PLACEHOLDER_OPS
-from ..signatures import TypeAttr, called_function
+from ..core.ops import FUNCTIONAL_OPS, MERGE_OPS, NEXT_ITERATION_OPS, PLACEHOLDER_OPS
+from ..schema.opdefs import TypeAttr, called_function
 from .decisions import Decision
 from .state import PaintState
 from .typegraph import ELEMENT_DTYPE

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..signatures import TypeAttr
+from ..schema.opdefs import TypeAttr
 
 TNode = tuple[str, TypeAttr]
 

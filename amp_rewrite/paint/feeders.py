@@ -7,9 +7,9 @@ read only in low precision is stored in the target (unless its values overflow f
 
 from __future__ import annotations
 
-from .. import consts
-from ..ops import PLACEHOLDER_OPS
-from ..signatures import node_types
+from ..core.ops import PLACEHOLDER_OPS
+from ..schema import consts
+from ..schema.opdefs import node_types
 from .decisions import Decision
 from .state import PaintState
 

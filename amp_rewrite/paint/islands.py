@@ -2,14 +2,14 @@
 
 An island is a connected group of painted items (joined where data flows between them). Its
 worth is its biggest matrix op's intensity (FLOPs per element it moves, from its weight's
-shape: :func:`amp_rewrite.costs.matrix_intensity`): where that is known for every matrix op of
+shape: :func:`amp_rewrite.paint.costs.matrix_intensity`): where that is known for every matrix op of
 the island and under ``min_intensity``, the island's casts and 16-bit elementwise ops cost more
 than its matrix work saves, and the whole island stays float32 (code ``cost``). An island with
 one big matrix op keeps its small ones too: inside it they need no casts. Measured on a CPU
 (BENCHMARKS.md "Small matrix ops", "Training step"); off (0) by default elsewhere.
 
 bfloat16 on a CPU also weighs each island that passes as a whole
-(:func:`amp_rewrite.costs.runtime_estimate`): where its activations that TensorFlow runs unfused
+(:func:`amp_rewrite.paint.costs.runtime_estimate`): where its activations that TensorFlow runs unfused
 in slow bfloat16 loops lose more time than its matrix ops save, it stays float32 (code
 ``cost``). Only islands holding such an activation are weighed, so shapes are worked out for
 those alone.
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import math
 
-from .. import hardware
-from ..costs import FOLDING_FUSES, matrix_intensity, runtime_estimate
-from ..ops import MATRIX_OPS
-from ..shapes import Shapes
+from ..core import hardware
+from ..core.ops import MATRIX_OPS
+from ..schema.shapes import Shapes
+from .costs import FOLDING_FUSES, matrix_intensity, runtime_estimate
 from .decisions import Decision
 from .state import PaintState
 

@@ -9,8 +9,8 @@ override that matches no node is warned about.
 
 from __future__ import annotations
 
-from ..ops import FUNCTIONAL_OPS
-from ..signatures import device_type
+from ..core.ops import FUNCTIONAL_OPS
+from ..schema.opdefs import device_type
 from .decisions import Decision
 from .state import PaintState
 

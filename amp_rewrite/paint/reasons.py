@@ -7,7 +7,7 @@ op on no list. Nodes without type attributes get a node-level code.
 
 from __future__ import annotations
 
-from ..signatures import called_function, device_type, node_types
+from ..schema.opdefs import called_function, device_type, node_types
 from .decisions import Decision, Painting
 from .state import PaintState
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..dtypes import FLOAT, RESOURCE, TARGET_NAMES, dtype_name
-from ..ir import Graph, Node
-from ..ops import PLACEHOLDER_OPS, VARIABLE_OPS
-from ..rules import RuleSet
-from ..signatures import device_type, get_dtype, kernel_supports, node_types, output_dtype
+from ..core.dtypes import FLOAT, RESOURCE, TARGET_NAMES, dtype_name
+from ..core.ir import Graph, Node
+from ..core.ops import PLACEHOLDER_OPS, VARIABLE_OPS
+from ..rules.loader import RuleSet
+from ..schema.opdefs import device_type, get_dtype, kernel_supports, node_types, output_dtype
 from .decisions import Decision
 from .typegraph import TypeGraph
 

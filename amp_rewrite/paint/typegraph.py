@@ -7,10 +7,10 @@ its readers (their ``element_dtype``), which no data edge joins directly.
 
 from __future__ import annotations
 
-from ..dtypes import FLOAT, VARIANT
-from ..ir import Graph
-from ..ops import is_tensorlist_op
-from ..signatures import NodeTypes, TypeAttr, node_types, output_dtype
+from ..core.dtypes import FLOAT, VARIANT
+from ..core.ir import Graph
+from ..core.ops import is_tensorlist_op
+from ..schema.opdefs import NodeTypes, TypeAttr, node_types, output_dtype
 from .decisions import TNode
 
 ELEMENT_DTYPE = TypeAttr("element_dtype")

@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..consts import is_all_ones
-from ..dtypes import CONVERTIBLE
-from ..errors import UnsupportedGraphError
-from ..ir import Graph, TensorRef
-from ..ops import ALL_REDUCE_OPS, is_variable_write
-from ..signatures import output_dtype
+from ..core.dtypes import CONVERTIBLE
+from ..core.errors import UnsupportedGraphError
+from ..core.ir import Graph, TensorRef
+from ..core.ops import ALL_REDUCE_OPS, is_variable_write
+from ..schema.consts import is_all_ones
+from ..schema.opdefs import output_dtype
 
 _BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
 _SEED_LEAF = re.compile(r"^(?:Fill|grad_ys_\d+)$")

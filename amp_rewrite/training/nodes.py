@@ -10,8 +10,8 @@ import numpy as np
 from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
 from tensorflow.python.framework import tensor_util
 
-from ..dtypes import BOOL, INT32
-from ..ir import Graph, TensorRef
+from ..core.dtypes import BOOL, INT32
+from ..core.ir import Graph, TensorRef
 
 
 def type_attr(dtype: int) -> attr_value_pb2.AttrValue:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from tensorflow.core.framework import attr_value_pb2
 
-from ..dtypes import BOOL, FLOAT, INT64
-from ..ir import Graph, TensorRef
-from ..ops import is_variable_write
-from ..signatures import output_dtype
+from ..core.dtypes import BOOL, FLOAT, INT64
+from ..core.ir import Graph, TensorRef
+from ..core.ops import is_variable_write
+from ..schema.opdefs import output_dtype
 from . import nodes as nd
-from ..loss_scale import ScaleConfig
+from .config import ScaleConfig
 from .detect import Backprop, backprop_scope
 from .state import SCOPE, StateVar, add_variable, assign, refuse_scaled
 

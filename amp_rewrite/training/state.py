@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2
 from tensorflow.python.framework import tensor_util
 
-from ..dtypes import INT32
-from ..errors import UnsupportedGraphError
-from ..ir import Graph, TensorRef
-from ..ops import SAVER_OPS, VARIABLE_CREATORS
-from ..signatures import invalidate
+from ..core.dtypes import INT32
+from ..core.errors import UnsupportedGraphError
+from ..core.ir import Graph, TensorRef
+from ..core.ops import SAVER_OPS, VARIABLE_CREATORS
+from ..schema.opdefs import invalidate
 from . import nodes as nd
 
 #: the name scope of every node loss scaling adds

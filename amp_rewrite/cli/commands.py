@@ -1,0 +1,207 @@
+"""What each command of the ``amp-rewrite`` CLI does, once :mod:`amp_rewrite.cli` has parsed
+and checked its arguments. This half imports TensorFlow; with :mod:`amp_rewrite.cli` it is the
+only code that prints (the library logs).
+
+A command makes all its outputs in memory (the model, reports, pages) and then writes them as
+one :class:`~amp_rewrite.io.files.OutputSet`: every file, or (on any error) none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ..convert.graph import Options
+from ..convert.pipeline import convert_model
+from ..core import hardware
+from ..core.errors import InputError, RuleError
+from ..io.files import OutputSet, atomic_write
+from ..io.load import load
+from ..io.save import stage
+from ..report import html
+from ..rules.loader import LISTS, load_rules
+from ..tools import bench as bench_mod
+from ..tools import kernels as kernels_mod
+from ..tools import tuning
+from ..tools import verify as verify_mod
+from ..tools.runner import init_devices, parse_shapes
+
+log = logging.getLogger(__name__)
+
+
+__all__ = ["init_devices", "run"]
+
+
+def run(command: str, args) -> int:
+    """Run ``command`` (``"convert"`` or one of the CLI's commands) with parsed ``args``."""
+    return _COMMANDS[command](args)
+
+
+def convert(args) -> int:
+    model, report = _convert(args)
+    with OutputSet() as outputs:
+        stage(model, args.output, outputs, force=args.force or args.in_place)
+        if args.report:
+            outputs.add_file(args.report, report.to_json().encode("utf-8"), force=args.force)
+        if args.html:
+            outputs.add_file(args.html, html.convert_page(report.to_dict()).encode("utf-8"),
+                             force=args.force)
+        if args.tensorboard:
+            event = html.stage_tensorboard(outputs, args.tensorboard, model.graph_def)
+        outputs.commit()
+    if args.tensorboard:
+        log.info("wrote the converted graph for TensorBoard to %s", event)
+    if not args.quiet:
+        print(f"wrote {args.output}")
+        print(report.format_summary())
+    return 0
+
+
+def _convert(args):
+    """The converted model and its report, in memory (:func:`~amp_rewrite.convert.pipeline.convert_file`
+    without the write; the CLI checked the paths)."""
+    options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
+                      lowp_io=args.lowp_io, fold_constants=args.fold_constants,
+                      loss_scale=args.loss_scale, loss_scale_options=args.loss_scale_options,
+                      min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
+                      cost_aware=args.cost_aware)
+    options.check()
+    try:
+        return convert_model(load(args.input), options)
+    except InputError as exc:
+        # errors found in the graph name a node; the user also needs to know which file
+        if not isinstance(exc, RuleError) and not str(exc).startswith(str(args.input)):
+            exc.args = (f"{args.input}: {exc}",)
+        raise
+
+
+def explain(args) -> int:
+    # Decisions do not depend on loss scaling, so a training graph is explained without it
+    # (and without its hints, which explain has no flags for).
+    options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
+                      lowp_io=args.lowp_io, loss_scale="none",
+                      min_matrix_intensity=args.min_matrix_intensity)
+    _, report = convert_model(load(args.input), options)
+    for name in args.node:
+        try:
+            print(report.explain(name))
+        except LookupError as exc:  # no such node (with close names), or ambiguous
+            raise InputError(f"{args.input}: {exc.args[0]}") from None
+    return 0
+
+
+def rules(args) -> int:
+    rule_set = load_rules(args.target, args.rules)
+    print(f"# target {rule_set.target}, level {rule_set.level}")
+    print("# from: " + ", ".join(rule_set.sources))
+    if rule_set.env:
+        print("# grappler variables: " + ", ".join(rule_set.env))
+    print(f"# infer_follows_allow: {str(rule_set.infer_follows_allow).lower()}")
+    for name in LISTS:
+        ops = sorted(rule_set.effective(name))
+        print(f"{name} ({len(ops)}): " + " ".join(ops))
+    for rule in rule_set.node_rules:
+        print(f"override: {rule.pattern} -> {rule.action} ({rule.source})")
+    return 0
+
+
+def verify(args) -> int:
+    result = verify_mod.verify(args.original, args.converted, inputs=args.inputs,
+                               samples=args.samples, shapes=parse_shapes(args.shape),
+                               checks=args.check, rel_l2=args.rel_l2,
+                               grad_rel_l2=args.grad_rel_l2, top1=args.top1,
+                               rtol=args.rtol, atol=args.atol, max_abs=args.max_abs,
+                               nodes=args.per_node,
+                               signature=args.signature, outputs=args.output,
+                               checkpoint=args.checkpoint, emulate=args.emulate)
+    if not args.quiet:
+        print(verify_mod.format_result(result, args.top))
+    if args.html:
+        page = html.verify_page(result, args.converted, args.report)
+        atomic_write(Path(args.html), page.encode("utf-8"), force=args.force)
+    return 0 if result.ok else 1
+
+
+def kernels(args) -> int:
+    report = kernels_mod.kernel_report(args.model, device=args.device,
+                                       shapes=parse_shapes(args.shape), inputs=args.inputs,
+                                       signature=args.signature)
+    if args.json:
+        atomic_write(Path(args.json), _json_bytes(report.to_dict()), force=args.force)
+    if not args.quiet:
+        print(hardware.machine_line())
+        print(kernels_mod.format_report(report))
+    return 0
+
+
+def bench(args) -> int:
+    result = bench_mod.bench(args.original, args.converted, runs=args.runs, warmup=args.warmup,
+                             shapes=parse_shapes(args.shape), inputs=args.inputs,
+                             signature=args.signature, outputs=args.output,
+                             checkpoint=args.checkpoint,
+                             progress=None if args.quiet else _progress_bar)
+    with OutputSet() as outputs:
+        if args.json:
+            outputs.add_file(args.json, _json_bytes(result.to_dict()), force=args.force)
+        if args.html:
+            page = html.bench_page(result, args.converted)
+            outputs.add_file(args.html, page.encode("utf-8"), force=args.force)
+        outputs.commit()
+    if not args.quiet:
+        print(hardware.machine_line())
+        print(bench_mod.format_result(result))
+    return 0
+
+
+def tune(args) -> int:
+    bar = None if args.quiet or not sys.stderr.isatty() else _tune_progress
+    result = tuning.tune(args.input, args.output, feeds=args.inputs, metric=args.metric,
+                           tolerance=args.tolerance, max_trials=args.max_trials,
+                           holdout=args.holdout, rules_out=args.rules_out,
+                           signature=args.signature, outputs=args.output_tensor,
+                           force=args.force, relax=args.relax, progress=bar,
+                           target=args.target,
+                           device=args.device, rules=args.rules, keep=args.keep,
+                           lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
+                           report=args.report)
+    if bar is not None:
+        sys.stderr.write("\n")
+    if not result.ok:
+        print(f"amp-rewrite: tolerance not met, nothing written: {result.message}", file=sys.stderr)
+        if not args.quiet:
+            print(result.summary())
+        return 1
+    if not args.quiet:
+        print(f"wrote {args.output} and {result.rules_file}")
+        print(result.summary())
+    return 0
+
+
+def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:
+    """The trial budget used, the last metric, nodes kept (the caller ends the line)."""
+    _draw_bar(done, budget, f"trial {done}/{budget}  metric {metric:.3g}  kept {kept} in float32   ")
+
+
+def _json_bytes(data: dict) -> bytes:
+    return (json.dumps(data, indent=1) + "\n").encode()
+
+
+def _progress_bar(done: int, total: int) -> None:
+    _draw_bar(done, total, f"{done}/{total} rounds")
+    if done == total:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _draw_bar(done: int, total: int, text: str) -> None:
+    """Redraw the progress line on stderr: a bar of ``done`` out of ``total``, then ``text``."""
+    width = 30
+    filled = min(width, width * done // total)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}")
+    sys.stderr.flush()
+
+
+_COMMANDS = {"convert": convert, "explain": explain, "rules": rules, "verify": verify,
+             "kernels": kernels, "bench": bench, "tune": tune}

@@ -1,0 +1,460 @@
+"""The ``amp-rewrite`` command line: parse, check paths, report errors. No TensorFlow here.
+
+``amp-rewrite IN -o OUT [options]`` converts; ``amp-rewrite COMMAND ...`` runs ``explain``,
+``rules``, ``verify``, ``kernels``, ``bench`` or ``tune``. Every flag is defined in this module and every
+path is checked before TensorFlow is imported (that takes seconds), so a usage or path error
+answers at once. Then :mod:`amp_rewrite.cli.commands`, which imports TensorFlow, runs the command.
+
+Exit codes: 0 ok, 1 ``verify`` found an output out of tolerance (``tune``: could not meet it), 2 bad input or usage
+(:data:`~amp_rewrite.core.errors.INPUT_EXIT`), 70 a bug in amp-rewrite
+(:data:`~amp_rewrite.core.errors.INTERNAL_EXIT`). Errors are one line; ``-v`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
+from ..io.files import check_container, is_saved_model, same_file, tune_rules_path
+from ..training.config import scale_config
+from ..version import __version__
+
+PROG = "amp-rewrite"
+COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune")
+#: the module that runs the commands; loaded only once the arguments are checked (it imports
+#: TensorFlow), which is why it is named here instead of imported
+RUNNER_MODULE = "amp_rewrite.cli.commands"
+_LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # usage errors: one line, exit 2
+        self.exit(INPUT_EXIT, f"{self.prog}: error: {message}\n")
+
+
+# ----------------------------------------------------------------- flags
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each step and show tracebacks")
+    p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+
+
+def _rule_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
+                   help="low-precision dtype (default float16, for Tensor Cores)")
+    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
+                   help="device unplaced nodes run on; decides which kernels exist (default gpu)")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="rule file stacked on the defaults (repeatable, applied in order)")
+
+
+def _convert_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision. "
+                "Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
+    p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta) or SavedModel directory")
+    p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
+    _rule_flags(p)
+    p.add_argument("--keep", action="append", default=[], metavar="NAME",
+                   help="node whose dtypes must not change (repeatable)")
+    p.add_argument("--lowp-io", action="store_true",
+                   help="let graph inputs and outputs take the low-precision dtype too")
+    p.add_argument("--emulate", action="store_true",
+                   help="write float16's float32 emulation (float16 rules, but each float16 op "
+                        "computes in float32 on values rounded to float16): to see float16's "
+                        "numbers without a GPU; graph files only")
+    p.add_argument("--fold-constants", action="store_true",
+                   help="fold Const-only float32 subgraphs before painting, and batch norms "
+                        "into the convolutions they follow (graphs without variables): fewer "
+                        "casts, one rounding per folded value, convolutions TensorFlow fuses "
+                        "with their activations")
+    p.add_argument("--min-matrix-intensity", type=float, metavar="X",
+                   help="least matrix work (FLOPs per element an op reads and writes) the "
+                        "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
+                        "float32 (default 128 for bfloat16 on cpu, else 0)")
+    p.add_argument("--cost-aware", action="store_true",
+                   help="never slower than float32 on this machine: for --device cpu --target "
+                        "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
+                        "island float32 (code cost)")
+    p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
+    p.add_argument("--force", action="store_true", help="replace an existing output")
+    p.add_argument("--in-place", action="store_true", help="allow the output to be the input")
+    g = p.add_argument_group("training graphs")
+    g.add_argument("--loss-scale", metavar="dynamic|none|N",
+                   help="loss scaling for training graphs (default: dynamic for float16, "
+                        "none for bfloat16; a number is a static scale)")
+    g.add_argument("--loss-scale-start", type=float, metavar="S", help="first dynamic scale")
+    g.add_argument("--loss-scale-interval", type=int, metavar="STEPS",
+                   help="finite steps before the scale grows")
+    g.add_argument("--loss-scale-factor", type=float, metavar="F",
+                   help=f"growth and shrink factor (defaults: {_LOSS_SCALE_DEFAULTS})")
+    g.add_argument("--loss", metavar="NAME", help="the loss tensor whose backprop seed to scale")
+    g.add_argument("--grad", action="append", default=[], metavar="NAME",
+                   help="a backprop seed (the gradient fed to tf.gradients / the tape), repeatable")
+    p.add_argument("--html", metavar="REPORT.html",
+                   help="also write a self-contained HTML report of the conversion")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="write the converted graph as a TensorBoard event file into DIR")
+    _common(p)
+    return p
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by verify and bench: which inputs, shapes, signature, outputs, weights."""
+    p.add_argument("original", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
+    p.add_argument("converted", help="the converted model")
+    _run_flags(p)
+    p.add_argument("--output", action="append", default=[], metavar="TENSOR",
+                   help="graph output to compare (repeatable; default the signature's "
+                   "outputs, else the nodes nothing reads)")
+    p.add_argument("--checkpoint", metavar="PREFIX",
+                   help="restore the original MetaGraph's variables from this checkpoint "
+                   "(default: run its initializers); the converted graph gets the same values")
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inputs", metavar="DATA.npz", help="input arrays keyed by input name")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="shape of an input with unknown dimensions (repeatable)")
+    p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
+                   "(default serving_default, else the first)")
+
+
+def _command_parser(command: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} {command}")
+    if command == "explain":
+        p.add_argument("input", help="the FP32 model to explain")
+        p.add_argument("node", nargs="+", help="node name(s) to explain")
+        _rule_flags(p)
+        p.add_argument("--keep", action="append", default=[], metavar="NAME")
+        p.add_argument("--lowp-io", action="store_true")
+        p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+    elif command == "rules":
+        p.add_argument("action", choices=["show"], help="show the effective op lists")
+        _rule_flags(p)
+    elif command == "verify":
+        _model_flags(p)
+        p.add_argument("--samples", type=int, default=1, metavar="N",
+                       help="random input sets to run (default 1; ignored with --inputs)")
+        p.add_argument("--check", action="append", default=[],
+                       choices=["rel_l2", "top1", "allclose", "max_abs"],
+                       help="how to judge each output (repeatable; default rel_l2 and top1, "
+                       "plus each check whose threshold is given)")
+        p.add_argument("--rel-l2", type=float, metavar="X", help="largest relative L2 error "
+                       "||conv-orig||/||orig|| per output (default by the converted graph's "
+                       "dtype: float16 0.01, bfloat16 0.05)")
+        p.add_argument("--grad-rel-l2", type=float, metavar="X", help="the same for the "
+                       "gradients a training graph's outputs include (default 0.1; 1e-5 when "
+                       "nothing is 16-bit)")
+        p.add_argument("--top1", type=float, metavar="X", help="least share of rows whose "
+                       "argmax agrees, on outputs that are batches of scores (default 0.99; "
+                       "near-ties count as agreeing)")
+        p.add_argument("--rtol", type=float, help="allclose check: relative tolerance per "
+                       "element (default float16 0.01, bfloat16 0.05)")
+        p.add_argument("--atol", type=float, help="allclose check: absolute tolerance per "
+                       "element (default float16 0.001, bfloat16 0.01)")
+        p.add_argument("--max-abs", type=float, metavar="X",
+                       help="max_abs check: largest absolute error (no default)")
+        p.add_argument("--per-node", action="store_true",
+                       help="rank the tensors inside both models (a SavedModel's function "
+                       "bodies included) by the error each adds")
+        p.add_argument("--emulate", action="store_true",
+                       help="run a float16 graph file as its float32 emulation (each float16 "
+                       "op computes in float32 on values rounded to float16): float16's "
+                       "numbers at float32 speed, on any CPU")
+        p.add_argument("--top", type=int, default=10, metavar="N",
+                       help="tensors to list with --per-node (default 10)")
+        p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
+        p.add_argument("--report", metavar="FILE.json",
+                       help="the convert command's JSON report, to include its decisions in --html")
+        _force_flag(p)
+    elif command == "tune":
+        _tune_flags(p)
+    elif command == "kernels":
+        p.add_argument("model", help="the converted model (GraphDef, MetaGraph or SavedModel dir)")
+        p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                       help="where to run it (default: gpu if TensorFlow sees one, else cpu)")
+        _run_flags(p)
+        p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
+        _force_flag(p)
+    elif command == "bench":
+        _model_flags(p)
+        p.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
+        p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
+        p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
+        p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
+        _force_flag(p)
+    _common(p)
+    return p
+
+
+def _force_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace existing --html/--json files")
+
+
+def _tune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
+    p.add_argument("-o", "--output", required=True, help="where to write the tuned conversion")
+    p.add_argument("--inputs", action="append", required=True, metavar="DATA.npz",
+                   help="a sample: input arrays keyed by input name (repeatable; every sample "
+                   "must meet the tolerance)")
+    p.add_argument("--holdout", action="append", default=[], metavar="DATA.npz",
+                   help="a held-out sample, scored before and after but never tuned on")
+    p.add_argument("--metric", choices=["rel_l2", "max_abs", "top1"], default="rel_l2",
+                   help="worst over the outputs: relative L2 error, largest absolute error, or "
+                   "share of rows whose argmax moved (default rel_l2)")
+    p.add_argument("--tolerance", type=float, metavar="X", help="largest metric a sample may "
+                   "give (default what verify accepts: rel_l2 0.01 float16, 0.05 bfloat16; "
+                   "top1 0.01; max_abs has none)")
+    p.add_argument("--max-trials", type=int, default=50, metavar="N",
+                   help="conversions to try at most (default 50)")
+    p.add_argument("--relax", action="store_true", help="then also move into low precision "
+                   "the nodes next to low-precision ones that only the rule lists kept "
+                   "float32, where the tolerance holds (force_lowp overrides)")
+    p.add_argument("--rules-out", metavar="FILE.toml", help="where to write the overrides "
+                   "chosen (default OUTPUT.tune.toml)")
+    _rule_flags(p)
+    p.add_argument("--keep", action="append", default=[], metavar="NAME")
+    p.add_argument("--lowp-io", action="store_true")
+    p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+    p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
+                   "(default serving_default, else the first)")
+    p.add_argument("--output-tensor", action="append", default=[], metavar="TENSOR",
+                   help="graph output to score (repeatable; default the signature's outputs, "
+                   "else the nodes nothing reads)")
+    p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
+    p.add_argument("--force", action="store_true", help="replace existing outputs")
+
+
+# ----------------------------------------------------------------- checks before any work
+def _inside(path: str, folder: str) -> bool:
+    return Path(folder).resolve() in Path(path).resolve().parents
+
+
+def _check_output(path: str, what: str, *, force: bool, inputs=(), outputs=(),
+                  folder: bool = False) -> None:
+    """Refuse an output the command could not write, or must not: one that is an input or
+    another output or lies inside one (a SavedModel directory), an existing one without
+    ``force`` (``folder``: a TensorBoard folder, which takes a new file, must be a folder), a
+    file output that is a directory, a folder that is missing or not writable. Checked for
+    every output before the work starts, so that none is written unless all can be."""
+    for other, whose in [(p, "the input") for p in inputs] + [(p, "an output") for p in outputs]:
+        if same_file(path, other):
+            raise InputError(f"{path}: the {what} would overwrite {other} ({whose})")
+        if _inside(path, other):
+            raise InputError(f"{path}: the {what} would be written inside {other} ({whose})")
+    if folder and os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError(f"{path}: not a folder, which the {what} must be")
+    if not folder and os.path.isdir(path):
+        raise InputError(f"{path}: is a directory")
+    if not folder and os.path.lexists(path) and not force:
+        raise InputError(f"{path}: already exists; pass --force to replace it")
+    parent = path if folder and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InputError(f"{path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"{path}: cannot write in {parent}: permission denied")
+
+
+def _check_paths(command: str, args) -> None:
+    """Refuse, before TensorFlow is imported, a missing input and an output that cannot be
+    written (or would clobber the input, another output or an existing file)."""
+    inputs = {"convert": [args.input] if command == "convert" else [],
+              "explain": [getattr(args, "input", None)],
+              "verify": [getattr(args, "original", None), getattr(args, "converted", None)],
+              "bench": [getattr(args, "original", None), getattr(args, "converted", None)],
+              "kernels": [getattr(args, "model", None)],
+              "tune": [getattr(args, "input", None)]}.get(command, [])
+    inputs += list(getattr(args, "rules", []) or [])
+    given = getattr(args, "inputs", None)
+    inputs += given if isinstance(given, list) else [given] if given else []
+    inputs += list(getattr(args, "holdout", []) or [])
+    if command == "verify" and args.report:
+        inputs.append(args.report)
+    for path in inputs:
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file")
+    if command == "tune":
+        _check_tune_outputs(args, inputs)
+    if command == "convert":
+        _check_convert_outputs(args, inputs)
+        scale_config(args.loss_scale, args.target, args.loss_scale_options)  # conflicts, ranges
+    written = []
+    for flag in ("html", "json"):
+        path = getattr(args, flag, None)
+        if path and command != "convert":
+            _check_output(path, f"--{flag} file", force=args.force, inputs=inputs, outputs=written)
+            written.append(path)
+
+
+def _check_tune_outputs(args, inputs: list[str]) -> None:
+    _check_model_output(args.input, args.output, force=args.force, inputs=inputs)
+    written = [args.output]
+    rules_out = args.rules_out or str(tune_rules_path(args.output))
+    for path, what in ((rules_out, "rules file"), (args.report, "--report file")):
+        if path:
+            _check_output(path, what, force=args.force, inputs=inputs, outputs=written)
+            written.append(path)
+
+
+def _loss_scale_options(args) -> dict:
+    """The convert command's loss-scale numbers and hints, as ``Options.loss_scale_options``."""
+    options = {key: value for key, value in (("start", args.loss_scale_start),
+                                             ("interval", args.loss_scale_interval),
+                                             ("factor", args.loss_scale_factor),
+                                             ("loss", args.loss)) if value is not None}
+    if args.grad:
+        options["grads"] = list(args.grad)
+    return options
+
+
+def _check_convert_outputs(args, inputs: list[str]) -> None:
+    """The converted model, then its side outputs."""
+    if same_file(args.input, args.output) and not args.in_place:
+        raise InputError(f"{args.output}: the output is the input; pass --in-place to overwrite it")
+    _check_model_output(args.input, args.output, force=args.force or args.in_place,
+                        inputs=[p for p in inputs if not same_file(p, args.output)])
+    written = [args.output]
+    for path, what, folder in ((args.report, "--report file", False),
+                               (args.html, "--html file", False),
+                               (args.tensorboard, "--tensorboard folder", True)):
+        if path:
+            _check_output(path, what, force=args.force, inputs=inputs, outputs=written,
+                          folder=folder)
+            written.append(path)
+
+
+def _check_model_output(src: str, dst: str, *, force: bool, inputs: list[str]) -> None:
+    """A converted model's path: a file, or a directory for a SavedModel (which saving checks
+    further: it replaces only a SavedModel)."""
+    if not is_saved_model(src):
+        _check_output(dst, "output", force=force, inputs=inputs)
+        return
+    check_container(src, dst)
+    if os.path.lexists(dst) and not force:
+        raise InputError(f"{dst}: already exists; pass --force to replace it")
+    _check_output(dst, "output", force=True, inputs=inputs, folder=True)
+    folder = os.path.dirname(os.path.abspath(dst))
+    if not os.access(folder, os.W_OK):   # a SavedModel is built beside its place, then renamed
+        raise InputError(f"{dst}: cannot write in {folder}: permission denied")
+
+
+def _refuse_misspelled_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """``amp-rewrite verfy a.pb b.pb`` would otherwise complain about a missing -o."""
+    if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
+        return
+    close = difflib.get_close_matches(argv[0], sorted(COMMANDS), n=1, cutoff=0.6)
+    if close:
+        parser.error(f"no file {argv[0]!r} and no command of that name; did you mean "
+                     f"'{PROG} {close[0]}'? (commands: {', '.join(sorted(COMMANDS))})")
+
+
+def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
+    """The command (``"convert"`` for a conversion) and its arguments; usage errors exit 2."""
+    if argv and argv[0] in COMMANDS:
+        return argv[0], _command_parser(argv[0]).parse_args(argv[1:])
+    parser = _convert_parser()
+    _refuse_misspelled_command(argv, parser)
+    args = parser.parse_args(argv)
+    args.loss_scale_options = _loss_scale_options(args)
+    return "convert", args
+
+
+# ----------------------------------------------------------------- running
+def _setup_logging(args) -> None:
+    level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    logger = logging.getLogger("amp_rewrite")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def _load_runner(verbose: bool):
+    """Import :data:`RUNNER_MODULE` (and with it TensorFlow) and let TensorFlow find its
+    devices, with the C++ lines both print (start-up notes, a CUDA error on machines without a
+    GPU driver) kept off stderr unless ``-v``: no environment variable silences them all."""
+    if verbose:
+        module = importlib.import_module(RUNNER_MODULE)
+        module.init_devices()
+        return module
+    try:
+        saved = os.dup(2)
+    except OSError:
+        return importlib.import_module(RUNNER_MODULE)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        sys.stderr.flush()
+        os.dup2(devnull, 2)
+        module = importlib.import_module(RUNNER_MODULE)
+        module.init_devices()
+        return module
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # TensorFlow's C++ chatter would bury our one-line messages; users can still set it
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    command, args = parse(argv)
+    _setup_logging(args)
+    try:
+        _check_paths(command, args)
+        code = _load_runner(args.verbose).run(command, args)
+        # a reader that went away meets the summary here, where it is exit 141, and not in
+        # the final flush of a block-buffered stdout (into a pipe), which cannot report it
+        sys.stdout.flush()
+        return code
+    except AmpRewriteError as exc:
+        if args.verbose:
+            traceback.print_exc()
+        one_line = " ".join(str(exc).split())  # messages quoting parsers may hold newlines
+        internal = "" if isinstance(exc, InputError) else "internal error (a bug in amp-rewrite): "
+        print(f"{PROG}: error: {internal}{one_line}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:   # stdout's reader went away (| head): not a bug, and no one to tell
+        return 141   # what a shell reports for a process SIGPIPE ended
+    except Exception as exc:  # our bug: one line unless -v
+        if args.verbose:
+            traceback.print_exc()
+        print(f"{PROG}: internal error (a bug in amp-rewrite): {type(exc).__name__}: {exc} "
+              "(run with -v for the traceback)", file=sys.stderr)
+        return INTERNAL_EXIT
+
+
+def console() -> NoReturn:
+    """The ``amp-rewrite`` command (and ``python -m amp_rewrite``): :func:`main`, then the
+    process ends without tearing the interpreter down.
+
+    Everything the command writes is complete by then (files through a rename, or closed;
+    stdout, stderr and the log flushed here); what a normal exit would add is TensorFlow's
+    teardown, about 1.2 s of every run (BENCHMARKS.md "Conversion speed"), done for a process
+    that ends anyway. :func:`main` itself returns, for callers in a process that goes on.
+    """
+    code = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a closed pipe (| head): what was lost is lost either way
+            pass
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    console()

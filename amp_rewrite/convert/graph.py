@@ -1,0 +1,192 @@
+"""One graph and the functions it reaches, converted: the per-graph driver every format uses.
+
+:func:`convert_graph` takes a ``MetaGraphDef`` (a GraphDef file is wrapped in one, a SavedModel
+brings one per tag set) and runs, in order: the input checks, optional constant folding, the
+graph's own nodes through :func:`~amp_rewrite.convert.rewrite.rewrite`, loss scaling where it
+trains, then every library function it reaches
+(:func:`~amp_rewrite.convert.library.paint_library`). The
+MetaGraph's signature tensors are its interface and keep their dtypes; the functions its object
+graph restores keep their signatures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from ..check import lint
+from ..core import hardware
+from ..core.dtypes import TARGETS
+from ..core.errors import InputError, LintError
+from ..core.ir import Graph, copy_except
+from ..report.decisions import Report
+from ..rules.loader import RuleSet, load_rules
+from ..schema.functiondef import check_call_types
+from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
+from ..schema.snapshot import Before
+from ..training.config import HINTS, scale_config
+from ..training.in_functions import scale_train_functions
+from ..training.in_graph import add_function_state, add_loss_scaling, function_train_steps
+from ..transforms import bnfold, constfold
+from ..transforms.emulate import emulate_float16
+from .library import kept, paint_library, rules_for, split_keep
+from .rewrite import Target, rewrite
+
+log = logging.getLogger(__name__)
+
+DEVICES = {"gpu": "GPU", "cpu": "CPU"}
+# The least matrix intensity (FLOPs per element moved, costs.matrix_intensity) an island's
+# biggest matrix op needs for the island to go to 16 bits, by (target, device). bfloat16 on a
+# CPU (AVX512-BF16, BENCHMARKS.md): an isolated bfloat16 MatMul between casts breaks even near
+# 50 and gains 1.34x at 128, while a training step whose widest layer is 64 lost 5%; 128 keeps
+# such models float32. Elsewhere 0, as grappler: float16 on a CPU is for checking numbers, not
+# speed, and GPUs could not be measured here.
+DEFAULT_MIN_INTENSITY = {("bfloat16", "cpu"): 128.0}
+
+
+@dataclass
+class Options:
+    """What one conversion is asked to do (the CLI flags, as data)."""
+
+    target: str = "float16"
+    device: str = "gpu"
+    rules: RuleSet | Sequence[str | os.PathLike] | None = None
+    keep: Sequence[str] = ()
+    lowp_io: bool = False
+    loss_scale: str | None = None          # "dynamic", "none" or a number; None: by target
+    loss_scale_options: dict = field(default_factory=dict)
+    fold_constants: bool = False           # fold Const-only float32 subgraphs first
+    min_matrix_intensity: float | None = None   # None: by device (DEFAULT_MIN_INTENSITY)
+    emulate: bool = False                  # float16's float32 emulation (amp_rewrite.transforms.emulate)
+    cost_aware: bool = False               # never slower than float32 on this machine
+
+    def rule_set(self) -> RuleSet:
+        if isinstance(self.rules, RuleSet):
+            return self.rules
+        return load_rules(self.target, list(self.rules or ()))
+
+    def check(self) -> None:
+        if self.target not in TARGETS:
+            raise InputError(f"unknown target {self.target!r}: choose float16 or bfloat16")
+        if self.device not in DEVICES:
+            raise InputError(f"unknown device {self.device!r}: choose gpu or cpu")
+        if self.emulate and self.target != "float16":
+            raise InputError("--emulate emulates float16: use it with --target float16")
+        if self.emulate and self.lowp_io:
+            raise InputError("--emulate keeps the graph's interface float32: drop --lowp-io")
+        if self.min_matrix_intensity is not None and not self.min_matrix_intensity >= 0:
+            raise InputError(f"--min-matrix-intensity must be 0 or more, not "
+                             f"{self.min_matrix_intensity!r}")
+
+    def painting_target(self) -> Target:
+        """The target painting works for: dtype, device type, least matrix intensity."""
+        least = self.min_matrix_intensity
+        if least is None:
+            least = DEFAULT_MIN_INTENSITY.get((self.target, self.device), 0.0)
+        if self.cost_aware and self.slower_here():
+            least = math.inf   # no island gains here: every one stays float32 (paint.islands)
+        return Target(self.target, DEVICES[self.device], float(least))
+
+    def slower_here(self) -> bool:
+        """Whether the conversion asked for runs slower than float32 on this machine:
+        bfloat16 for a CPU that has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16)."""
+        return ((self.target, self.device) == ("bfloat16", "cpu")
+                and hardware.bf16_matrix_unit() is None)
+
+
+def _hint_folding(report: Report) -> None:
+    """Matrix ops kept float32 because their activations would run unfused, in a graph
+    --fold-constants could fold: folded, a trained batch norm becomes a bias TensorFlow fuses
+    (README "--fold-constants"); an untrained one folds away, so this says "may"."""
+    text = (f"{report.extra['unfused_kept']} matrix ops stayed float32 because their "
+            "activations would run unfused in bfloat16 (code cost); the graph has no variables, "
+            "and --fold-constants may let TensorFlow fuse them: it folds batch norms into the "
+            "convolutions as biases")
+    report.warnings.append(text)
+    log.warning(text)
+
+
+def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
+                  rules: RuleSet | None = None,
+                  loss_scaling: bool = True) -> tuple[meta_graph_pb2.MetaGraphDef, Report]:
+    """Convert ``meta_graph``'s graph and the functions it reaches; returns a new MetaGraphDef
+    (the input is not changed) and the report.
+
+    ``rules`` defaults to ``options.rule_set()``; ``loss_scaling=False`` leaves a graph that
+    trains unscaled whatever ``options`` ask (SavedModels, see README).
+    """
+    options.check()
+    rules = rules or options.rule_set()
+    meta = meta_graph_pb2.MetaGraphDef()
+    copy_except(meta_graph, meta, "graph_def")   # the graph is written once converted
+    source = meta_graph.graph_def
+    problems = check_call_types(source)
+    if problems:  # the input's fault: the same check on the output would call it ours
+        raise InputError(f"the input graph is not valid: {problems[0]}")
+    interface = signature_tensors(meta)
+    if options.fold_constants:
+        source = constfold.fold_constants(source, set(options.keep) | interface)
+    graph, added = graph_with_defaults(source)
+    keep = kept(interface=interface, user=split_keep(options.keep, graph, source.library))
+    fused = (bnfold.fold_batch_norms(graph, set(keep)) if options.fold_constants
+             and not constfold.has_variables(source) else None)
+    calls = {f.signature.name: f.signature for f in source.library.function}
+    main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
+    target = options.painting_target()
+    report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
+                             calls=calls)
+    if fused is not None and (fused.scales_folded or fused.bias_adds):
+        report.extra["fusion"] = fused.summary()
+    if report.extra.get("unfused_kept") and not options.fold_constants \
+            and not constfold.has_variables(source):
+        _hint_folding(report)
+    config = scale_config(options.loss_scale, options.target,
+                          dict(options.loss_scale_options or {})) if loss_scaling else None
+    steps, state = _scale_graph(graph, before, meta, source.library, config, options, main_rules,
+                                report) if config is not None else ([], None)
+    out = graph.to_graph_def(source, into=meta.graph_def)
+    strip_graph_defaults(out, added)
+    paint_library(out, rules, report, target, keep=options.keep,
+                  roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
+    if state is not None:   # a train step in a library function: scaled once painted
+        scale_train_functions(meta, steps, config, report)
+        report.extra["loss_scaling"].update(state)
+    if options.emulate:
+        emulated, count = emulate_float16(meta.graph_def)
+        meta.graph_def.CopyFrom(emulated)
+        report.extra["emulation"] = {"ops": count, "summary": f"{count} float16 ops computed "
+                                     "in float32 on values rounded to float16"}
+    # every step above linted what it edited; the calls between the graph and its functions
+    # are checked once more on the final graph, as on the input
+    problems = check_call_types(meta.graph_def)
+    if problems:
+        raise LintError(problems)
+    return meta, report
+
+
+def _scale_graph(work: Graph, original: Before, meta, library, config, options: Options,
+                 rules: RuleSet, report: Report) -> tuple[list[str], dict | None]:
+    """Loss scaling in the graph's own nodes, in place; or, when its train step is a library
+    function it calls, the state variables in the graph: returns those functions and what the
+    report says of the state, for :func:`scale_train_functions` once the library is painted."""
+    hints = {k: v for k, v in (options.loss_scale_options or {}).items() if k in HINTS}
+    steps = function_train_steps(work, library)
+    state = add_function_state(work, meta, steps, config, hints, report) if steps else None
+    if state is not None or add_loss_scaling(work, meta, config, hints, report):
+        lint.lint(work, original=original, rules=rules)
+    return steps, state
+
+
+def signature_tensors(meta_graph: meta_graph_pb2.MetaGraphDef) -> set[str]:
+    """Node names behind the MetaGraph's signature inputs and outputs (the interface)."""
+    names: set[str] = set()
+    for sig in meta_graph.signature_def.values():
+        for info in list(sig.inputs.values()) + list(sig.outputs.values()):
+            if info.name:
+                names.add(info.name.split(":")[0].lstrip("^"))
+    return names

@@ -1,0 +1,190 @@
+"""A whole conversion: load -> every graph through
+:func:`~amp_rewrite.convert.graph.convert_graph` -> save.
+
+:func:`convert_file` goes from a path to a path, :func:`convert_model` from a loaded
+:class:`~amp_rewrite.io.load.Model` to a converted one, :func:`convert` from a GraphDef in memory
+to a GraphDef. Each returns the :class:`~amp_rewrite.report.decisions.Report`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+from tensorflow.core.framework import graph_pb2
+
+from ..core import hardware
+from ..core.errors import InputError, RuleError, UnsupportedGraphError
+from ..io.files import check_container, same_file
+from ..io.load import Model, load
+from ..io.save import save
+from ..report.decisions import Report
+from ..rules.loader import RuleSet
+from ..training.config import scale_config
+from ..training.detect import training_parts
+from ..training.in_functions import add_saved_model_loss_scaling
+from ..training.state import SCOPE
+from .graph import Options, convert_graph
+from .library import merge_report, warn_unmatched
+
+log = logging.getLogger(__name__)
+
+
+def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, *,
+                 force: bool = False, in_place: bool = False, **options) -> Report:
+    """Load ``input_path``, convert it, and write ``output_path`` atomically.
+
+    The input is never overwritten unless ``in_place`` is set; an existing output is only
+    replaced with ``force``. Options are those of :class:`Options`.
+    """
+    src, dst = Path(input_path), Path(output_path)
+    if same_file(src, dst) and not in_place:
+        raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
+    check_container(src, dst)
+    opts = Options(**options)
+    opts.check()
+    try:
+        converted, report = convert_model(load(src), opts)
+    except InputError as exc:
+        # errors found in the graph name a node; the user also needs to know which file
+        if not isinstance(exc, RuleError) and not str(exc).startswith(str(src)):
+            exc.args = (f"{src}: {exc}",)
+        raise
+    save(converted, dst, force=force or in_place)
+    return report
+
+
+def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
+    """Convert every graph of ``model``; returns the converted model (``model`` is not changed)
+    and one report (nodes of a SavedModel's second and later MetaGraphs named ``[tags]/name``)."""
+    with _collector_paused():
+        return _convert_model(model, options)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector for the duration.
+
+    A conversion allocates several container objects per node that all live until it ends, so
+    the collector's full passes, triggered by the allocations themselves, walk every one of them
+    again and again: 40% of the conversion time on a 30k-node graph (BENCHMARKS.md "Conversion
+    speed"). Reference counting still frees what the conversion drops; the few cycles it makes
+    are collected once the collector runs again.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
+    options.check()
+    rules = options.rule_set()
+    saved = model.kind == "savedmodel"
+    config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
+    if saved:
+        if options.emulate:
+            raise UnsupportedGraphError(f"{model.path}: --emulate applies to graph files (a "
+                                        "SavedModel's ops live in functions); freeze a signature "
+                                        "first (README \"Frozen graphs from a SavedModel\")")
+        if config is not None:
+            _refuse_saved_model_training(model, options)
+        options = _without_folding(options)
+    converted, report, added = [], None, {}
+    for meta in model.meta_graphs:
+        new, sub = convert_graph(meta, options, rules=rules, loss_scaling=not saved)
+        if saved and config is not None:
+            state = add_saved_model_loss_scaling(new, config, sub)
+            if state is not None and added:
+                raise UnsupportedGraphError(f"{model.path}: train functions in more than one "
+                                            "MetaGraph; loss-scale state is added to one")
+            added = {SCOPE: state} if state is not None else added
+        converted.append(new)
+        if report is None:
+            report = sub
+        else:
+            merge_report(report, "[" + ",".join(meta.meta_info_def.tags) + "]", sub)
+    warn_unmatched(rules, report)
+    _warn_if_slower_here(options)
+    return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
+
+
+def _warn_if_slower_here(options: Options) -> None:
+    """bfloat16 for a CPU that has no bfloat16 matrix unit runs slower than float32 there: say
+    so (the model may be meant for another machine, so it is converted all the same). Logged,
+    not in the report: the report depends on the input and options only, not on the machine."""
+    if not options.slower_here():
+        return
+    if options.cost_aware:
+        log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): "
+                    "--cost-aware kept every island float32, so the model runs as fast as the "
+                    "input here", hardware.describe())
+        return
+    log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): the "
+                "converted model runs slower than float32 here; it is for CPUs that have one "
+                "(README \"Which CPUs gain from bfloat16\"; --cost-aware keeps it float32 "
+                "here)", hardware.describe())
+
+
+def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str = "gpu",
+            rules: RuleSet | Sequence[str | os.PathLike] | None = None,
+            keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool = False,
+            min_matrix_intensity: float | None = None,
+            cost_aware: bool = False) -> tuple[graph_pb2.GraphDef, Report]:
+    """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
+
+    The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
+    device unplaced nodes will run on (``"gpu"`` or ``"cpu"``), which decides which kernels
+    exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
+    ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
+    float32 subgraphs first (graphs without variables); ``min_matrix_intensity`` is the least
+    matrix work per element moved that a 16-bit island needs (None: 128 for bfloat16 on CPU, else 0;
+    README "Small matrix ops stay float32"); ``cost_aware`` keeps float32 what would run slower
+    than float32 on this machine (bfloat16 on a CPU with no bfloat16 matrix unit; README "Which
+    CPUs gain from bfloat16"). Painting and casts only: loss scaling needs the
+    MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
+    """
+    options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io,
+                      fold_constants=fold_constants, loss_scale="none",
+                      min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware)
+    converted, report = convert_model(Model.of_graph_def(graph_def), options)
+    return converted.graph_def, report
+
+
+def _refuse_saved_model_training(model: Model, options: Options) -> None:
+    """Refuse loss scaling of a SavedModel whose graph itself trains (TF1 style): its state
+    would need the TF1 saver's functions extended, which amp-rewrite does not do. TF2 train
+    steps (library functions) are scaled by :func:`add_saved_model_loss_scaling`. Called
+    when loss scaling is asked for."""
+    for meta in model.meta_graphs:
+        if "the graph" not in training_parts(meta.graph_def):
+            continue
+        if options.target != "float16":
+            raise UnsupportedGraphError(
+                f"{model.path}: the graph trains (a TF1 train op in a SavedModel); amp-rewrite "
+                f"adds no loss scaling to those, and {options.target} needs none: drop "
+                f"--loss-scale {options.loss_scale}")
+        raise UnsupportedGraphError(
+            f"{model.path}: the graph trains (a TF1 train op in a SavedModel); float16 training "
+            "needs loss scaling, which amp-rewrite adds to TF1 training graphs saved as a "
+            "MetaGraph (.meta) and to TF2 train-step functions, not to a TF1 SavedModel's graph. "
+            "Convert its MetaGraph (.meta), or use --target bfloat16 (no loss scaling needed), "
+            "or --loss-scale none (small gradients may underflow to zero)")
+
+
+def _without_folding(options: Options) -> Options:
+    if options.fold_constants:
+        log.warning("--fold-constants: a SavedModel's weights are variables; nothing to fold")
+    return dataclasses.replace(options, fold_constants=False)
+
+
+__all__ = ["Options", "convert", "convert_file", "convert_graph", "convert_model"]

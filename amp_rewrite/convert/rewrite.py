@@ -1,0 +1,84 @@
+"""One graph, painted and cast: the core every graph and every function body goes through.
+
+:func:`rewrite` takes an IR graph that nothing outside it calls into (a graph's own nodes, or a
+function body with its arguments and results kept float32) and converts it in place:
+:func:`~amp_rewrite.check.input.check_input`, then painting, casts, the
+:class:`~amp_rewrite.report.decisions.Report` and the lint.
+Function libraries, loss scaling and file formats are the callers' business.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Mapping
+
+from tensorflow.core.framework import op_def_pb2
+
+from ..check import lint
+from ..check.input import check_input
+from ..core.dtypes import TARGETS
+from ..core.ir import Graph
+from ..paint import paint
+from ..report.decisions import Report, build_report
+from ..rules.loader import RuleSet
+from ..schema.opdefs import set_call_signature
+from ..schema.snapshot import Before
+from ..transforms import casts, upgrades
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class Target:
+    """What a conversion aims at: the dtype (``"float16"``/``"bfloat16"``), the device type
+    unplaced nodes run on (``"GPU"``/``"CPU"``), and the least matrix work per element of data
+    moved (:func:`~amp_rewrite.paint.costs.matrix_intensity`) worth moving to 16 bits (0: any)."""
+
+    dtype: str
+    device: str
+    min_intensity: float = 0.0
+
+
+def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
+            keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
+            calls: Mapping[str, op_def_pb2.OpDef] | None = None) -> tuple[Report, Before]:
+    """Convert ``graph`` for ``target``, in place; returns the report and the record of what
+    the graph was (:class:`Before`, for later lints: the graph itself is not copied).
+
+    ``calls`` maps library function names to their signatures: a node whose op is one of them
+    (a direct call) is typed by the signature.
+
+    ``keep`` maps nodes whose dtypes must not change to the ``(code, reason)`` they are kept
+    for (see :func:`~amp_rewrite.paint.paint`).
+    Raises :class:`InputError` for a graph TensorFlow would not import (the graph is then not
+    changed), :class:`LintError` if the result fails the lint (our bug).
+    """
+    for node in graph.nodes():
+        if calls and node.op in calls:
+            set_call_signature(node, calls[node.op])
+    check_input(graph)
+    before = Before(graph)
+    upgraded = upgrades.upgrade(graph, target.device)
+    painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
+                     lowp_io=lowp_io, min_intensity=target.min_intensity)
+    stats = casts.apply_painting(graph, painting, before)
+    upgrades.restore(graph, upgraded)
+    report = build_report(graph, before, painting, target=target.dtype, device=target.device,
+                          rules=rules)
+    report.casts_added = stats.added
+    report.casts_removed = stats.removed
+    report.consts_converted = stats.consts
+    if painting.unfused_kept:
+        report.extra["unfused_kept"] = painting.unfused_kept
+    if before.unregistered_ops:
+        report.warnings.append("ops not registered with TensorFlow left as they are: "
+                               + ", ".join(sorted(before.unregistered_ops)))
+    if before.low_precision:
+        report.warnings.append(f"the input already has {len(before.low_precision)} "
+                               f"low-precision nodes (e.g. {before.low_precision[0]!r}); they are "
+                               "left as they are")
+    lint.lint(graph, original=before, rules=rules,
+              only=stats.touched_and_readers(graph) | set(upgraded))
+    for w in report.warnings:
+        log.warning(w)
+    return report, before

@@ -1,0 +1,322 @@
+"""How much matrix work an op does per element of data it moves, from the shapes of its weights.
+
+A MatMul with a weight of shape (p, q) does 2·p·q FLOPs for every row it reads (p elements)
+and writes (q elements); a convolution with a kh×kw×cin×cout filter does 2·kh·kw·cin·cout
+FLOPs per output pixel, for about cin elements read and cout written. Their ratio, FLOPs per
+element moved (:func:`matrix_intensity`), does not depend on the batch, so it is known before
+running. Where it is small the op is memory-bound: the casts around it and its low-precision
+neighbours cost more than the 16-bit matrix unit saves (measured on an AVX512-BF16 CPU, an
+isolated bfloat16 MatMul between casts breaks even near 50; see BENCHMARKS.md "Small matrix
+ops").
+
+A weight is a Const, a variable read, or what an op's output updates (a weight gradient
+feeds the variable's update); other shapes are not inferred (None: unknown).
+
+:func:`runtime_estimate` weighs a whole island on a CPU with a bfloat16 matrix unit: time its
+matrix ops save (per FLOP) against time its activations lose where TensorFlow runs them in
+bfloat16 with Eigen loops slower than its float32 ones (per element), unless the oneDNN remapper
+fuses them into the convolution or MatMul before them. Both rates were measured on an
+AVX512-BF16 CPU (BENCHMARKS.md "Op costs in bfloat16 on this CPU"); a CPU with AMX saves more
+per FLOP, so there the estimate errs towards float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.dtypes import FLOATING
+from ..core.errors import InputError
+from ..core.ir import Graph, Node, TensorRef
+from ..core.ops import ENTER_OPS, MATRIX_OPS, is_variable_write
+from ..schema.consts import values_or_listed
+from ..schema.shapes import Shapes, const_behind
+
+# ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
+_PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
+                           "AddN", "CollectiveReduce", "CollectiveReduceV2", "NcclAllReduce",
+                           "HorovodAllreduce"}) | ENTER_OPS
+_FILTER = {"Conv2D": 1, "Conv2DBackpropInput": 1, "Conv2DBackpropFilter": 1, "Conv3D": 1,
+           "Conv3DBackpropInputV2": 1, "Conv3DBackpropFilterV2": 1, "DepthwiseConv2dNative": 1,
+           "DepthwiseConv2dNativeBackpropInput": 1, "DepthwiseConv2dNativeBackpropFilter": 1}
+# ops whose filter input is the filter's shape (a Const of ints), not the filter
+_FILTER_SIZES = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2",
+                           "DepthwiseConv2dNativeBackpropFilter"})
+
+
+def matrix_intensity(graph: Graph, node: Node) -> float | None:
+    """FLOPs per element of activations read and written, or None when not known."""
+    if node.op == "MatMul":
+        shape = _weight_shape(graph, node)
+        if shape is None or len(shape) != 2:
+            return None
+        p, q = shape
+        return 2.0 * p * q / (p + q) if p + q else None
+    if node.op in _FILTER:
+        shape = _filter_shape(graph, node)
+        if shape is None or len(shape) < 4:
+            return None
+        window, cin, cout = math.prod(shape[:-2]), shape[-2], shape[-1]
+        if node.op.startswith("Depthwise"):   # cout is a channel multiplier
+            return 2.0 * window * cout / (1 + cout)
+        return 2.0 * window * cin * cout / (cin + cout) if cin + cout else None
+    return None
+
+
+def _weight_shape(graph: Graph, node: Node) -> list[int] | None:
+    for ref in graph.inputs(node.name):
+        shape = _stored_shape(graph, ref.node)
+        if shape is not None:
+            return shape
+    return _updated_shape(graph, node.name)   # a weight gradient: the shape of what it updates
+
+
+def _filter_shape(graph: Graph, node: Node) -> list[int] | None:
+    ref = graph.inputs(node.name)[_FILTER[node.op]]
+    if node.op in _FILTER_SIZES:
+        src = graph.node(ref.node)
+        if src.op == "Const" and src.attr["value"].tensor.int_val:
+            return list(src.attr["value"].tensor.int_val)
+        return _updated_shape(graph, node.name)
+    return _stored_shape(graph, ref.node)
+
+
+def _stored_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
+    """The static shape of a stored value (Const, variable) reaching ``name`` unchanged."""
+    node = graph.node(name)
+    if node.op == "Const":
+        dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
+        return dims if all(d >= 0 for d in dims) else None
+    if node.op in ("VarHandleOp", "VariableV2", "Variable"):
+        dims = [d.size for d in node.attr["shape"].shape.dim] if "shape" in node.attr else []
+        return dims if dims and all(d >= 0 for d in dims) else None
+    if node.op in _PASS_THROUGH and depth:
+        inputs = graph.inputs(name)
+        if inputs:
+            return _stored_shape(graph, inputs[0].node, depth - 1)
+    return None
+
+
+def _updated_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
+    """The shape of the variable a value updates (through pass-through ops), if it does."""
+    for reader, port in graph.consumers(name):
+        node = graph.node(reader)
+        if is_variable_write(node.op) and port > 0:
+            shape = _stored_shape(graph, graph.inputs(reader)[0].node)
+            if shape is not None:
+                return shape
+        if node.op in _PASS_THROUGH and depth:
+            shape = _updated_shape(graph, reader, depth - 1)
+            if shape is not None:
+                return shape
+    return None
+
+
+# bfloat16 on a CPU with a bfloat16 matrix unit, against float32 (BENCHMARKS.md "Op costs in
+# bfloat16 on this CPU", AVX512-BF16): a Conv2D or a MatMul saves about 0.9 ps per FLOP
+# (0.89-0.95 measured; a depthwise convolution 1.8, taken as 0.9 too: it is a small share) ...
+SAVED_PS_PER_FLOP = 0.9
+# ... and these ops, where nothing fuses them, lose this much per element they write (in whole
+# models about as much: MobileNetV2's 35 Relu6 lost 250 ps per element, DenseNet121's Relu 80).
+# Binary elementwise ops are left out: in whole models grappler folds a batch norm's Mul and Add
+# into the convolution, and half the bytes outweigh the slower loop (DenseNet121's Mul and
+# ConcatV2, EfficientNetB0's Mul ran faster in bfloat16 than in float32).
+EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "LeakyRelu": 101,
+                        "Sigmoid": 706, "Tanh": 198, "Softplus": 886, "Erf": 235, "Exp": 163}
+# what TensorFlow's remapper (grappler remapper.cc) fuses on a CPU into each contraction + bias:
+# Tanh and Sigmoid only after a MatMul, LeakyRelu not after a depthwise convolution
+_FUSES = {"Conv2D": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"}),
+          "DepthwiseConv2dNative": frozenset({"Relu", "Relu6", "Elu"}),
+          "MatMul": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})}
+# activations that folding batch norms into convolutions (--fold-constants) can make fusable
+FOLDING_FUSES = _FUSES["Conv2D"] | _FUSES["DepthwiseConv2dNative"]
+
+
+@dataclass
+class Estimate:
+    """An island's time in bfloat16 against float32, in microseconds a run of the shapes the
+    graph states (an open batch counted as 1)."""
+
+    flops: float = 0.0                    # matrix FLOPs per sample
+    saved_us: float = 0.0                 # what the matrix ops save
+    lost_us: float = 0.0                  # what the unfused slow ops lose
+    slow: dict[str, int] = field(default_factory=dict)   # op -> how many unfused
+
+    @property
+    def slower(self) -> bool:
+        return self.lost_us > self.saved_us
+
+    def describe(self, tname: str) -> str:
+        """The reason an island stays float32, from "whose" on."""
+        ops = ", ".join(f"{n} {op}" for op, n in sorted(self.slow.items()))
+        return (f"whose unfused {tname} activations ({ops}) would lose about "
+                f"{self.lost_us:.0f} µs a run on a CPU, more than the {self.saved_us:.0f} µs its "
+                f"{self.flops / 1e6:.0f} MFLOPs of matrix work save (shapes as the graph states "
+                "them, an open batch as 1; BENCHMARKS.md \"Op costs in bfloat16 on this CPU\"; "
+                "--min-matrix-intensity 0 paints it anyway)")
+
+
+def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None) -> bool:
+    """Whether ``node`` is an op whose bfloat16 CPU kernel is slower than its float32 one and
+    that TensorFlow's remapper will not fuse into the contraction before it (or, a Sigmoid, into
+    a Swish). ``island``: the names painted with it; a contraction outside it is float32, and
+    the cast between them stops the fusion."""
+    if node.op not in EXTRA_PS_PER_ELEMENT:
+        return False
+    inputs = graph.inputs(node.name)
+    if not inputs:
+        return False
+    if node.op == "Sigmoid" and _swish(graph, node, inputs[0]):
+        return False
+    contraction = _biased_contraction(graph, node, inputs[0], island)
+    return contraction is None or node.op not in _FUSES[contraction.op]
+
+
+def _swish(graph: Graph, node: Node, x: TensorRef) -> bool:
+    """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish."""
+    if not graph.read_once(node.name):
+        return False
+    reader, port = graph.consumers(node.name)[0]
+    return graph.node(reader).op == "Mul" and port < 2 and graph.inputs(reader)[1 - port] == x
+
+
+def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
+                        island: set[str] | None) -> Node | None:
+    """The contraction the remapper would fuse ``act`` into, or None. ``ref`` must be a bias
+    added to a Conv2D's, depthwise convolution's or MatMul's output: a BiasAdd whose bias is not
+    all zeros (grappler's constant folding removes an add of zeros), or an add of a non-zero
+    Const with one value per output channel after an NHWC contraction; between them may sit a
+    Mul by a Const vector that constant folding multiplies into an NHWC Conv2D's Const filter.
+    Each step is the only reader of the one before, none has control edges, and all are in
+    ``island`` where one is given."""
+    if ref.port or _controlled(graph, act.name):
+        return None
+    bias = graph.node(ref.node)
+    if bias.op not in ("BiasAdd", "Add", "AddV2") or not _sole_step(graph, bias.name, island):
+        return None
+    inputs = graph.inputs(bias.name)
+    if len(inputs) != 2:
+        return None
+    if bias.op == "BiasAdd":
+        src, vec = inputs[0], _float_const(graph, inputs[1])
+        if vec is not None and not _nonzero(vec):
+            return None
+    else:
+        consts = [(i, c) for i, r in enumerate(inputs) if (c := _float_const(graph, r)) is not None]
+        if len(consts) != 1:
+            return None
+        src, vec = inputs[1 - consts[0][0]], consts[0][1]
+        dims = [d.size for d in vec.attr["value"].tensor.tensor_shape.dim]
+        if not dims or any(d != 1 for d in dims[:-1]) or not _nonzero(vec):
+            return None
+    up = graph.node(src.node)
+    if up.op == "Mul" and _sole_step(graph, up.name, island):
+        muls = graph.inputs(up.name)
+        scaled = [i for i, r in enumerate(muls) if _float_const(graph, r) is not None]
+        conv = graph.node(muls[1 - scaled[0]].node) if len(scaled) == 1 else None
+        if (conv is not None and conv.op == "Conv2D" and _nhwc(conv)
+                and _float_const(graph, graph.inputs(conv.name)[1]) is not None):
+            up = conv
+    if up.op not in _FUSES or not _sole_step(graph, up.name, island) or src.port:
+        return None
+    if bias.op != "BiasAdd":   # an add counts as a bias with one value per channel, NHWC
+        channels = _out_channels(graph, up)
+        if not _nhwc(up) or channels is None or dims[-1] != channels:
+            return None
+    return up
+
+
+def _controlled(graph: Graph, name: str) -> bool:
+    return bool(graph.control_inputs(name) or graph.control_consumers(name))
+
+
+def _sole_step(graph: Graph, name: str, island: set[str] | None) -> bool:
+    """One data reader, no control edges, and painted with the rest where that is known."""
+    return (graph.read_once(name) and not graph.control_inputs(name)
+            and (island is None or name in island))
+
+
+def _nhwc(node: Node) -> bool:
+    return "data_format" not in node.attr or node.attr["data_format"].s in (b"NHWC", b"")
+
+
+def _out_channels(graph: Graph, node: Node) -> int | None:
+    if node.op == "MatMul":
+        shape = _stored_shape(graph, graph.inputs(node.name)[1].node)
+        if shape is None or len(shape) != 2:
+            return None
+        return shape[0] if node.attr["transpose_b"].b else shape[1]
+    shape = _filter_shape(graph, node)
+    if shape is None or len(shape) != 4:
+        return None
+    return shape[2] * shape[3] if node.op.startswith("Depthwise") else shape[3]
+
+
+def _float_const(graph: Graph, ref: TensorRef) -> Node | None:
+    """The float Const ``ref`` reads (through Identity), or None; its values are not read."""
+    node = const_behind(graph, ref)
+    return node if node is not None and node.attr["value"].tensor.dtype in FLOATING else None
+
+
+def _nonzero(node: Node) -> bool:
+    """Whether a Const holds a value other than zero (a splat read as listed, not expanded);
+    a malformed one counts as no bias."""
+    try:
+        return bool(values_or_listed(node).any())
+    except InputError:
+        return False
+
+
+def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
+    """Time the nodes ``names`` (an island) save and lose in bfloat16 on a CPU, or
+    None where a matrix op's FLOPs or a slow op's elements are not known from the graph (a
+    gradient's convolution, an Einsum: their FLOPs are not worked out). An island with no
+    unfused slow op loses nothing (an empty estimate), and no shape is worked out for it."""
+    est = Estimate()
+    members = set(names)
+    island = sorted(members)
+    slow = [name for name in island if slow_unfused(graph, graph.node(name), members)]
+    if not slow:
+        return est
+    for name in slow:
+        op = graph.node(name).op
+        count = shapes.elements(TensorRef(name, 0))
+        if count is None:
+            return None
+        est.lost_us += count * EXTRA_PS_PER_ELEMENT[op] * 1e-6
+        est.slow[op] = est.slow.get(op, 0) + 1
+    for name in island:
+        node = graph.node(name)
+        if node.op in MATRIX_OPS:
+            if node.op not in _FLOPS_PER_OUTPUT:
+                return None
+            per = _FLOPS_PER_OUTPUT[node.op](graph, shapes, node)
+            count = shapes.elements(TensorRef(name, 0))
+            if per is None or count is None:
+                return None
+            est.flops += per * count
+    est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
+    return est
+
+
+def _conv_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
+    f = _filter_shape(graph, node)
+    if f is None or len(f) != 4:
+        return None
+    return 2.0 * f[0] * f[1] * (f[2] if node.op == "Conv2D" else 1)
+
+
+def _matmul_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
+    a = shapes.shape(graph.inputs(node.name)[0])
+    if a is None or len(a) < 2:
+        return None
+    if node.op == "MatMul":
+        inner = a[0] if node.attr["transpose_a"].b else a[1]
+    else:
+        inner = a[-2] if node.attr["adj_x"].b else a[-1]
+    return 2.0 * inner if inner > 0 else None
+
+
+_FLOPS_PER_OUTPUT = {"Conv2D": _conv_flops, "DepthwiseConv2dNative": _conv_flops,
+                     "MatMul": _matmul_flops, "BatchMatMul": _matmul_flops,
+                     "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops}

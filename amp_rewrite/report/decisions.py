@@ -1,0 +1,269 @@
+"""The conversion report: per-node decisions with reasons, counts, and ``explain`` chains.
+
+Decisions and reasons are read off what painting recorded; nothing is recomputed. Precisions
+and counts are read off the converted graph: what the output holds, whoever put it there (a
+graph converted before counts as low precision). The JSON schema (``Report.to_dict``) is
+documented in README.md and versioned by ``schema_version``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from ..core.dtypes import BFLOAT16, FLOAT, HALF, dtype_name
+from ..core.ir import Graph
+from ..core.ops import MATRIX_OPS
+from ..paint import Painting
+from ..schema.opdefs import get_dtype, node_types
+from ..schema.snapshot import Before
+
+SCHEMA_VERSION = 1
+_LOWP_NAMES = {HALF: "float16", BFLOAT16: "bfloat16"}
+
+# How explain shows a decision's ``via`` nodes, by code: what they are to the node. A deny
+# path is a real data path (deny spreads along data edges); the others are not paths.
+_VIA = {
+    "deny_propagated": "deny path",
+    "between_allow": "between",
+    "clear_spread": "next to (painted)",
+    "follows_allow": "fed by (painted)",
+    "loop_match": "tied through the loop back edge to",
+    "tensorlist_match": "same TensorList as",
+    "tensorlist_float32": "same TensorList as",
+}
+
+
+@dataclass
+class NodeReport:
+    name: str
+    op: str
+    precision: str          # what the output holds: "float32", "float16", "bfloat16", "mixed", "none"
+    code: str               # the decision code (README: "Decision codes")
+    reason: str             # the sentence explain prints
+    via: list[str] = field(default_factory=list)
+    attrs: dict[str, str] = field(default_factory=dict)   # type attr -> dtype after conversion
+
+
+@dataclass
+class Report:
+    target: str
+    device: str
+    rules: list[str]
+    env: list[str]
+    level: str
+    nodes: list[NodeReport]
+    casts_added: list[str] = field(default_factory=list)
+    casts_removed: list[str] = field(default_factory=list)
+    consts_converted: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    scopes: list[str] = field(default_factory=list)   # prefixes of merged nodes: functions, [tags]
+    extra: dict = field(default_factory=dict)   # sections added by later passes (loss scaling ...)
+
+    # ------------------------------------------------------------- nodes by name
+    def node(self, name: str) -> NodeReport | None:
+        """The node of that exact name (``function/node`` inside functions), or None."""
+        return self._by_name().get(name)
+
+    def find(self, name: str) -> NodeReport:
+        """The node ``name`` means: its exact name, else the one node that has this name inside
+        a function or MetaGraph (``__inference_call_123/dense/MatMul`` for ``dense/MatMul``).
+        Raises :class:`LookupError` with a one-line message: ambiguous, or close names."""
+        found = self.node(name)
+        if found is not None:
+            return found
+        scoped = [self._by_name()[f"{scope}/{name}"] for scope in self.scopes
+                  if f"{scope}/{name}" in self._by_name()]
+        if len(scoped) == 1:
+            return scoped[0]
+        if scoped:
+            raise LookupError(f"{name!r} names a node in {len(scoped)} places: "
+                              + ", ".join(n.name for n in scoped[:5]) + "; give the full name")
+        raise LookupError(f"no node named {name!r}" + self._suggest(name))
+
+    def _suggest(self, name: str) -> str:
+        names = list(self._by_name())
+        short = {self._unscoped(n): n for n in names}
+        close = difflib.get_close_matches(name, list(short), n=3, cutoff=0.6)
+        close = [short[c] for c in close] or difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+    def _unscoped(self, name: str) -> str:
+        for scope in sorted(self.scopes, key=len, reverse=True):
+            if name.startswith(scope + "/"):
+                return name[len(scope) + 1:]
+        return name
+
+    def _by_name(self) -> dict[str, NodeReport]:
+        # passes append nodes; rebuild the index when the list grew
+        cached = self.__dict__.get("_index")
+        if cached is None or cached[0] != len(self.nodes):
+            cached = (len(self.nodes), {n.name: n for n in self.nodes})
+            self.__dict__["_index"] = cached
+        return cached[1]
+
+    # ------------------------------------------------------------- counts
+    def summary(self) -> dict:
+        lowp = [n for n in self.nodes if n.precision not in ("float32", "none")]
+        matrix = [n for n in self.nodes if n.op in MATRIX_OPS]
+        floats = [n for n in self.nodes if n.op not in MATRIX_OPS and n.precision != "none"]
+        kept = Counter(n.code for n in self.nodes if n.precision == "float32")
+        return {
+            "nodes_converted": len(lowp),
+            "nodes_total": len(self.nodes),
+            "matrix_converted": sum(1 for n in matrix if n.precision not in ("float32", "none")),
+            "matrix_total": len(matrix),
+            "float_ops_converted": sum(1 for n in floats if n.precision != "float32"),
+            "float_ops_total": len(floats),
+            "plumbing": sum(1 for n in self.nodes if n.precision == "none"),
+            "casts_added": len(self.casts_added),
+            "casts_removed": len(self.casts_removed),
+            "consts_converted": len(self.consts_converted),
+            "functions": len(self.functions()),
+            "kept_float32_by_reason": dict(sorted(kept.items())),
+        }
+
+    def functions(self) -> list[str]:
+        """The function bodies whose nodes the report holds (scopes that are not [tags])."""
+        return [s for s in self.scopes if not s.startswith("[")]
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "target": self.target,
+            "device": self.device,
+            "rules": self.rules,
+            "env": self.env,
+            "level": self.level,
+            "summary": self.summary(),
+            "warnings": self.warnings,
+            "functions": self.functions(),
+            "casts_added": self.casts_added,
+            "casts_removed": self.casts_removed,
+            "consts_converted": self.consts_converted,
+            "nodes": [asdict(n) for n in self.nodes],
+            **self.extra,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+
+    def format_summary(self) -> str:
+        """What the CLI prints: the matrix ops first, then the other float ops, plumbing apart."""
+        s, t = self.summary(), self.target
+        lines = [f"target {t} on {self.device.lower()}: {s['matrix_converted']}/{s['matrix_total']} "
+                 f"MatMul/Conv-family ops in low precision",
+                 f"other float ops: {s['float_ops_converted']}/{s['float_ops_total']} in low "
+                 f"precision; {s['plumbing']} nodes without a float type (variables, shapes, "
+                 "control) are plumbing",
+                 f"casts added: {s['casts_added']}"
+                 + (f", original casts removed: {s['casts_removed']}" if s["casts_removed"] else "")
+                 + (f", Consts stored in {t}: {s['consts_converted']}" if s["consts_converted"] else "")]
+        if s["kept_float32_by_reason"]:
+            lines.append("kept float32: " + ", ".join(f"{k} {v}" for k, v in
+                                                       s["kept_float32_by_reason"].items()))
+        functions = self.functions()
+        if functions:
+            shown = ", ".join(functions[:4]) + (f" and {len(functions) - 4} more" if len(functions) > 4 else "")
+            lines.append(f"functions painted: {len(functions)} ({shown}); explain takes their "
+                         "nodes as function/node, or without the function where unique")
+        if self.env:
+            lines.append("grappler variables honoured: " + ", ".join(self.env))
+        for key, value in self.extra.items():
+            if isinstance(value, dict) and "summary" in value:
+                lines.append(f"{key}: {value['summary']}")
+        return "\n".join(lines)
+
+    def explain(self, name: str) -> str:
+        """The decision for one node, as ``amp-rewrite explain`` prints it (see :meth:`find`)."""
+        node = self.find(name)
+        verdict = "kept float32" if node.precision == "float32" else (
+            f"runs in {node.precision}" if node.precision != "none" else "no float type")
+        text = f"{node.name} ({node.op}): {verdict}: {node.reason}"
+        if node.attrs:
+            text += "\n  types: " + ", ".join(f"{k}={v}" for k, v in node.attrs.items())
+        if node.via:
+            text += "\n  " + _via(self, node)
+        return text
+
+
+def _via(report: Report, node: NodeReport) -> str:
+    label = _VIA.get(node.code, "because of")
+    if node.code == "deny_propagated":
+        return f"{label}: " + " -> ".join(_deny_path(report, node))
+    if node.code == "between_allow" and len(node.via) == 2:
+        upstream, downstream = node.via
+        return f"{label}: {upstream} -> ... -> {node.name} -> ... -> {downstream}"
+    return f"{label}: " + ", ".join(node.via)
+
+
+def _deny_path(report: Report, node: NodeReport, most: int = 12) -> list[str]:
+    """The data path deny took to ``node``, walked back through each node's recorded neighbour
+    (long paths keep their ends, ``...`` between)."""
+    root, path = node.via[0], [node.name]
+    cur = node.via[-1]
+    while cur != root:
+        path.append(cur)
+        step = report.node(cur)
+        if step is None or step.code != "deny_propagated" or step.via[0] != root:
+            break   # a node deny reached through another of its type attributes
+        cur = step.via[-1]
+    path.append(root)
+    path.reverse()
+    return path if len(path) <= most else path[:3] + ["..."] + path[-(most - 4):]
+
+
+def build_report(graph: Graph, original: Before, painting: Painting, *, target: str, device: str,
+                 rules) -> Report:
+    """Assemble the report of one conversion from the painting, the converted graph and the
+    record of what it was (a node the conversion removed is reported as it was)."""
+    nodes = []
+    # (op, attrs, dtypes) -> (precision, attrs named): a graph has few such combinations
+    described: dict[tuple, tuple[str, dict[str, str]]] = {}
+    for name, op in original.nodes():
+        if name in graph:
+            after = graph.node(name)
+            types = node_types(after)
+            attrs = () if types is None else types.attrs
+            key = (op, attrs, tuple(get_dtype(after, a) for a in attrs))
+        else:
+            held = original.dtypes(name)
+            key = (op, tuple(held), tuple(held.values()))
+        if key not in described:
+            dtypes = dict(zip(key[1], key[2]))
+            described[key] = (_precision(op, dtypes) if dtypes else "none",
+                              {str(a): dtype_name(d) for a, d in dtypes.items()})
+        precision, named = described[key]
+        decision = painting.node_decision(name)
+        nodes.append(NodeReport(name, op, precision, decision.code if decision else "none",
+                                decision.text if decision else "",
+                                list(decision.via) if decision else [], dict(named)))
+    return Report(target=target, device=device, rules=list(rules.sources), env=list(rules.env),
+                  level=rules.level, nodes=nodes, warnings=list(painting.warnings))
+
+
+def precision_of(node) -> str:
+    """What a node computes in, read off its type attributes: ``float32``, ``float16``,
+    ``bfloat16``, ``mixed``, or ``none`` (no float type, or an op TensorFlow does not know)."""
+    types = node_types(node)
+    if types is None:
+        return "none"
+    return _precision(node.op, {a: get_dtype(node, a) for a in types.attrs})
+
+
+def _precision(op: str, dtypes: dict) -> str:
+    """:func:`precision_of` for a node of ``op`` whose type attributes hold ``dtypes``."""
+    held = set(dtypes.values())
+    low = sorted(_LOWP_NAMES[d] for d in held if d in _LOWP_NAMES)
+    if not low:
+        return "float32" if FLOAT in held else "none"
+    if len(low) > 1 or (FLOAT in held and not _only_fixed_float(op)):
+        return "mixed"
+    return low[0]
+
+
+def _only_fixed_float(op: str) -> bool:
+    # FusedBatchNormV3 keeps U=float by design (scale/offset/mean/variance): still "in target"
+    return op.startswith("FusedBatchNorm") or op == "_FusedBatchNormEx"

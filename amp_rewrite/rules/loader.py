@@ -1,0 +1,386 @@
+"""Rule sets: the allow / infer / clear / deny op lists, the level, and per-node overrides.
+
+Rule sets are data. The defaults live in ``rules/float16.toml`` and ``rules/bfloat16.toml``
+(shipped in the wheel as ``amp_rewrite.rules.defaults``). A user file can::
+
+    extends = "float16"            # a built-in name or a path; else it edits what came before
+    level = "tensor_cores_only"    # or "treat_infer_as_deny", "unsafe_force_all", "default"
+
+    [allow]
+    add = ["Conv2DBackpropInput"]  # moves the op here from any other list
+    remove = ["Einsum"]
+    # ops = [...]                  # replaces the whole list
+
+    [painting]
+    infer_follows_allow = true     # an infer op fed by an allow op (and no deny op) is allowed
+
+    [[override]]
+    glob = "head/*"                # or regex = "^head/.*"
+    action = "keep_fp32"           # or "force_lowp"
+
+Files given with ``--rules`` stack in order. Grappler's environment variables
+(``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``) are applied last, so users of grappler keep
+their settings. Every op name is checked against TensorFlow's registry; a bad file is a
+:class:`RuleError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import importlib.resources
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from tensorflow.python.framework.versions import VERSION as TF_VERSION
+
+from ..core.dtypes import TARGETS
+from ..core.errors import RuleError
+from ..schema.opdefs import all_op_names
+
+LISTS = ("allow", "infer", "clear", "deny")
+LEVELS = ("default", "tensor_cores_only", "treat_infer_as_deny", "unsafe_force_all")
+ACTIONS = ("keep_fp32", "force_lowp")
+_ENV_PREFIX = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"
+# grappler reads both the current and the pre-2.4 names of its lists
+_ENV_LISTS = {"ALLOWLIST": "allow", "WHITELIST": "allow", "INFERLIST": "infer",
+              "GRAYLIST": "infer", "CLEARLIST": "clear", "DENYLIST": "deny", "BLACKLIST": "deny"}
+# grappler variables that do not change decisions (LOG_PATH: where grappler dumps debug logs)
+_ENV_IGNORED = {"LOG_PATH"}
+_TOP_KEYS = {"target", "extends", "level", "painting", "override", *LISTS}
+_PAINTING_KEYS = {"infer_follows_allow"}
+
+
+@dataclass(frozen=True)
+class NodeRule:
+    """A per-node override: ``action`` for every node whose name matches ``glob`` or ``regex``."""
+
+    action: str
+    glob: str | None
+    regex: str | None
+    source: str  # "file:line"
+
+    def matches(self, name: str) -> bool:
+        if self.glob is not None:
+            return fnmatch.fnmatchcase(name, self.glob)
+        return re.search(self.regex, name) is not None
+
+    @property
+    def pattern(self) -> str:
+        return f"glob {self.glob!r}" if self.glob is not None else f"regex {self.regex!r}"
+
+
+@dataclass
+class RuleSet:
+    """The effective rules of one conversion."""
+
+    target: str
+    lists: dict[str, frozenset[str]]
+    level: str = "default"
+    infer_follows_allow: bool = False
+    node_rules: list[NodeRule] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)  # grappler variables that were applied
+
+    def category(self, op: str) -> str | None:
+        """``"allow"``, ``"infer"``, ``"clear"``, ``"deny"`` or None, with the level applied."""
+        for name in LISTS:
+            if op in self.effective(name):
+                return name
+        return None
+
+    def effective(self, list_name: str) -> frozenset[str]:
+        """One list as painting sees it, after the level preset."""
+        if self.level in ("tensor_cores_only",) and list_name != "allow":
+            return frozenset()
+        if self.level == "treat_infer_as_deny":
+            if list_name == "infer":
+                return frozenset()
+            if list_name == "deny":
+                return self.lists["deny"] | self.lists["infer"]
+        return self.lists[list_name]
+
+    def node_rule(self, name: str) -> NodeRule | None:
+        """The last override matching ``name`` (later rules win)."""
+        found = None
+        for rule in self.node_rules:
+            if rule.matches(name):
+                found = rule
+        return found
+
+
+def builtin_rules_dir() -> Path:
+    return Path(str(importlib.resources.files("amp_rewrite.rules.defaults")))
+
+
+def _line_of(text: str, needle: str, section: str | None = None) -> int:
+    """The first line holding ``needle`` (after the ``[section]`` header when one is given)."""
+    lines = text.splitlines()
+    start = 0
+    if section is not None:
+        start = next((i for i, line in enumerate(lines) if line.strip() == f"[{section}]"), 0)
+    for i, line in enumerate(lines[start:], start + 1):
+        if needle in line:
+            return i
+    return 1
+
+
+def _suggest(op: str) -> str:
+    names = all_op_names()
+    lower = {n.lower(): n for n in names}
+    if op.lower() in lower:
+        return f"; did you mean {lower[op.lower()]!r}?"
+    close = difflib.get_close_matches(op, names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A rule file being read: errors name its path and the line of what they are about."""
+
+    path: Path
+    text: str
+
+    def fail(self, message: str, needle: str | None = None, section: str | None = None) -> RuleError:
+        line = _line_of(self.text, needle, section) if needle else 1
+        return RuleError(f"{self.path}:{line}: {message}")
+
+
+class _Loader:
+    """Reads rule files for one target, each on top of the rule set before it."""
+
+    def __init__(self, target: str):
+        if target not in TARGETS:
+            raise RuleError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
+        self.target = target
+        self.known = set(all_op_names())
+
+    def builtin(self, name: str, stack: tuple[Path, ...]) -> RuleSet:
+        path = builtin_rules_dir() / f"{name}.toml"
+        if not path.is_file():
+            raise RuleError(f"no built-in rule set named {name!r} (built-in: {', '.join(TARGETS)})")
+        return self.file(path, None, stack)
+
+    def file(self, path: Path, base: RuleSet | None, stack: tuple[Path, ...] = ()) -> RuleSet:
+        """The rule set ``path`` makes of ``base`` (or of what it ``extends``)."""
+        src, data = _read(Path(path), stack)
+        for key in data:
+            if key not in _TOP_KEYS:
+                raise src.fail(f"unknown key {key!r} (known: {', '.join(sorted(_TOP_KEYS))})", key)
+        target = data.get("target")
+        if target is not None and target != self.target:
+            raise src.fail(f"this rule file is for target {target!r}, but the conversion targets "
+                           f"{self.target!r}", "target")
+        rules = self._start(src, data, base, stack + (src.path.resolve(),))
+        rules.sources.append(str(src.path))
+        self._lists(src, data, rules)
+        _level(src, data, rules)
+        _painting(src, data, rules)
+        rules.node_rules.extend(_overrides(src, data))
+        return rules
+
+    def _start(self, src: _Source, data: dict, base: RuleSet | None,
+               stack: tuple[Path, ...]) -> RuleSet:
+        """What the file edits: what it ``extends``, else a copy of ``base``, else nothing."""
+        if "extends" not in data:
+            if base is None:
+                return RuleSet(self.target, {name: frozenset() for name in LISTS})
+            return dataclasses.replace(base, lists=dict(base.lists),
+                                       node_rules=list(base.node_rules), sources=list(base.sources))
+        ext = data["extends"]
+        if not isinstance(ext, str):
+            raise src.fail("'extends' must be a string: a built-in name or a path", "extends")
+        if ext in TARGETS:
+            if ext != self.target:
+                raise src.fail(f"extends {ext!r}, but the conversion targets {self.target!r}",
+                               "extends")
+            return self.builtin(ext, stack)
+        target_file = src.path.parent / ext
+        if not target_file.exists():
+            raise src.fail(f"extends {ext!r}: neither a built-in rule set "
+                           f"({', '.join(TARGETS)}) nor a file ({target_file})", "extends")
+        return self.file(target_file, None, stack)
+
+    def _lists(self, src: _Source, data: dict, rules: RuleSet) -> None:
+        """Apply ``[allow]``/``[infer]``/``[clear]``/``[deny]``; an op added to one list leaves
+        every other list ("add" means "move here")."""
+        seen: dict[str, str] = {}
+        for list_name in LISTS:
+            section = data.get(list_name)
+            if section is None:
+                continue
+            if not isinstance(section, dict):
+                raise src.fail(f"[{list_name}] must be a table with ops / add / remove", list_name)
+            for key in section:
+                if key not in ("ops", "add", "remove"):
+                    raise src.fail(f"unknown key {key!r} in [{list_name}] (use ops, add, remove)", key)
+            for key in ("ops", "add", "remove"):
+                self._check_ops(src, list_name, key, section.get(key, []), seen)
+            current = set(rules.lists[list_name])
+            if "ops" in section:
+                current = set(section["ops"])
+            current |= set(section.get("add", []))
+            current -= set(section.get("remove", []))
+            rules.lists[list_name] = frozenset(current)
+        for op, list_name in seen.items():
+            for other in LISTS:
+                if other != list_name and op in rules.lists[other]:
+                    rules.lists[other] = rules.lists[other] - {op}
+
+    def _check_ops(self, src: _Source, list_name: str, key: str, ops, seen: dict[str, str]) -> None:
+        if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
+            raise src.fail(f"[{list_name}] {key} must be a list of op names", key, list_name)
+        for op in ops:
+            if op not in self.known:
+                raise src.fail(f"[{list_name}] {key}: TensorFlow has no op {op!r}{_suggest(op)}",
+                               f'"{op}"', list_name)
+            if key != "remove":
+                if op in seen and seen[op] != list_name:
+                    raise src.fail(f"op {op!r} is in both [{seen[op]}] and [{list_name}]",
+                                   f'"{op}"', list_name)
+                seen[op] = list_name
+
+
+def _read(path: Path, stack: tuple[Path, ...]) -> tuple[_Source, dict]:
+    if path.resolve() in stack:
+        raise RuleError(f"{path}: 'extends' makes a cycle")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RuleError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RuleError(f"{path}: rule file is not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleError(f"{path}: not valid TOML: {exc}") from None
+    return _Source(path, text), data
+
+
+def _level(src: _Source, data: dict, rules: RuleSet) -> None:
+    if "level" in data:
+        if data["level"] not in LEVELS:
+            raise src.fail(f"unknown level {data['level']!r} (known: {', '.join(LEVELS)})", "level")
+        rules.level = data["level"]
+
+
+def _painting(src: _Source, data: dict, rules: RuleSet) -> None:
+    """``[painting]`` settings: true, false, or ``"tensorflow"`` (as the installed TensorFlow's
+    grappler pass does for this target, see :func:`grappler_default`)."""
+    painting = data.get("painting", {})
+    if not isinstance(painting, dict):
+        raise src.fail("[painting] must be a table", "painting")
+    for key, value in painting.items():
+        if key not in _PAINTING_KEYS or not (isinstance(value, bool) or value == "tensorflow"):
+            raise src.fail(f"[painting] {key} is not a known setting (true, false or "
+                           "\"tensorflow\")", key)
+        setattr(rules, key, grappler_default(key, rules.target) if value == "tensorflow" else value)
+
+
+def grappler_default(key: str, target: str) -> bool:
+    """What grappler's pass of the installed TensorFlow does for ``key`` on ``target``.
+
+    ``infer_follows_allow``: grappler paints an infer op fed directly by an allow op (and by
+    no deny op) in its bfloat16 mode since TensorFlow 2.8; TensorFlow 2.21 does it in its CUDA
+    float16 mode too (checked by running 2.21's pass; the published source before it limits the
+    step to bfloat16 mode, and the exact release that lifted the limit was not pinned down, so
+    versions before 2.21 are taken to be bfloat16-only).
+    """
+    if key == "infer_follows_allow":
+        return target == "bfloat16" or tuple(int(p) for p in TF_VERSION.split(".")[:2]) >= (2, 21)
+    raise KeyError(key)
+
+
+def _overrides(src: _Source, data: dict) -> list[NodeRule]:
+    """The ``[[override]]`` tables: each a glob or a regex (a string) and an action."""
+    overrides = data.get("override", [])
+    if not isinstance(overrides, list):
+        raise src.fail("use [[override]] tables for node overrides", "override")
+    out = []
+    for i, item in enumerate(overrides):
+        if not isinstance(item, dict):
+            # override = ["head/*"]: a list of strings, not of tables
+            raise src.fail("each override is a table: write [[override]] with glob or regex, "
+                           "and action", "override")
+        where = f"{src.path}:{_occurrence_line(src.text, '[[override]]', i)}"
+        if set(item) - {"glob", "regex", "action"}:
+            needle = f"{item.get('glob') or item.get('regex') or 'override'}"
+            raise src.fail("an [[override]] takes glob or regex, and action", needle)
+        if ("glob" in item) == ("regex" in item):
+            raise RuleError(f"{where}: an [[override]] needs exactly one of glob or regex")
+        pattern = item.get("glob", item.get("regex"))
+        if not isinstance(pattern, str):
+            raise RuleError(f"{where}: an override's glob or regex must be a string")
+        if item.get("action") not in ACTIONS:
+            raise RuleError(f"{where}: override action must be one of {', '.join(ACTIONS)}")
+        if "regex" in item:
+            try:
+                re.compile(item["regex"])
+            except re.error as exc:
+                raise RuleError(f"{where}: bad regex {item['regex']!r}: {exc}") from None
+        out.append(NodeRule(item["action"], item.get("glob"), item.get("regex"), where))
+    return out
+
+
+def _occurrence_line(text: str, needle: str, index: int) -> int:
+    count = -1
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip().startswith(needle):
+            count += 1
+            if count == index:
+                return i
+    return 1
+
+
+def _apply_env(rules: RuleSet, env: Mapping[str, str], known: set[str]) -> None:
+    for var in sorted(env):
+        if not var.startswith(_ENV_PREFIX):
+            continue
+        rest = var[len(_ENV_PREFIX):]
+        value = env[var].strip()
+        if rest in _ENV_IGNORED:
+            continue
+        if rest == "LEVEL":
+            level = value.lower()
+            if level and level not in LEVELS:
+                raise RuleError(f"{var}={value!r}: unknown level (known: "
+                                f"{', '.join(l.upper() for l in LEVELS)})")
+            if level:
+                rules.level = level
+                rules.env.append(f"{var}={value}")
+            continue
+        list_key, _, action = rest.rpartition("_")
+        if list_key not in _ENV_LISTS or action not in ("ADD", "REMOVE"):
+            raise RuleError(f"{var}: not a variable grappler knows")
+        list_name = _ENV_LISTS[list_key]
+        ops = [o.strip() for o in value.split(",") if o.strip()]
+        for op in ops:
+            if op not in known:
+                raise RuleError(f"{var}: TensorFlow has no op {op!r}{_suggest(op)}")
+        if action == "ADD":
+            for other in LISTS:
+                rules.lists[other] = rules.lists[other] - set(ops)
+            rules.lists[list_name] = rules.lists[list_name] | set(ops)
+        else:
+            rules.lists[list_name] = rules.lists[list_name] - set(ops)
+        if ops:
+            rules.env.append(f"{var}={value}")
+
+
+def load_rules(target: str = "float16", files: Sequence[str | os.PathLike] = (),
+               env: Mapping[str, str] | None = None) -> RuleSet:
+    """The effective rule set for ``target``: the built-in file, then ``files`` in order, then env.
+
+    ``env`` defaults to ``os.environ``; pass ``{}`` to ignore grappler's variables.
+    """
+    loader = _Loader(target)
+    rules = loader.builtin(target, ())
+    for path in files:
+        rules = loader.file(Path(path), rules)
+    _apply_env(rules, os.environ if env is None else env, loader.known)
+    return rules

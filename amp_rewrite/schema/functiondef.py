@@ -1,0 +1,259 @@
+"""Function libraries as IR: FunctionDef <-> :class:`~amp_rewrite.core.ir.Graph`, reachability, and
+the contract between a call site and its callee.
+
+A ``FunctionDef`` becomes an ordinary graph so the same painting, casts and lint run on it:
+each input argument is a ``Placeholder`` named after the argument, each output argument an
+``Identity`` *sentinel* reading the returned tensor, and the FunctionDef's
+``node:out_arg:index`` input strings become flat ``node:port`` edges (the port layout comes
+from the OpDef, or from the callee's signature for a direct call). Because the Placeholders
+and sentinels are the body's interface, a body is painted with float32 arguments and results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2
+
+from ..core.dtypes import INVALID
+from ..core.errors import InputError, UnsupportedGraphError
+from ..core.ir import Graph, TensorRef
+from ..core.ops import CALL_OPS, CASE_OPS, IF_OPS, WHILE_OPS
+from .opdefs import fill_defaults, op_def, set_call_signature, strip_defaults
+
+
+@dataclass
+class FunctionGraph:
+    """One function as IR: ``args`` are its Placeholders, ``rets`` its output sentinels."""
+
+    fdef: function_pb2.FunctionDef
+    graph: Graph
+    args: list[str]
+    rets: list[str]
+    defaults: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # attrs we filled in
+
+    @property
+    def name(self) -> str:
+        return self.fdef.signature.name
+
+    def boundary(self) -> set[str]:
+        return set(self.args) | set(self.rets)
+
+
+# ----------------------------------------------------------------- reachability
+def called_functions(node_def, library_names: set[str]) -> list[str]:
+    """Names of the library functions one NodeDef calls (by op name or function attrs)."""
+    out = []
+    if node_def.op in library_names:
+        out.append(node_def.op)
+    for key in sorted(node_def.attr):
+        value = node_def.attr[key]
+        kind = value.WhichOneof("value")
+        if kind == "func" and value.func.name in library_names:
+            out.append(value.func.name)
+        elif kind == "list":
+            out.extend(f.name for f in value.list.func if f.name in library_names)
+    return out
+
+
+def reachable(nodes, library: function_pb2.FunctionDefLibrary, extra_roots=()) -> list[str]:
+    """Library functions reachable from ``nodes`` and ``extra_roots``, in depth-first order."""
+    by_name = {f.signature.name: f for f in library.function}
+    names = set(by_name)
+    if not names:
+        return []   # nothing to reach: spare the look at every node's attrs
+    order: list[str] = []
+    stack = []
+    for nd in nodes:
+        stack.extend(called_functions(nd, names))
+    stack.extend(sorted(set(extra_roots) & names))  # a protobuf map's order is not stable
+    stack.reverse()
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        order.append(name)
+        for nd in by_name[name].node_def:
+            stack.extend(reversed(called_functions(nd, names)))
+    return order
+
+
+# ----------------------------------------------------------------- FunctionDef <-> IR
+def is_concrete(fdef: function_pb2.FunctionDef) -> bool:
+    sig = fdef.signature
+    args = list(sig.input_arg) + list(sig.output_arg)
+    return not sig.attr and all(a.type != INVALID and not a.number_attr
+                                and not a.type_list_attr for a in args)
+
+
+def output_layout(node_def, signatures: dict) -> list[tuple[str, int]]:
+    """``(output arg name, index)`` of each flat output port of a node in a function body."""
+    if node_def.op in signatures:
+        return [(a.name, 0) for a in signatures[node_def.op].output_arg]
+    od = op_def(node_def.op)
+    if od is None:
+        raise UnsupportedGraphError(f"op {node_def.op!r} of node {node_def.name!r} is neither "
+                                    "registered with TensorFlow nor a library function")
+    out = []
+    for arg in od.output_arg:
+        if arg.type_list_attr:
+            count = len(node_def.attr[arg.type_list_attr].list.type)
+        elif arg.number_attr:
+            count = node_def.attr[arg.number_attr].i
+        else:
+            count = 1
+        out.extend((arg.name, i) for i in range(count))
+    return out
+
+
+def _flat_input(text: str, ports: dict[str, dict[tuple[str, int], int]], fname: str) -> str:
+    """A FunctionDef input string as a GraphDef one: ``n:out:2`` -> ``n:<flat port>``."""
+    if text.startswith("^"):
+        return text
+    parts = text.split(":")
+    if len(parts) == 1:
+        return text  # an argument: its Placeholder has one output
+    node, arg = parts[0], parts[1]
+    try:
+        index = int(parts[2]) if len(parts) > 2 else 0
+        port = ports[node][(arg, index)]
+    except (KeyError, ValueError):   # no such node or output, or an index that is no number
+        raise InputError(f"function {fname!r}: input {text!r} names no output of a node") from None
+    return f"{node}:{port}"
+
+
+def function_to_graph(fdef: function_pb2.FunctionDef, signatures: dict) -> FunctionGraph:
+    """The body of a concrete function as IR, with Placeholder arguments and sentinel results;
+    a node whose op is a function of ``signatures`` (a direct call) is typed by its signature."""
+    fname = fdef.signature.name
+    body_names = {nd.name for nd in fdef.node_def}
+    gd = graph_pb2.GraphDef()
+    for arg in fdef.signature.input_arg:
+        if arg.name in body_names:
+            raise UnsupportedGraphError(f"function {fname!r}: argument {arg.name!r} has the name "
+                                        "of a node of its body")
+        gd.node.add(name=arg.name, op="Placeholder").attr["dtype"].type = arg.type
+    ports = {nd.name: {key: i for i, key in enumerate(output_layout(nd, signatures))}
+             for nd in fdef.node_def}
+    defaults = {}
+    for nd in fdef.node_def:
+        new = gd.node.add()
+        new.CopyFrom(nd)
+        del new.input[:]
+        new.input.extend(_flat_input(t, ports, fname) for t in nd.input)
+        added = fill_defaults(new)
+        if added:
+            defaults[nd.name] = added
+    try:
+        graph = Graph.from_graph_def(gd)
+    except InputError as exc:
+        raise InputError(f"function {fname!r}: {exc}") from None
+    for node in graph.nodes():   # a direct call is typed by its callee's signature
+        if node.op in signatures:
+            set_call_signature(node, signatures[node.op])
+    rets = []
+    for out in fdef.signature.output_arg:
+        ref = TensorRef.parse(_flat_input(fdef.ret[out.name], ports, fname))
+        if ref.node not in graph:  # the FunctionDef's fault, not a misuse of the IR
+            raise InputError(f"function {fname!r}: result {out.name!r} reads missing node "
+                             f"{ref.node!r}")
+        sentinel = graph.add_node("Identity", f"{out.name}/amp_ret", [ref],
+                                  {"T": attr_value_pb2.AttrValue(type=out.type)})
+        rets.append(sentinel.name)
+    return FunctionGraph(fdef, graph, [a.name for a in fdef.signature.input_arg], rets, defaults)
+
+
+def _function_input(fg: FunctionGraph, ref: TensorRef, signatures: dict) -> str:
+    if ref.node in fg.args:
+        return ref.node
+    arg, index = output_layout(fg.graph.node(ref.node).proto, signatures)[ref.port]
+    return f"{ref.node}:{arg}:{index}"
+
+
+def graph_to_function(fg: FunctionGraph, signatures: dict) -> function_pb2.FunctionDef:
+    """The FunctionDef of ``fg``: its body, returns and signature types as the IR holds them."""
+    out = function_pb2.FunctionDef()
+    out.CopyFrom(fg.fdef)
+    del out.node_def[:]
+    boundary = fg.boundary()
+    graph = fg.graph
+    for node in graph.nodes():
+        if node.name in boundary:
+            continue
+        nd = out.node_def.add()
+        nd.CopyFrom(node.proto)
+        nd.input.extend(_function_input(fg, ref, signatures) for ref in graph.inputs(node.name))
+        nd.input.extend("^" + src for src in graph.control_inputs(node.name))
+        strip_defaults(nd, fg.defaults.get(node.name, ()))
+    for arg, name in zip(out.signature.input_arg, fg.args):
+        arg.type = graph.node(name).attr["dtype"].type
+    for arg, sentinel in zip(out.signature.output_arg, fg.rets):
+        arg.type = graph.node(sentinel).attr["T"].type
+        out.ret[arg.name] = _function_input(fg, graph.input(sentinel, 0), signatures)
+    return out
+
+
+def gradient_linked(library) -> set[str]:
+    """Functions named in the library's gradient tables: renaming or retyping them would break
+    the link (custom gradients of a SavedModel live in ``registered_gradients``)."""
+    names = {n for g in library.gradient for n in (g.function_name, g.gradient_func)}
+    return names | {g.gradient_func for g in library.registered_gradients}
+
+
+def drop_unreachable(graph_def, candidates: set[str], extra_roots) -> None:
+    """Remove functions of ``candidates`` nothing calls any more (replaced by specialized copies)."""
+    library = graph_def.library
+    still = set(reachable(graph_def.node, library, extra_roots))
+    dead = candidates - still
+    if dead:
+        keep = [f for f in library.function if f.signature.name not in dead]
+        del library.function[:]
+        library.function.extend(keep)
+
+
+# ----------------------------------------------------------------- consistency
+def check_call_types(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """Every call site's type lists equal its callees' signatures (While: T = cond = body)."""
+    sigs = {f.signature.name: f.signature for f in graph_def.library.function}
+    if not sigs:
+        return []   # no callee to disagree with: spare a look at every node
+    problems = []
+    bodies = [(None, graph_def.node)] + [(f.signature.name, f.node_def)
+                                         for f in graph_def.library.function]
+    for owner, nodes in bodies:
+        for nd in nodes:
+            for callee, want_in, want_out in _call_contract(nd):
+                sig = sigs.get(callee)
+                if sig is None:
+                    continue
+                have_in = [a.type for a in sig.input_arg]
+                have_out = [a.type for a in sig.output_arg]
+                if (want_in is not None and have_in != want_in) or \
+                        (want_out is not None and have_out != want_out):
+                    where = f"function {owner!r}" if owner else "the graph"
+                    problems.append(f"node {nd.name!r} ({nd.op}) in {where} calls {callee!r} "
+                                    "with types that differ from its signature")
+    return problems
+
+
+def _types(nd, attr: str) -> list[int]:
+    return list(nd.attr[attr].list.type) if attr in nd.attr else []
+
+
+def _call_contract(nd):
+    """``(callee, input types, output types)`` a functional op promises its callees."""
+    if nd.op in WHILE_OPS:
+        t = _types(nd, "T")
+        return [(nd.attr["cond"].func.name, t, None), (nd.attr["body"].func.name, t, t)]
+    if nd.op in IF_OPS:
+        tin, tout = _types(nd, "Tin"), _types(nd, "Tout")
+        return [(nd.attr[b].func.name, tin, tout) for b in ("then_branch", "else_branch")]
+    if nd.op in CASE_OPS:
+        tin, tout = _types(nd, "Tin"), _types(nd, "Tout")
+        return [(f.name, tin, tout) for f in nd.attr["branches"].list.func]
+    if nd.op in CALL_OPS:
+        return [(nd.attr["f"].func.name, _types(nd, "Tin"), _types(nd, "Tout"))]
+    return []

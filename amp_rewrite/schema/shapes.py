@@ -1,0 +1,294 @@
+"""Static tensor shapes, as far as the graph states them, for the cost model's element counts.
+
+TensorFlow infers every shape when a graph is imported, but importing costs seconds on a graph
+of 100k nodes (6 s measured), more than the whole conversion; this walks only the nodes it is
+asked about and their producers, with the shape rules of the ops that carry most of a model's
+activations: elementwise ops, convolutions, pooling, pads, matrix products, reshapes,
+reductions, concatenations. Anything else is unknown (None), and so is everything computed
+from it.
+
+A shape is a tuple of ints, -1 where the graph leaves a dimension open (the batch, mostly).
+:meth:`Shapes.elements` counts per sample: an open first dimension counts as 1, any other open
+dimension makes the count unknown.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tensorflow.python.framework import tensor_util
+
+from ..core.ir import Graph, Node, TensorRef
+
+Shape = tuple[int, ...]
+
+# ops whose output 0 has the shape of input 0
+_SAME = frozenset({
+    "Identity", "Snapshot", "StopGradient", "Cast", "CheckNumerics", "PreventGradient",
+    "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Softplus", "Softsign",
+    "Erf", "Erfc", "Exp", "Expm1", "Log", "Log1p", "Neg", "Sqrt", "Rsqrt", "Square", "Abs",
+    "Floor", "Ceil", "Round", "Rint", "Sign", "Reciprocal", "Inv", "Softmax", "LogSoftmax",
+    "BiasAdd", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "ClipByValue",
+    "Sin", "Cos", "IsNan", "IsFinite", "ZerosLike", "OnesLike", "LRN", "Mish", "Gelu",
+})
+# elementwise ops of two or more inputs, broadcast as numpy does
+_BROADCAST = frozenset({
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum",
+    "SquaredDifference", "Pow", "FloorDiv", "FloorMod", "Greater", "GreaterEqual", "Less",
+    "LessEqual", "Equal", "NotEqual", "SelectV2", "AddN", "BiasAddV1",
+})
+_REDUCE = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin"})
+# ops with a rule below that read the shape of their first input only / of every non-Const one
+_FIRST = _REDUCE | frozenset({"MaxPool", "AvgPool", "Pad", "PadV2", "MirrorPad", "Reshape",
+                              "Transpose", "ExpandDims", "Squeeze"})
+_MANY = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul", "BatchMatMulV2",
+                   "BatchMatMulV3", "ConcatV2"})
+
+
+class Shapes:
+    """Shapes of one graph's tensors, worked out on demand and remembered (the graph must not
+    change while this is in use)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._known: dict[TensorRef, Shape | None] = {}
+
+    def elements(self, ref: TensorRef) -> int | None:
+        """Elements of ``ref`` per sample (an open first dimension counts as 1), or None."""
+        shape = self.shape(ref)
+        if shape is None or any(d < 0 for d in shape[1:]):
+            return None
+        return math.prod(max(d, 1) if i == 0 else d for i, d in enumerate(shape)) if shape else 1
+
+    def shape(self, ref: TensorRef) -> Shape | None:
+        """The static shape of ``ref``, or None where it is not known."""
+        if ref in self._known:
+            return self._known[ref]
+        # producers first, without recursion: chains of thousands of nodes are common
+        stack = [ref]
+        while stack:
+            top = stack[-1]
+            if top in self._known:
+                stack.pop()
+                continue
+            missing = [r for r in self._needs(top) if r not in self._known]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            try:
+                self._known[top] = _rule(self, top)
+            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
+                self._known[top] = None   # attrs or values a rule did not expect: unknown
+        return self._known[ref]
+
+    def _needs(self, ref: TensorRef) -> list[TensorRef]:
+        """The inputs whose shapes ``ref``'s rule reads."""
+        node = self.graph.node(ref.node)
+        if ref.port != 0:
+            return []
+        inputs = self.graph.inputs(ref.node)
+        if node.op in _SAME or node.op in _FIRST:
+            return inputs[:1]
+        if node.op in _BROADCAST:
+            return inputs
+        if node.op in _MANY:
+            return [r for r in inputs if self.graph.node(r.node).op != "Const"]
+        return []   # no rule: unknown, whatever its inputs (and no walk up a loop's Merge)
+
+    def value(self, ref: TensorRef) -> np.ndarray | None:
+        """The value of a Const input (through Identity), or None."""
+        node = const_behind(self.graph, ref)
+        return None if node is None else tensor_util.MakeNdarray(node.attr["value"].tensor)
+
+
+def const_behind(graph: Graph, ref: TensorRef) -> Node | None:
+    """The Const ``ref`` reads, through up to 8 Identity ops (a frozen graph's ``/read``), or
+    None."""
+    node = graph.node(ref.node)
+    for _ in range(8):
+        if node.op == "Const":
+            return node
+        inputs = graph.inputs(node.name)
+        if node.op != "Identity" or len(inputs) != 1:
+            return None
+        node = graph.node(inputs[0].node)
+    return None
+
+
+def _const_shape(shapes: Shapes, ref: TensorRef) -> Shape | None:
+    node = shapes.graph.node(ref.node)
+    if node.op == "Const":
+        return tuple(d.size for d in node.attr["value"].tensor.tensor_shape.dim)
+    return shapes.shape(ref)
+
+
+def _rule(shapes: Shapes, ref: TensorRef) -> Shape | None:
+    g = shapes.graph
+    node = g.node(ref.node)
+    op, attr = node.op, node.attr
+    inputs = g.inputs(ref.node)
+    if op in ("Placeholder", "PlaceholderWithDefault"):
+        shape = attr["shape"].shape if "shape" in attr else None
+        if shape is None or shape.unknown_rank:
+            return None
+        return tuple(d.size for d in shape.dim)
+    if op == "Const":
+        return _const_shape(shapes, ref)
+    if ref.port != 0:   # FusedBatchNorm's statistics, Unique's indices ...: not activations
+        return None
+    if op in _SAME:
+        return _const_shape(shapes, inputs[0])
+    if op in _BROADCAST:
+        return _broadcast([_const_shape(shapes, r) for r in inputs])
+    if op in ("Conv2D", "DepthwiseConv2dNative"):
+        return _conv(shapes.shape(inputs[0]), _const_shape(shapes, inputs[1]), node)
+    if op in ("MaxPool", "AvgPool"):
+        x = shapes.shape(inputs[0])
+        return _window(x, list(attr["ksize"].list.i), node, None)
+    if op in ("Pad", "PadV2", "MirrorPad"):
+        x, pads = shapes.shape(inputs[0]), shapes.value(inputs[1])
+        if x is None or pads is None:
+            return None
+        return tuple(d if d < 0 else d + int(p[0]) + int(p[1]) for d, p in zip(x, pads))
+    if op == "MatMul":
+        a, b = shapes.shape(inputs[0]), _const_shape(shapes, inputs[1])
+        if a is None or b is None:
+            return None
+        rows = a[1] if attr["transpose_a"].b else a[0]
+        cols = b[0] if attr["transpose_b"].b else b[1]
+        return (rows, cols)
+    if op in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
+        a, b = _const_shape(shapes, inputs[0]), _const_shape(shapes, inputs[1])
+        if a is None or b is None:
+            return None
+        batch = _broadcast([a[:-2], b[:-2]])
+        if batch is None:
+            return None
+        rows = a[-1] if attr["adj_x"].b else a[-2]
+        cols = b[-2] if attr["adj_y"].b else b[-1]
+        return batch + (rows, cols)
+    if op == "Reshape":
+        return _reshape(shapes.shape(inputs[0]), shapes.value(inputs[1]))
+    if op in _REDUCE:
+        x, axes = shapes.shape(inputs[0]), shapes.value(inputs[1])
+        if x is None or axes is None:
+            return None
+        axes = {int(a) % len(x) for a in np.atleast_1d(axes)}
+        keep = attr["keep_dims"].b if "keep_dims" in attr else False
+        if op in ("ArgMax", "ArgMin"):
+            keep = False
+        return tuple(1 if i in axes else d for i, d in enumerate(x) if keep or i not in axes)
+    if op == "ConcatV2":
+        parts = [_const_shape(shapes, r) for r in inputs[:-1]]
+        axis = shapes.value(inputs[-1])
+        if axis is None or any(p is None for p in parts):
+            return None
+        axis = int(axis) % len(parts[0])
+        size = [p[axis] for p in parts]
+        out = list(parts[0])
+        out[axis] = -1 if any(s < 0 for s in size) else sum(size)
+        return tuple(out)
+    if op == "Transpose":
+        x, perm = shapes.shape(inputs[0]), shapes.value(inputs[1])
+        if x is None or perm is None:
+            return None
+        return tuple(x[int(p)] for p in perm)
+    if op == "ExpandDims":
+        x, dim = shapes.shape(inputs[0]), shapes.value(inputs[1])
+        if x is None or dim is None:
+            return None
+        at = int(dim) % (len(x) + 1)
+        return x[:at] + (1,) + x[at:]
+    if op == "Squeeze":
+        x = shapes.shape(inputs[0])
+        if x is None:
+            return None
+        dims = {d % len(x) for d in attr["squeeze_dims"].list.i}
+        if not dims and -1 in x:
+            return None   # which open dimensions are 1 is not known
+        return tuple(d for i, d in enumerate(x) if (i not in dims if dims else d != 1))
+    return None
+
+
+def _broadcast(parts: list[Shape | None]) -> Shape | None:
+    if any(p is None for p in parts):
+        return None
+    rank = max((len(p) for p in parts), default=0)
+    out = []
+    for i in range(rank):
+        dims = {p[len(p) - rank + i] for p in parts if len(p) - rank + i >= 0} - {1}
+        if not dims:
+            out.append(1)
+        elif len(dims) == 1:
+            out.append(dims.pop())
+        else:
+            known = dims - {-1}
+            if len(known) > 1:
+                return None   # does not broadcast: not a shape this walk can know
+            out.append(known.pop() if known else -1)
+    return tuple(out)
+
+
+def _spatial(node) -> tuple[int, list[int]]:
+    """The channel axis and the spatial axes of a 4-D NHWC or NCHW tensor."""
+    fmt = node.attr["data_format"].s.decode() if "data_format" in node.attr else "NHWC"
+    return (1, [2, 3]) if fmt.startswith("NC") else (3, [1, 2])
+
+
+def _window(x: Shape | None, window: list[int], node, channels: int | None) -> Shape | None:
+    """The output shape of a windowed op (convolution, pooling) over 4-D ``x``; ``window`` in
+    the layout's order (NHWC/NCHW) for pools, spatial sizes for convolutions."""
+    if x is None or len(x) != 4:
+        return None
+    attr = node.attr
+    c_axis, axes = _spatial(node)
+    strides = list(attr["strides"].list.i)
+    dilations = list(attr["dilations"].list.i) if "dilations" in attr else [1, 1, 1, 1]
+    padding = attr["padding"].s.decode()
+    explicit = list(attr["explicit_paddings"].list.i) if padding == "EXPLICIT" else []
+    out = list(x)
+    for k, axis in enumerate(axes):
+        size = x[axis]
+        win = window[k] if channels is not None else window[axis]
+        eff = (win - 1) * (dilations[axis] if dilations else 1) + 1
+        if size < 0:
+            out[axis] = -1
+        elif padding == "SAME":
+            out[axis] = -(-size // strides[axis])
+        elif padding == "VALID":
+            out[axis] = (size - eff) // strides[axis] + 1
+        elif explicit:
+            before, after = explicit[2 * axis], explicit[2 * axis + 1]
+            out[axis] = (size + before + after - eff) // strides[axis] + 1
+        else:
+            return None
+    if channels is not None:
+        out[c_axis] = channels
+    return tuple(out)
+
+
+def _conv(x: Shape | None, f: Shape | None, node) -> Shape | None:
+    if f is None or len(f) != 4:
+        return None
+    channels = f[3] if node.op == "Conv2D" else f[2] * f[3]
+    return _window(x, list(f[:2]), node, channels)
+
+
+def _reshape(x: Shape | None, target: np.ndarray | None) -> Shape | None:
+    if target is None:
+        return None
+    dims = [int(d) for d in np.atleast_1d(target)]
+    if dims.count(-1) == 0:
+        return tuple(dims)
+    if x is None or dims.count(-1) > 1:
+        return None
+    rest = math.prod(d for d in dims if d != -1)
+    if all(d >= 0 for d in x):
+        return tuple(math.prod(x) // rest if d == -1 else d for d in dims) if rest else None
+    # an open batch that stays first and open, each sample keeping its elements
+    if (x[0] < 0 and all(d >= 0 for d in x[1:]) and dims[0] == -1
+            and math.prod(dims[1:]) == math.prod(x[1:])):
+        return tuple(dims)
+    return None

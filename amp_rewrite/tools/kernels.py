@@ -1,0 +1,471 @@
+"""``amp-rewrite kernels CONVERTED``: did the matrix work really run on 16-bit matrix units?
+
+On CPU the model runs once in a child process with ``ONEDNN_VERBOSE=1``; oneDNN then prints one
+line per executed primitive (its implementation, ISA, data types and problem size) on the
+child's stdout. We keep the MatMul/Conv family (convolution, deconvolution, inner_product,
+matmul), count each primitive's multiply-accumulates from its problem descriptor, and call it
+*on a 16-bit unit* when its source data is bf16/f16 and its ISA is a 16-bit one (``amx``,
+``avx512_core_bf16``, ``avx512_core_fp16``, ``avx2_vnni_2``). The share of the work (MACs) on
+such units is the headline number. A child that fails says on stderr whose failure it is: a
+model TensorFlow cannot run (or cannot load, or inputs that do not fit) is the user's, reported
+with TensorFlow's reason (exit 2); an exception in our worker code, or a child that dies without
+saying, is an internal error (exit 70).
+
+On GPU the model runs in-process with a full trace; kernel names with Tensor Core signatures
+(``884``/``1688``/``16816`` tiles, ``hmma``, ``xmma``, ``tensorop``, ``wmma``) count as Tensor
+Core work.
+
+The static check: for float16 MatMul/Conv nodes, dimensions that are not multiples of 8 (which
+keep cuBLAS/cuDNN off Tensor Cores) are listed by node; shapes come from the graph's shape
+inference with the inputs' shapes filled in, or from a sample run where inference cannot tell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..core import hardware
+from ..core.errors import AmpRewriteError, InputError
+from ..io.load import load
+from .runner import (
+    GraphRunner,
+    concrete_shape,
+    load_inputs,
+    open_model,
+    parse_shapes,
+    random_inputs,
+)
+
+log = logging.getLogger(__name__)
+
+MATRIX_PRIMITIVES = ("convolution", "deconvolution", "inner_product", "matmul")
+SIXTEEN_BIT_DATA = ("bf16", "f16")
+SIXTEEN_BIT_ISA = ("amx", "avx512_core_bf16", "avx512_core_fp16", "avx2_vnni_2")
+TENSOR_CORE_KERNEL = re.compile(r"884|1688|16816|hmma|xmma|tensorop|wmma", re.IGNORECASE)
+_BEGIN, _END = "amp-rewrite-kernels-begin", "amp-rewrite-kernels-end"
+_ONEDNN = "amp-rewrite-kernels-onednn="
+# the child's last stderr line when it fails: JSON {"kind": "user"|"internal", "message", ...}
+_FAILED = "amp-rewrite-kernels-failed="
+_CHILD_TIMEOUT = 600
+
+
+@dataclass
+class Kernel:
+    """One executed matrix kernel (a oneDNN primitive, or a GPU kernel)."""
+
+    kind: str            # convolution, matmul, inner_product, deconvolution, or "gpu"
+    implementation: str  # e.g. brg_conv_fwd:avx512_core_bf16, or the GPU kernel name
+    dtype: str           # source data type as oneDNN names it (f32, bf16, f16 ...)
+    macs: int | None     # multiply-accumulates, from the problem descriptor (None: unknown)
+    sixteen_bit: bool    # ran on a 16-bit matrix unit
+    problem: str = ""
+
+
+@dataclass
+class KernelReport:
+    """Which matrix kernels ran, and how much of the work ran on 16-bit matrix units."""
+
+    device: str
+    runtime: str = ""                 # e.g. "oneDNN v3.7.3, isa: Intel AVX-512 with ... bfloat16"
+    onednn: bool | None = None        # CPU: whether TensorFlow's oneDNN ops were on in the run
+    kernels: list[Kernel] = field(default_factory=list)
+    misaligned: list[dict] = field(default_factory=list)   # float16 dims not multiples of 8
+
+    @property
+    def share(self) -> float | None:
+        """Share of the MACs (or, where sizes are unknown, of the kernels) on 16-bit units."""
+        if not self.kernels:
+            return None
+        if all(k.macs is not None for k in self.kernels):
+            total = sum(k.macs for k in self.kernels)
+            if total:
+                return sum(k.macs for k in self.kernels if k.sixteen_bit) / total
+        return sum(k.sixteen_bit for k in self.kernels) / len(self.kernels)
+
+    def groups(self) -> list[dict]:
+        """Kernels grouped by (kind, implementation, dtype): count and MACs, largest first."""
+        out: dict[tuple, dict] = {}
+        for k in self.kernels:
+            g = out.setdefault((k.kind, k.implementation, k.dtype), {
+                "kind": k.kind, "implementation": k.implementation, "dtype": k.dtype,
+                "count": 0, "macs": 0, "sixteen_bit": k.sixteen_bit})
+            g["count"] += 1
+            g["macs"] += k.macs or 0
+        return sorted(out.values(), key=lambda g: (-g["macs"], -g["count"], g["implementation"]))
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "runtime": self.runtime, "onednn": self.onednn,
+                "share": self.share,
+                "kernels": [asdict(k) for k in self.kernels], "groups": self.groups(),
+                "misaligned": self.misaligned}
+
+
+# -- oneDNN verbose log ------------------------------------------------------------------------
+
+def isa_of(implementation: str) -> str:
+    """``brg_conv_fwd:avx512_core_bf16`` -> ``avx512_core_bf16``."""
+    return implementation.split(":", 1)[1] if ":" in implementation else implementation
+
+
+def on_sixteen_bit_unit(implementation: str, dtype: str) -> bool:
+    isa = isa_of(implementation)
+    return dtype in SIXTEEN_BIT_DATA and any(tag in isa for tag in SIXTEEN_BIT_ISA)
+
+
+def parse_onednn_log(text: str) -> tuple[list[Kernel], str]:
+    """The matrix primitives executed according to a oneDNN verbose log, and the runtime line."""
+    kernels, info = [], []
+    for line in text.splitlines():
+        if not line.startswith(("onednn_verbose,", "dnnl_verbose,")):
+            continue
+        fields = line.strip().split(",")
+        if "info" in fields and ("isa:" in line or "oneDNN v" in line):
+            info.append(fields[-1].strip())
+        if "exec" not in fields:
+            continue
+        rest = fields[fields.index("exec") + 1:]
+        # engine, kind, implementation, prop_kind, memory descriptors, attrs, aux, problem, time
+        if len(rest) < 9 or rest[1] not in MATRIX_PRIMITIVES:
+            continue
+        kind, impl, mds, problem = rest[1], rest[2], rest[4], rest[-2]
+        dtype = _src_dtype(mds)
+        kernels.append(Kernel(kind, impl, dtype, macs_of(kind, problem),
+                              on_sixteen_bit_unit(impl, dtype), problem))
+    return kernels, ", ".join(info)
+
+
+def _src_dtype(mds: str) -> str:
+    for md in mds.split():
+        name, _, rest = md.partition(":")
+        if name in ("src", "diff_src"):
+            return rest.split(":", 1)[0]
+        if name.startswith(("src_", "diff_src_")):  # oneDNN 2.x: src_bf16::blocked:...
+            return name.rsplit("_", 1)[1]
+    return ""
+
+
+def macs_of(kind: str, problem: str) -> int | None:
+    """Multiply-accumulates of one primitive from oneDNN's problem descriptor (None: unknown)."""
+    if kind == "matmul":
+        return _matmul_macs(problem)
+    dims = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", problem)}
+    if "mb" not in dims or "ic" not in dims or "oc" not in dims:
+        return None
+    get = lambda k: dims.get(k, 1)  # noqa: E731
+    if kind == "inner_product":
+        return get("mb") * get("ic") * get("oc") * get("id") * get("ih") * get("iw")
+    kernel = get("kd") * get("kh") * get("kw")
+    g = get("g")
+    if kind == "deconvolution":
+        return get("mb") * get("ic") * (get("oc") // g) * get("id") * get("ih") * get("iw") * kernel
+    return get("mb") * (get("ic") // g) * get("oc") * get("od") * get("oh") * get("ow") * kernel
+
+
+def _matmul_macs(problem: str) -> int | None:
+    parts = problem.split(":")
+    try:
+        src, wei = ([int(d) for d in p.split("x")] for p in parts[:2])
+    except ValueError:
+        return None  # run-time dimensions ("*") or an unknown layout
+    if len(src) < 2 or len(wei) < 2:
+        return None
+    m, k, n = src[-2], src[-1], wei[-1]
+    try:
+        batch = np.broadcast_shapes(tuple(src[:-2]), tuple(wei[:-2]))
+    except ValueError:
+        return None
+    return math.prod(batch) * m * k * n
+
+
+def onednn_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = None,
+                   signature: str | None = None) -> KernelReport:
+    """Run the model once in a child process with ``ONEDNN_VERBOSE=1`` and parse its log."""
+    cmd = [sys.executable, "-m", "amp_rewrite.tools.kernels", str(path)]
+    for name, dims in (shapes or {}).items():
+        cmd += ["--shape", f"{name}={','.join(map(str, dims))}"]
+    if inputs:
+        cmd += ["--inputs", str(inputs)]
+    if signature:
+        cmd += ["--signature", signature]
+    env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"{path}: one run took over {_CHILD_TIMEOUT} s") from None
+    if proc.returncode != 0:
+        raise _child_failure(path, proc.returncode, proc.stderr)
+    out = proc.stdout
+    if _BEGIN in out and _END in out:
+        # only the measured run: the first one also executes constant folding and warm-up
+        header = out.split(_BEGIN)[0]
+        measured = out.split(_BEGIN, 1)[1].split(_END, 1)[0]
+    else:
+        header = measured = out
+    kernels, _ = parse_onednn_log(measured)
+    _, runtime = parse_onednn_log(header)
+    flag = re.search(f"^{_ONEDNN}([01])$", header, re.MULTILINE)
+    onednn = None if flag is None else flag.group(1) == "1"
+    if not kernels:
+        log.warning(_no_kernel_reason(onednn))
+    return KernelReport("CPU", runtime, onednn=onednn, kernels=kernels)
+
+
+def _no_kernel_reason(onednn: bool | None) -> str:
+    if onednn is False:
+        unit = ("" if hardware.bf16_matrix_unit() else
+                " (this CPU has no bfloat16 matrix unit, so bfloat16 cannot run faster here)")
+        return ("TensorFlow's oneDNN ops were off in the run (TF_ENABLE_ONEDNN_OPTS=0, or its "
+                "default on a CPU without AVX512-VNNI/AVX512-BF16/AMX), so the matrix ops ran on "
+                "Eigen kernels, which log nothing; set TF_ENABLE_ONEDNN_OPTS=1 to run them "
+                "through oneDNN" + unit)
+    return ("no oneDNN matrix primitive ran: the matrix ops ran on Eigen kernels, as float16 "
+            "does on CPUs without AVX512-FP16")
+
+
+def _child_failure(path, returncode: int, stderr: str) -> AmpRewriteError:
+    """What a failed child process means: the model TensorFlow could not run (the child's
+    InputError: the user's, exit 2), or a bug of ours (its report of any other exception, or
+    a child that ended without one: a crash), an internal error."""
+    reports = [line[len(_FAILED):] for line in stderr.splitlines() if line.startswith(_FAILED)]
+    try:
+        report = json.loads(reports[-1]) if reports else None
+    except ValueError:
+        report = None
+    if isinstance(report, dict) and report.get("kind") == "user":
+        return InputError(str(report.get("message")))
+    if isinstance(report, dict):
+        log.debug("the kernels child process's traceback:\n%s", report.get("traceback", ""))
+        return AmpRewriteError(f"{path}: the process running the model for kernels failed: "
+                               f"{report.get('message')}")
+    if returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-returncode}"
+    else:
+        how = f"ended with exit code {returncode}"
+    last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
+    return AmpRewriteError(f"{path}: the process running the model for kernels {how} without "
+                           "reporting an error" + (f" (its last words: {last.strip()})" if last else ""))
+
+
+def _child(argv: Sequence[str]) -> int:
+    """The child process: :func:`_run_child`; a failure ends it with exit code 1 after one
+    line on stderr saying whose it is (:func:`_child_failure` reads it): ``user`` for an
+    :class:`InputError` (the model, its inputs, a run TensorFlow refuses), ``internal`` for
+    anything else."""
+    try:
+        return _run_child(argv)
+    except InputError as exc:
+        report = {"kind": "user", "message": str(exc)}
+    except Exception as exc:    # our bug: the parent reports it as an internal error
+        report = {"kind": "internal", "message": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(2, f"\n{_FAILED}{json.dumps(report)}\n".encode())
+    return 1
+
+
+def _run_child(argv: Sequence[str]) -> int:
+    """Run the model twice, marking the second run on stdout."""
+    import argparse
+    import ctypes
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--shape", action="append", default=[])
+    p.add_argument("--inputs")
+    p.add_argument("--signature")
+    args = p.parse_args(argv)
+    libc = ctypes.CDLL(None)
+    os.write(1, f"{_ONEDNN}{int(hardware.onednn_enabled())}\n".encode())
+    with open_model(args.model, signature=args.signature) as runner:
+        feeds = (load_inputs(args.inputs, runner.inputs) if args.inputs else
+                 random_inputs(runner.inputs, parse_shapes(args.shape)))
+        call = runner.callable()
+        call(feeds)
+        for marker in (_BEGIN, None, _END):
+            if marker is None:
+                call(feeds)
+                continue
+            # oneDNN writes through C stdio: flush it so the marker lands between its lines
+            libc.fflush(None)
+            sys.stdout.flush()
+            os.write(1, f"{marker}\n".encode())
+    libc.fflush(None)
+    return 0
+
+
+# -- GPU ---------------------------------------------------------------------------------------
+
+def gpu_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = None,
+                signature: str | None = None) -> KernelReport:
+    """Run a graph file once on the GPU with a full trace and classify the kernels it launched."""
+    import tensorflow as tf
+    runner = open_model(path, signature=signature)
+    if not isinstance(runner, GraphRunner):
+        raise InputError(f"{path}: the GPU kernel trace needs a graph file (GraphDef or MetaGraph)")
+    with runner:
+        feeds = load_inputs(inputs, runner.inputs) if inputs else random_inputs(runner.inputs, shapes)
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        metadata = tf.compat.v1.RunMetadata()
+        feed_dict = {s.tensor: feeds[s.name] for s in runner.inputs}
+        runner.session.run(runner.outputs, feed_dict)
+        runner.session.run(runner.outputs, feed_dict, options=options, run_metadata=metadata)
+    return KernelReport("GPU", "TensorFlow step trace",
+                        kernels=classify_gpu_kernels(metadata.step_stats))
+
+
+def classify_gpu_kernels(step_stats) -> list[Kernel]:
+    """GPU kernels of a trace whose names belong to matrix libraries; Tensor Core ones flagged."""
+    kernels = []
+    for dev in step_stats.dev_stats:
+        if "stream" not in dev.device.lower():
+            continue
+        for ns in dev.node_stats:
+            name = ns.timeline_label or ns.node_name
+            if re.search(r"gemm|conv|cudnn|cutlass|xmma|hmma|884|1688|16816", name, re.IGNORECASE):
+                kernels.append(Kernel("gpu", name, "", None, bool(TENSOR_CORE_KERNEL.search(name))))
+    return kernels
+
+
+# -- static Tensor Core alignment ----------------------------------------------------------------
+
+_CHANNEL_FILTER_OPS = {"Conv2D": 1, "Conv3D": 1, "DepthwiseConv2dNative": 1, "Conv2DBackpropInput": 1}
+
+
+def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | None = None) -> list[dict]:
+    """float16 MatMul/Conv nodes with a dimension that is not a multiple of 8, by node.
+
+    Checked: a MatMul's K and N (its M is the batch, decided at run time), a batched matmul's
+    K and N, and a convolution's input and output channels.
+    """
+    model = load(path)
+    with GraphRunner(model, signature) as runner:
+        fixed = {s.tensor.split(":")[0]: concrete_shape(s, shapes or {}) for s in runner.inputs}
+    for node in model.graph_def.node:
+        if node.op == "Placeholder" and node.name in fixed:
+            node.attr["shape"].shape.Clear()
+            for d in fixed[node.name]:
+                node.attr["shape"].shape.dim.add(size=d)
+    found = []
+    with GraphRunner(model, signature) as runner:
+        ops = [op for op in runner.graph.get_operations()
+               if "T" in op.node_def.attr and op.get_attr("T") == _half() and _is_matrix(op)]
+        sampled = _sample_shapes(runner, ops, shapes)
+        for op in ops:
+            dims = _matrix_dims(op, lambda t: sampled.get(t.name, _static(t)))
+            if dims is None:
+                log.info("%s: input shapes unknown, alignment not checked", op.name)
+                continue
+            bad = {k: v for k, v in dims.items() if v is not None and v % 8}
+            if bad:
+                found.append({"node": op.name, "op": op.type, "dims": dims, "not_multiple_of_8": bad})
+    return found
+
+
+def _sample_shapes(runner: GraphRunner, ops, shapes) -> dict[str, list[int]]:
+    """Shapes of matrix-op inputs that shape inference left open, from one run (where fetchable)."""
+    wanted = sorted({t.name for op in ops for t in op.inputs[:2] if not t.shape.is_fully_defined()}
+                    & set(runner.fetchable()))
+    if not wanted:
+        return {}
+    values = runner.fetch(random_inputs(runner.inputs, shapes), wanted)
+    return {name: list(v.shape) for name, v in zip(wanted, values)}
+
+
+def _is_matrix(op) -> bool:
+    return op.type == "MatMul" or op.type.startswith("BatchMatMul") or op.type in _CHANNEL_FILTER_OPS
+
+
+def _static(t):
+    return t.shape.as_list() if t.shape.rank is not None else None
+
+
+def _half():
+    import tensorflow as tf
+    return tf.float16
+
+
+def _matrix_dims(op, shape=_static) -> dict | None:
+    """The dimensions the alignment check looks at, by letter; None for other ops."""
+    if op.type == "MatMul":
+        a, b = shape(op.inputs[0]), shape(op.inputs[1])
+        if a is None or b is None:
+            return None
+        k = a[0] if op.get_attr("transpose_a") else a[1]
+        n = b[0] if op.get_attr("transpose_b") else b[1]
+        return {"K": k, "N": n}
+    if op.type.startswith("BatchMatMul"):
+        a, b = shape(op.inputs[0]), shape(op.inputs[1])
+        if a is None or b is None:
+            return None
+        k = a[-2] if op.get_attr("adj_x") else a[-1]
+        n = b[-2] if op.get_attr("adj_y") else b[-1]
+        return {"K": k, "N": n}
+    if op.type in _CHANNEL_FILTER_OPS:
+        f = shape(op.inputs[_CHANNEL_FILTER_OPS[op.type]])
+        if f is None:
+            return None
+        if op.type == "DepthwiseConv2dNative":
+            return {"C": f[-2]}
+        return {"C": f[-2], "K": f[-1]}
+    return None
+
+
+# -- command line ------------------------------------------------------------------------------
+
+def kernel_report(path, *, device: str = "auto", shapes: Mapping | None = None,
+                  inputs: str | None = None, signature: str | None = None) -> KernelReport:
+    """Run ``path`` once and report its matrix kernels, plus the float16 alignment check."""
+    if device != "cpu":
+        import tensorflow as tf
+        gpus = tf.config.list_physical_devices("GPU")
+        if device == "gpu" and not gpus:
+            raise InputError("--device gpu: TensorFlow sees no GPU on this machine")
+        device = "gpu" if gpus else "cpu"
+    if device == "gpu":
+        report = gpu_kernels(path, shapes=shapes, inputs=inputs, signature=signature)
+    else:
+        report = onednn_kernels(path, shapes=shapes, inputs=inputs, signature=signature)
+    if not Path(path).is_dir():
+        report.misaligned = misaligned_dims(path, shapes=shapes, signature=signature)
+    return report
+
+
+def format_report(report: KernelReport) -> str:
+    lines = [f"ran once on {report.device}" + (f" ({report.runtime})" if report.runtime else "")]
+    if not report.kernels:
+        lines.append("no matrix kernel was seen (see the warning above)")
+    for g in report.groups():
+        unit = "16-bit matrix unit" if g["sixteen_bit"] else "not on a 16-bit unit"
+        macs = f"{g['macs'] / 1e6:.2f}M MACs" if g["macs"] else "size unknown"
+        lines.append(f"  {g['count']:>3} x {g['kind']:<13} {g['implementation']:<32} "
+                     f"{g['dtype'] or '-':<5} {macs:<16} {unit}")
+    if report.share is not None:
+        on = sum(1 for k in report.kernels if k.sixteen_bit)
+        lines.append(f"MatMul/Conv work on 16-bit matrix units: {100 * report.share:.1f}% "
+                     f"({on} of {len(report.kernels)} kernels)")
+    if report.misaligned:
+        lines.append("float16 Tensor Core alignment: dimensions not a multiple of 8:")
+        for m in report.misaligned:
+            dims = ", ".join(f"{k}={v}" for k, v in m["not_multiple_of_8"].items())
+            lines.append(f"  {m['node']} ({m['op']}): {dims}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))

@@ -1,0 +1,616 @@
+"""``amp-rewrite tune``: the fewest nodes kept in float32 for every sample to meet a tolerance.
+
+Rule lists are a guess: a sum over many large values, a softmax or a LayerNorm over large
+logits can overflow or lose accuracy in float16 where the lists call the op safe. ``tune``
+starts from the painted graph and searches with the error attribution of ``verify
+--per-node`` instead of blind bisection:
+
+1. *Trial 0* is the ordinary conversion. A trial converts the model with the nodes kept so far
+   as ``keep_fp32`` overrides, runs it on every sample, and scores each sample with the metric
+   (lower is better); it passes when every sample's score is within the tolerance. Both
+   models run as ``verify`` runs them (:func:`amp_rewrite.tools.runner.open_model` and
+   :func:`~amp_rewrite.tools.runner.open_converted`: the same outputs and weights, the same
+   session), so a tuned model passes ``verify`` on the same samples and tolerance.
+2. While a trial fails, the worst sample is traced through both models
+   (:func:`amp_rewrite.tools.verify.attribute`) and the nodes where the error starts are kept in
+   float32: the low-precision tensors that add the most error over their inputs (an overflow
+   to inf comes first), or, where the tensor adding it is float32 (an Exp or Softmax fed
+   rounded values), the low-precision tensors it is computed from. Every tensor within half of
+   the largest added error is taken in one trial; of overflows (inf), the earliest only, as
+   later ones are mostly its consequences. When the attribution names nothing new,
+   every node still in low precision is kept at once; if even that fails, the tolerance
+   cannot be met (nothing is written).
+3. Once a trial passes, the kept nodes are released again, last kept first, in halves
+   (a released group that fails is split and its halves tried on their own), so a node stays
+   float32 only when releasing it alone fails the tolerance. A set already tried is not run
+   twice.
+4. With ``relax``, the other direction, where the lists were too careful: the float32 nodes
+   that only the lists kept float32 (deny, infer or clear alone, not listed) and that exchange
+   data with a low-precision node are forced into low precision (``force_lowp``), all at once
+   and then in halves of each group that fails, keeping every group that passes.
+
+``max_trials`` bounds the conversions run; pruning stops at the budget with a passing result.
+Before any trial, the float32 model is run twice and scored against itself: a metric that
+does not give at most the tolerance for equal outputs (or a model whose outputs vary between
+runs) is refused, as no conversion could meet it.
+
+The result is the converted model and a rules file of the overrides chosen (``keep_fp32``,
+each with the op and the error that chose it; ``force_lowp`` from ``relax``), which
+``--rules`` reapplies to give the same graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..convert.graph import Options
+from ..convert.pipeline import convert_model
+from ..core.dtypes import BFLOAT16, HALF, TARGET_NAMES
+from ..core.errors import InputError, UnsupportedGraphError
+from ..core.ops import FUNCTIONAL_OPS
+from ..io.files import (
+    OutputSet,
+    check_container,
+    check_file_destination,
+    same_file,
+    tune_rules_path,
+)
+from ..io.load import Model, load
+from ..io.save import check_destination, save, stage
+from ..report.decisions import Report
+from ..rules.loader import NodeRule
+from ..training.detect import training_parts
+from .runner import Runner, load_inputs, open_converted, open_model
+from .verify import REL_L2, TOP1, Attribution, ErrorStats, attribute, criteria
+
+log = logging.getLogger(__name__)
+
+#: the built-in metrics, each the worst over a sample's outputs (lower is better)
+METRICS = ("rel_l2", "max_abs", "top1")
+_LOWP = {TARGET_NAMES[HALF], TARGET_NAMES[BFLOAT16]}
+DEFAULT_MAX_TRIALS = 50
+# A tensor adding at least this share of the largest added error is kept in the same trial:
+# overflows (inf) are taken together, a long tail of rounding noise is not.
+_BATCH_SHARE = 0.5
+_SOURCE = "amp-rewrite tune"
+# float32 decisions that only the rule lists made: tune --relax may overturn them
+RELAXABLE = {"deny_list", "deny_propagated", "infer_alone", "clear_alone", "not_listed"}
+
+Outputs = Mapping[str, np.ndarray]
+Metric = Callable[[Outputs, Outputs], float]
+
+
+# ----------------------------------------------------------------- metrics
+def _stats(ref: Outputs, out: Outputs, top1: bool = False):
+    """Each output's :class:`~amp_rewrite.tools.verify.ErrorStats`."""
+    for name, a in ref.items():
+        s = ErrorStats(0.0, 0.0)
+        s.update(a, out[name], top1=top1)
+        yield s
+
+
+def _rel_l2(ref: Outputs, out: Outputs) -> float:
+    return max((s.rel_l2 for s in _stats(ref, out)), default=0.0)
+
+
+def _max_abs(ref: Outputs, out: Outputs) -> float:
+    return max((s.max_abs_error for s in _stats(ref, out)), default=0.0)
+
+
+def _top1(ref: Outputs, out: Outputs) -> float:
+    """The share of rows whose argmax moved, on the outputs that are batches of scores."""
+    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, top1=True)
+             if s.top1 is not None]
+    if not moved:
+        raise InputError("metric top1: no output is a batch of scores (a rank-2 float output "
+                         "whose last dimension is over 1); pick one with --output-tensor or "
+                         "choose another --metric")
+    return max(moved)
+
+
+_BUILTIN: dict[str, Metric] = {"rel_l2": _rel_l2, "max_abs": _max_abs, "top1": _top1}
+
+
+def default_tolerance(metric: str, target: str) -> float:
+    """What ``verify`` accepts by default, so that a tuned model passes ``verify``: rel_l2 by
+    target (float16 1e-2, bfloat16 5e-2), top1 one row in a hundred moved; max_abs depends on
+    the outputs' scale and has none."""
+    if metric == "rel_l2":
+        return REL_L2[HALF if target == "float16" else BFLOAT16]
+    if metric == "top1":
+        return round(1.0 - TOP1, 12)
+    raise InputError(f"--metric {metric} needs --tolerance X: an absolute error has no default "
+                     "(it depends on the outputs' scale)")
+
+
+# ----------------------------------------------------------------- results
+@dataclass
+class Kept:
+    """A node tune keeps in float32, and why: the tensor whose added error chose it."""
+
+    node: str
+    op: str
+    tensor: str
+    added: float
+    trial: int
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` did. ``ok``: every sample met the tolerance (only then is anything
+    written); ``model``/``report``: the best passing conversion (else the last tried)."""
+
+    ok: bool
+    metric: str
+    tolerance: float
+    samples: int
+    trials: int
+    seconds: float
+    before: float                     # worst sample's metric, painted graph (trial 0)
+    after: float                      # the same for the result
+    kept: list[Kept]
+    forced: list[str]                 # nodes relax moved into low precision
+    lowp_before: int                  # nodes in low precision, painted graph
+    lowp_after: int
+    model: Model
+    report: Report
+    holdout_before: float | None = None   # the metric on held-out samples (never tuned on)
+    holdout_after: float | None = None
+    message: str = ""                 # why it stopped, when not ok; else what was cut short
+    rules_file: str | None = None
+    trial_log: list[dict] = field(default_factory=list)
+
+    @property
+    def graph_def(self):
+        return self.model.graph_def
+
+    def summary(self) -> str:
+        lines = [f"metric {self.metric} (worst of {self.samples} sample(s)), tolerance "
+                 f"{self.tolerance:g}: painted graph {self.before:.3g} -> "
+                 f"{'tuned' if self.ok else 'best tried'} {self.after:.3g}",
+                 f"{self.trials} trials in {self.seconds:.1f} s; {len(self.kept)} node(s) kept "
+                 f"in float32; nodes in low precision {self.lowp_before} -> {self.lowp_after}"]
+        if self.holdout_before is not None:
+            lines.append(f"held-out samples: {self.holdout_before:.3g} -> {self.holdout_after:.3g}")
+        for k in self.kept:
+            lines.append(f"  keep_fp32 {k.node} ({k.op}): {k.tensor} added {k.added:.3g}")
+        for name in self.forced:
+            lines.append(f"  force_lowp {name}: the tolerance holds with it in low precision")
+        if self.message:
+            lines.append(self.message)
+        return "\n".join(lines)
+
+
+@dataclass
+class _Trial:
+    keep: frozenset[str]
+    scores: list[float]
+    model: Model
+    report: Report
+    runner: Runner | None
+    force: frozenset[str] = frozenset()
+
+    @property
+    def score(self) -> float:
+        return max(self.scores)
+
+    @property
+    def forced(self) -> list[str]:
+        """The nodes forced into low precision, in graph order."""
+        return [n.name for n in self.report.nodes if n.name in self.force]
+
+    def close(self) -> None:
+        """Close the runner, and delete the SavedModel it ran from (a copy per trial would
+        otherwise fill the disk with up to --max-trials copies of the model)."""
+        if self.runner is not None:
+            folder = getattr(self.runner, "path", None) if self.model.kind == "savedmodel" else None
+            self.runner.close()
+            self.runner = None
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+# ----------------------------------------------------------------- the search
+class _Tuner:
+    def __init__(self, model: Model, options: Options, ref: Runner, feeds: list[dict],
+                 metric: Metric, tolerance: float, max_trials: int, signature: str | None,
+                 outputs: Sequence[str], progress, workdir: Path):
+        self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
+        self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
+        self.signature, self.outputs = signature, outputs
+        self.progress, self.workdir = progress, workdir
+        self.base = options.rule_set()
+        self.ref_outputs = [self._outputs(ref, f) for f in feeds]
+        self.crit = criteria()
+        self.trials = self.folders = 0
+        # every trial made, by its (keep, force) sets: none is run twice, and each is closed
+        # at the end (closing one twice is harmless)
+        self.seen: dict[tuple[frozenset[str], frozenset[str]], _Trial] = {}
+        self.log: list[dict] = []
+
+    def _outputs(self, runner: Runner, feed: Mapping) -> dict[str, np.ndarray]:
+        return dict(zip(self.ref.outputs, runner.callable()(feed)))
+
+    def check_baseline(self) -> None:
+        for i, (feed, want) in enumerate(zip(self.feeds, self.ref_outputs)):
+            again = self._score(want, self._outputs(self.ref, feed))
+            if not again <= self.tolerance:
+                raise InputError(
+                    f"the tolerance cannot be met: the float32 model scored against itself (run "
+                    f"twice on sample {i}) gives {again:.3g} > {self.tolerance:g}, so no "
+                    "conversion can pass; the metric must give 0 (at most the tolerance) for "
+                    "equal outputs, and the model's outputs must not vary between runs")
+
+    def _score(self, ref: Outputs, out: Outputs) -> float:
+        value = float(self.metric(ref, out))
+        return math.inf if math.isnan(value) else value
+
+    def trial(self, keep: Iterable[str], why: str, force: Iterable[str] = ()) -> _Trial:
+        """Convert with ``keep`` as keep_fp32 and ``force`` as force_lowp overrides, run every
+        sample and score it."""
+        keep, force = frozenset(keep), frozenset(force)
+        self.trials += 1
+        rules = dataclasses.replace(self.base, node_rules=list(self.base.node_rules)
+                                    + [keep_rule(name) for name in sorted(keep)]
+                                    + [keep_rule(name, "force_lowp") for name in sorted(force)])
+        converted, report = convert_model(self.model, dataclasses.replace(self.options, rules=rules))
+        runner = self._open_converted(converted)
+        t = _Trial(keep, [], converted, report, runner, force)
+        self.seen[(keep, force)] = t
+        t.scores = [self._score(want, self._outputs(runner, feed))
+                    for feed, want in zip(self.feeds, self.ref_outputs)]
+        ok = t.score <= self.tolerance
+        self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
+                         "forced": len(force), "metric": t.score, "ok": ok})
+        log.info("trial %d (%s): %d kept, %d forced, metric %.3g %s", self.trials - 1, why,
+                 len(keep), len(force), t.score, "ok" if ok else "over")
+        if self.progress is not None:
+            self.progress(self.trials, self.max_trials, t.score, len(keep))
+        return t
+
+    def _open_converted(self, converted: Model) -> Runner:
+        """A trial's conversion opened as ``verify`` opens one against the original
+        (:func:`~amp_rewrite.tools.runner.open_converted`): the same outputs, the original's weights,
+        the same session; a SavedModel runs from a folder of its own."""
+        if converted.kind == "savedmodel":
+            self.folders += 1
+            folder = self.workdir / f"model{self.folders}"
+            save(converted, folder)
+            converted = folder
+        return open_converted(self.ref, converted, signature=self.signature, outputs=self.outputs)
+
+    def culprits(self, t: _Trial, kept: Mapping[str, Kept], names: set[str]) -> list[Kept]:
+        """The nodes where the worst sample's error starts (module docstring, step 2)."""
+        worst = max(range(len(self.feeds)), key=lambda i: t.scores[i])
+        found = attribute(self.ref, t.runner, [self.feeds[worst]], self.crit)
+        chosen: dict[str, Kept] = {}
+        first = None
+        for n in found.ranked:
+            if n.added <= 0 or (first is not None and not n.added >= _BATCH_SHARE * first):
+                break
+            for tensor in _lowp_sources(n.tensor, found):
+                node = tensor.rsplit(":", 1)[0]
+                if node in kept or node in chosen or node not in names:
+                    continue
+                chosen[node] = Kept(node, found.info[tensor].op, n.tensor, n.added, self.trials)
+                first = n.added if first is None else first
+            if chosen and math.isinf(first):
+                # the earliest overflow: later ones are mostly its consequences, seen through
+                # tensors the comparison cannot follow (casts, folded constants)
+                break
+        return list(chosen.values())
+
+    def run(self, relax: bool = False) -> tuple[_Trial, dict[str, Kept], _Trial, str]:
+        """The search; returns the painted graph's trial, what is kept, the result's trial
+        and a note (why it failed, or what was cut short)."""
+        start = self.trial((), "painted graph")
+        names = {n.name for n in start.report.nodes}
+        kept: dict[str, Kept] = {}
+        current = start
+        while not current.score <= self.tolerance:
+            if self.trials >= self.max_trials:
+                return start, kept, current, (f"not met within --max-trials {self.max_trials}: "
+                                              f"the last trial's metric is {current.score:.3g} "
+                                              f"with {len(kept)} node(s) kept")
+            new = self.culprits(current, kept, names)
+            why = "attribution"
+            if not new:
+                new = [Kept(n.name, n.op, "", math.nan, self.trials) for n in current.report.nodes
+                       if n.precision in _LOWP | {"mixed"} and n.name in names
+                       and n.name not in kept]
+                why = "every node left in low precision"
+                if not new:
+                    return start, kept, current, (
+                        f"the tolerance cannot be met: with every node the conversion may keep "
+                        f"in float32 kept, the metric is still {current.score:.3g} > "
+                        f"{self.tolerance:g}")
+            kept.update((k.node, k) for k in new)
+            if current is not start:
+                current.close()
+            current = self.trial(kept, why)
+        current, note = self._release(current, list(kept))
+        kept = {k: v for k, v in kept.items() if k in current.keep}
+        if relax and not note:
+            current, note = self._relax(current)
+        return start, kept, current, note
+
+    def _release(self, passing: _Trial, kept: list[str]) -> tuple[_Trial, str]:
+        """Release ``kept`` (in the order the search kept them) in halves, last kept first
+        (module docstring, step 3)."""
+        return self._bisect(passing, kept[::-1], lambda t, group: (t.keep - set(group), t.force),
+                            "release", "releasing kept nodes: some may not be needed")
+
+    def _relax(self, passing: _Trial) -> tuple[_Trial, str]:
+        """Force into low precision, in halves, the float32 nodes next to low-precision ones
+        that the lists (not the tolerance, an interface or a kernel) kept float32 (step 4)."""
+        lowp = {n.name for n in passing.report.nodes if n.precision in _LOWP}
+        neighbours = _neighbours(self.model)    # only relax needs the graph's edges
+        candidates = [n.name for n in passing.report.nodes
+                      if n.precision == "float32" and n.code in RELAXABLE
+                      and n.op not in FUNCTIONAL_OPS
+                      and n.name not in passing.keep and neighbours.get(n.name, set()) & lowp]
+        return self._bisect(passing, candidates, lambda t, group: (t.keep, t.force | set(group)),
+                            "relax", "relaxing: more nodes may run in low precision")
+
+    def _bisect(self, passing: _Trial, items: list[str], step, why: str, cut: str):
+        """Try ``step`` with each group of ``items``, whole first, then halves of a group
+        that fails; a group whose trial passes is taken. Returns the last passing trial and
+        what the budget cut short."""
+        groups = [items] if items else []
+        while groups:
+            group = groups.pop(0)
+            keep, force = step(passing, group)
+            t = self.seen.get((frozenset(keep), frozenset(force)))
+            if t is None:
+                if self.trials >= self.max_trials:
+                    return passing, f"stopped {cut} at --max-trials {self.max_trials}"
+                t = self.trial(keep, f"{why} {len(group)}", force)
+            if t.score <= self.tolerance:
+                if t is not passing:
+                    passing.close()
+                passing = t
+            else:
+                t.close()
+                if len(group) > 1:
+                    groups[:0] = [group[: len(group) // 2], group[len(group) // 2:]]
+        return passing, ""
+
+
+def _lowp_sources(tensor: str, found: Attribution) -> list[str]:
+    """``tensor`` if the conversion computes it in low precision, else the nearest
+    low-precision tensors it is computed from (through float32 ones)."""
+    out, seen, stack = [], {tensor}, [tensor]
+    while stack:
+        name = stack.pop()
+        if found.dtypes.get(name) in _LOWP:
+            out.append(name)
+            continue
+        for source in sorted(found.sources(name) - seen):
+            seen.add(source)
+            stack.append(source)
+    return sorted(out, key=lambda n: found.info[n].order)
+
+
+def keep_rule(node: str, action: str = "keep_fp32") -> NodeRule:
+    """An override (``keep_fp32`` or ``force_lowp``) matching exactly ``node``: a glob of the
+    name itself, as TensorFlow's node names hold none of ``*?[]``."""
+    return NodeRule(action, node, None, _SOURCE)
+
+
+def _neighbours(model: Model) -> dict[str, set[str]]:
+    """Node -> the nodes it exchanges data with (both directions), in the graph and in each
+    function body (``function/node``), as the report names them. Linear in the edges."""
+    adjacent: dict[str, set[str]] = {}
+
+    def link(a: str, b: str) -> None:
+        adjacent.setdefault(a, set()).add(b)
+        adjacent.setdefault(b, set()).add(a)
+
+    graph_def = model.graph_def
+    for node in graph_def.node:
+        for name in node.input:
+            if not name.startswith("^"):
+                link(node.name, name.split(":")[0])
+    for function in graph_def.library.function:
+        prefix = function.signature.name + "/"
+        for node in function.node_def:
+            for name in node.input:
+                if not name.startswith("^"):
+                    link(prefix + node.name, prefix + name.split(":")[0])
+    return adjacent
+
+
+def _open(model: Model, signature: str | None, outputs: Sequence[str]) -> Runner:
+    """The float32 model opened as ``verify`` opens the original (its variables drawn by their
+    initializers, once: every trial gets their values)."""
+    if model.kind == "savedmodel" and outputs:
+        raise InputError(f"{model.path}: output tensors (--output-tensor) apply to graph "
+                         "files; a SavedModel's signature names its outputs")
+    return open_model(model, signature=signature, outputs=outputs)
+
+
+# ----------------------------------------------------------------- the entry point
+def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = None, *,
+         feeds: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike,
+         metric: str | Metric = "rel_l2", tolerance: float | None = None,
+         max_trials: int = DEFAULT_MAX_TRIALS,
+         holdout: Iterable[Mapping[str, np.ndarray]] | Sequence[str] = (),
+         rules_out: str | os.PathLike | None = None, signature: str | None = None,
+         outputs: Sequence[str] = (), force: bool = False, relax: bool = False,
+         progress: Callable[[int, int, float, int], None] | None = None,
+         report: str | os.PathLike | None = None, **options) -> TuneResult:
+    """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
+    ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
+
+    ``model``: a path (GraphDef, MetaGraph, SavedModel directory) or a loaded
+    :class:`~amp_rewrite.io.load.Model` (``Model.of_graph_def(graph_def)``). ``feeds``: feed
+    dicts keyed by input name (signature keys, or placeholder names), or ``.npz`` paths, one
+    sample each. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst over the outputs),
+    or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output name -> array,
+    lower is better. ``tolerance`` defaults to what ``verify`` accepts
+    (:func:`default_tolerance`). ``holdout``: samples scored before and after, never tuned on.
+    ``relax``: also move nodes the lists kept float32 into low precision where the
+    tolerance holds (module docstring, step 4). ``options``: those of
+    :class:`~amp_rewrite.convert.graph.Options`.
+
+    When it passes and ``output`` is given, writes the converted model there, the chosen
+    overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``) and, if
+    given, the JSON report of the conversion to ``report``, all or none; an existing file is
+    replaced only with ``force``. When it does not pass, nothing is written and ``result.ok``
+    is False, ``result.message`` says why.
+    """
+    started = time.perf_counter()
+    opts = Options(**options)
+    opts.check()
+    if isinstance(metric, str):
+        if metric not in METRICS:
+            raise InputError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
+        name, metric_fn = metric, _BUILTIN[metric]
+        tolerance = default_tolerance(metric, opts.target) if tolerance is None else tolerance
+    else:
+        name, metric_fn = getattr(metric, "__name__", "custom"), metric
+        if tolerance is None:
+            raise InputError("a metric function needs a tolerance")
+    if not (tolerance >= 0 and math.isfinite(tolerance)):
+        raise InputError(f"--tolerance {tolerance!r}: must be a finite number >= 0")
+    if max_trials < 1:
+        raise InputError("--max-trials must be at least 1")
+    if not isinstance(model, Model):
+        model = load(model)
+    out_paths = _check_outputs(model, output, rules_out, force, report)
+    if model.kind != "savedmodel" and "the graph" in training_parts(model.graph_def):
+        raise UnsupportedGraphError(f"{model.path}: the graph trains; tune compares inference "
+                                    "outputs: freeze or export the inference graph first")
+    with tempfile.TemporaryDirectory(prefix="amp-tune.") as workdir, \
+            _open(model, signature, outputs) as ref:
+        tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
+                       max_trials, signature, outputs, progress, Path(workdir))
+        held = _feed_list(holdout, ref, "holdout")
+        try:
+            tuner.check_baseline()
+            start, kept, final, note = tuner.run(relax)
+            result = TuneResult(
+                final.score <= tolerance, name, tolerance, len(tuner.feeds), tuner.trials,
+                0.0, start.score, final.score, list(kept.values()),
+                final.forced, _lowp(start.report),
+                _lowp(final.report), final.model, final.report, message=note,
+                trial_log=tuner.log)
+            if held:
+                wanted = [tuner._outputs(ref, f) for f in held]
+                result.holdout_before = _score_on(tuner, start, held, wanted)
+                result.holdout_after = _score_on(tuner, final, held, wanted)
+        finally:
+            for t in tuner.seen.values():
+                t.close()
+    result.seconds = time.perf_counter() - started
+    if result.ok and out_paths is not None:
+        out, rules_path = out_paths
+        with OutputSet() as written:    # checked before the search, each of them
+            stage(result.model, out, written, force=force)
+            written.add_file(rules_path, rules_text(result, model, opts).encode("utf-8"),
+                             force=force)
+            if report is not None:
+                written.add_file(report, result.report.to_json().encode("utf-8"), force=force)
+            written.commit()
+        result.rules_file = str(rules_path)
+    return result
+
+
+def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict]) -> float:
+    """``t``'s worst score on ``feeds``, whose float32 outputs are ``wanted``."""
+    runner = t.runner or tuner._open_converted(t.model)
+    try:
+        return max(tuner._score(want, tuner._outputs(runner, f)) for f, want in zip(feeds, wanted))
+    finally:
+        if runner is not t.runner:
+            runner.close()
+
+
+def _lowp(report: Report) -> int:
+    return sum(1 for n in report.nodes if n.precision in _LOWP | {"mixed"})
+
+
+def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
+    if isinstance(feeds, (str, os.PathLike)):
+        feeds = [feeds]
+    out = []
+    for feed in feeds:
+        if isinstance(feed, (str, os.PathLike)):
+            out.append(load_inputs(feed, ref.inputs))
+            continue
+        missing = [s.name for s in ref.inputs if s.name not in feed]
+        if missing:
+            raise InputError(f"{what}: a feed dict has no array for input(s) "
+                             f"{', '.join(map(repr, missing))} (has: {', '.join(map(str, feed))})")
+        out.append({s.name: np.asarray(feed[s.name]) for s in ref.inputs})
+    if what == "feeds" and not out:
+        raise InputError("tune needs at least one sample (--inputs DATA.npz)")
+    return out
+
+
+def _check_outputs(model: Model, output, rules_out, force: bool, report=None):
+    """The output and rules paths, checked before any work as saving would check them (and
+    the report path): not the input nor inside it, not existing unless ``force``, in a folder
+    that exists."""
+    if output is None:
+        return None
+    out = Path(output)
+    rules_path = Path(rules_out) if rules_out is not None else tune_rules_path(out)
+    paths = [model.path, out, rules_path] + ([Path(report)] if report is not None else [])
+    if any(same_file(a, b) for i, a in enumerate(paths) for b in paths[i + 1:]):
+        raise InputError(f"{out}: the output, the rules file, the report and the input must be "
+                         "different files")
+    if report is not None:
+        check_file_destination(Path(report), force=force)
+    if model.path.exists():
+        check_container(model.path, out)
+    check_destination(model, out, force=force)
+    check_file_destination(rules_path, force=force)
+    if model.kind == "savedmodel" and Path(model.path).resolve() in rules_path.resolve().parents:
+        raise InputError(f"{rules_path}: inside the input SavedModel {model.path}; write it "
+                         "elsewhere (--rules-out)")
+    return out, rules_path
+
+
+def rules_text(result: TuneResult, model: Model, options: Options) -> str:
+    """The rules file of the overrides chosen: reapplied with ``--rules`` (after the same
+    rule files tune was given) it gives the same conversion."""
+    flags = ["--target", options.target, "--device", options.device]
+    if not hasattr(options.rules, "lists"):     # files, not a RuleSet object
+        flags += [x for r in options.rules or () for x in ("--rules", str(r))]
+    flags += [x for name in options.keep for x in ("--keep", name)]
+    flags += ["--lowp-io"] if options.lowp_io else []
+    flags += ["--fold-constants"] if options.fold_constants else []
+    if options.min_matrix_intensity is not None:
+        flags += ["--min-matrix-intensity", f"{options.min_matrix_intensity:g}"]
+    flags += ["--cost-aware"] if options.cost_aware else []
+    lines = [f"# Written by amp-rewrite tune for {model.path}: the overrides with which",
+             f"# every one of {result.samples} sample(s) meets {result.metric} <= "
+             f"{result.tolerance:g} ({options.target}, device {options.device}).",
+             f"# Painted graph {result.before:.3g} -> tuned {result.after:.3g}; {result.trials} "
+             f"trials, {result.seconds:.1f} s.",
+             "# Reapply: amp-rewrite IN -o OUT " + " ".join(flags) + " --rules THIS_FILE",
+             ""]
+    for k in result.kept:
+        why = (f"{k.tensor} added {k.added:.3g} to the error (trial {k.trial})" if k.tensor
+               else f"kept with every low-precision node (trial {k.trial})")
+        lines += [f"# {k.op}: {why}", "[[override]]", f'glob = "{k.node}"',
+                  'action = "keep_fp32"', ""]
+    for name in result.forced:
+        lines += ["# the rule lists kept it float32; the tolerance holds in low precision",
+                  "[[override]]", f'glob = "{name}"', 'action = "force_lowp"', ""]
+    return "\n".join(lines)
+
+
+__all__ = ["METRICS", "Kept", "TuneResult", "default_tolerance", "keep_rule", "rules_text", "tune"]

@@ -1,0 +1,84 @@
+"""Optional float32 constant folding before painting (``--fold-constants``).
+
+A frozen inference graph often computes from Consts alone: Keras' batch norm, for one, turns
+its four vectors into a scale and an offset on every run. Painted as they are, those float32
+islands feed low-precision ops through a cast each, on every run. Folding them first, in
+float32, with TensorFlow's own constant folding (grappler's ``constant_folding`` pass, nothing
+else), leaves Consts that painting stores in the target dtype: fewer casts, and one rounding of
+the folded value instead of a rounding of each operand. Grappler does the same at run time
+before it paints; this makes the saved file carry the result.
+
+Only graphs without variables are folded: in a training graph folding would rewrite the
+backprop scope that loss scaling reads.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
+from tensorflow.python.grappler import tf_optimizer
+
+from ..core.errors import InputError
+from ..core.ir import Graph, copy_except
+from ..core.ops import VARIABLE_OPS
+from ..paint import interface_names
+
+log = logging.getLogger(__name__)
+
+#: grappler's passes that a default session config runs (and those that paint)
+GRAPPLER_PASSES = (
+    "constant_folding", "layout_optimizer", "arithmetic_optimization", "remapping",
+    "dependency_optimization", "loop_optimization", "function_optimization", "shape_optimization",
+    "memory_optimization", "debug_stripper", "pin_to_host_optimization",
+    "implementation_selector", "common_subgraph_elimination", "auto_mixed_precision",
+    "auto_mixed_precision_onednn_bfloat16",
+)
+
+
+def grappler_alone(pass_name: str) -> config_pb2.ConfigProto:
+    """A session config that runs grappler's ``pass_name`` and no other pass, on graphs of any
+    size, keeping Identity nodes (so both sides of a comparison name the same nodes)."""
+    config = config_pb2.ConfigProto()
+    rw = config.graph_options.rewrite_options
+    for name in GRAPPLER_PASSES:
+        setattr(rw, name, rewriter_config_pb2.RewriterConfig.OFF)
+    setattr(rw, pass_name, rewriter_config_pb2.RewriterConfig.ON)
+    rw.min_graph_nodes = -1
+    rw.disable_model_pruning = True
+    return config
+
+
+def has_variables(graph_def: graph_pb2.GraphDef) -> bool:
+    return any(n.op in VARIABLE_OPS for n in graph_def.node)
+
+
+def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.GraphDef:
+    """``graph_def`` with its Const-only float32 subgraphs folded; interface nodes kept by name.
+
+    Graph inputs, outputs and ``keep`` survive under their names (grappler preserves the fetch
+    nodes it is given). A graph with variables comes back unchanged.
+    """
+    if has_variables(graph_def):
+        log.warning("--fold-constants: the graph has variables, so nothing was folded")
+        return graph_def
+    graph = Graph.from_graph_def(graph_def)
+    preserve = sorted(set(interface_names(graph, {}, lowp_io=False)) | (keep & set(graph.names())))
+    meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_def)
+    fetches = meta.collection_def["train_op"].node_list.value
+    fetches.extend(preserve)
+    config = grappler_alone("constant_folding")
+    try:
+        folded = tf_optimizer.OptimizeGraph(config, meta)
+    except Exception as exc:  # grappler reports bad graphs as assorted C++ status errors
+        raise InputError(f"constant folding failed: {str(exc).splitlines()[0]}") from None
+    names = {n.name for n in folded.node}
+    lost = [n for n in preserve if n not in names]
+    if lost:  # never trade the interface for a smaller graph
+        log.warning("--fold-constants: folding would drop %r, so nothing was folded", lost[0])
+        return graph_def
+    out = graph_pb2.GraphDef()
+    copy_except(graph_def, out, "node")
+    out.node.extend(folded.node)
+    return out
