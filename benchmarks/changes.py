@@ -31,6 +31,10 @@ def checkout(rev: str, folder: Path) -> Path:
     path = folder / rev.replace("/", "_").replace("~", "_")
     subprocess.run(["git", "-C", str(scaling.ROOT), "worktree", "add", "--detach", "-q", str(path),
                     rev], check=True)
+    if not (path / "amp_rewrite" / "rules").is_dir():
+        # before the folder move the rule files were the package amp_rewrite.default_rules,
+        # which only an install maps to rules/: the child imports the checkout by PYTHONPATH
+        (path / "amp_rewrite" / "default_rules").symlink_to(Path("..") / "rules")
     return path
 
 
