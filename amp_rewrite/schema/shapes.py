@@ -125,91 +125,140 @@ def _const_shape(shapes: Shapes, ref: TensorRef) -> Shape | None:
 
 
 def _rule(shapes: Shapes, ref: TensorRef) -> Shape | None:
-    g = shapes.graph
-    node = g.node(ref.node)
-    op, attr = node.op, node.attr
-    inputs = g.inputs(ref.node)
-    if op in ("Placeholder", "PlaceholderWithDefault"):
-        shape = attr["shape"].shape if "shape" in attr else None
-        if shape is None or shape.unknown_rank:
-            return None
-        return tuple(d.size for d in shape.dim)
-    if op == "Const":
-        return _const_shape(shapes, ref)
+    """The static shape of ``ref`` by its op's handler (:data:`_HANDLERS`); None where the op
+    has none, or its handler cannot tell."""
+    node = shapes.graph.node(ref.node)
+    if node.op in ("Placeholder", "PlaceholderWithDefault", "Const"):
+        return _SOURCES[node.op](shapes, ref, node)
     if ref.port != 0:   # FusedBatchNorm's statistics, Unique's indices ...: not activations
         return None
-    if op in _SAME:
-        return _const_shape(shapes, inputs[0])
-    if op in _BROADCAST:
-        return _broadcast([_const_shape(shapes, r) for r in inputs])
-    if op in ("Conv2D", "DepthwiseConv2dNative"):
-        return _conv(shapes.shape(inputs[0]), _const_shape(shapes, inputs[1]), node)
-    if op in ("MaxPool", "AvgPool"):
-        x = shapes.shape(inputs[0])
-        return _window(x, list(attr["ksize"].list.i), node, None)
-    if op in ("Pad", "PadV2", "MirrorPad"):
-        x, pads = shapes.shape(inputs[0]), shapes.value(inputs[1])
-        if x is None or pads is None:
-            return None
-        return tuple(d if d < 0 else d + int(p[0]) + int(p[1]) for d, p in zip(x, pads))
-    if op == "MatMul":
-        a, b = shapes.shape(inputs[0]), _const_shape(shapes, inputs[1])
-        if a is None or b is None:
-            return None
-        rows = a[1] if attr["transpose_a"].b else a[0]
-        cols = b[0] if attr["transpose_b"].b else b[1]
-        return (rows, cols)
-    if op in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
-        a, b = _const_shape(shapes, inputs[0]), _const_shape(shapes, inputs[1])
-        if a is None or b is None:
-            return None
-        batch = _broadcast([a[:-2], b[:-2]])
-        if batch is None:
-            return None
-        rows = a[-1] if attr["adj_x"].b else a[-2]
-        cols = b[-2] if attr["adj_y"].b else b[-1]
-        return batch + (rows, cols)
-    if op == "Reshape":
-        return _reshape(shapes.shape(inputs[0]), shapes.value(inputs[1]))
-    if op in _REDUCE:
-        x, axes = shapes.shape(inputs[0]), shapes.value(inputs[1])
-        if x is None or axes is None:
-            return None
-        axes = {int(a) % len(x) for a in np.atleast_1d(axes)}
-        keep = attr["keep_dims"].b if "keep_dims" in attr else False
-        if op in ("ArgMax", "ArgMin"):
-            keep = False
-        return tuple(1 if i in axes else d for i, d in enumerate(x) if keep or i not in axes)
-    if op == "ConcatV2":
-        parts = [_const_shape(shapes, r) for r in inputs[:-1]]
-        axis = shapes.value(inputs[-1])
-        if axis is None or any(p is None for p in parts):
-            return None
-        axis = int(axis) % len(parts[0])
-        size = [p[axis] for p in parts]
-        out = list(parts[0])
-        out[axis] = -1 if any(s < 0 for s in size) else sum(size)
-        return tuple(out)
-    if op == "Transpose":
-        x, perm = shapes.shape(inputs[0]), shapes.value(inputs[1])
-        if x is None or perm is None:
-            return None
-        return tuple(x[int(p)] for p in perm)
-    if op == "ExpandDims":
-        x, dim = shapes.shape(inputs[0]), shapes.value(inputs[1])
-        if x is None or dim is None:
-            return None
-        at = int(dim) % (len(x) + 1)
-        return x[:at] + (1,) + x[at:]
-    if op == "Squeeze":
-        x = shapes.shape(inputs[0])
-        if x is None:
-            return None
-        dims = {d % len(x) for d in attr["squeeze_dims"].list.i}
-        if not dims and -1 in x:
-            return None   # which open dimensions are 1 is not known
-        return tuple(d for i, d in enumerate(x) if (i not in dims if dims else d != 1))
-    return None
+    handler = _HANDLERS.get(node.op)
+    return handler(shapes, shapes.graph.inputs(ref.node), node) if handler else None
+
+
+# ----------------------------------------------------------------- one handler per op kind
+# Each takes the Shapes being worked out, the node's data inputs and the node, and returns the
+# shape of the node's output 0 (None: not known).
+def _placeholder(shapes: Shapes, ref: TensorRef, node) -> Shape | None:
+    shape = node.attr["shape"].shape if "shape" in node.attr else None
+    if shape is None or shape.unknown_rank:
+        return None
+    return tuple(d.size for d in shape.dim)
+
+
+def _const(shapes: Shapes, ref: TensorRef, node) -> Shape | None:
+    return _const_shape(shapes, ref)
+
+
+def _same(shapes: Shapes, inputs, node) -> Shape | None:
+    return _const_shape(shapes, inputs[0])
+
+
+def _broadcasting(shapes: Shapes, inputs, node) -> Shape | None:
+    return _broadcast([_const_shape(shapes, r) for r in inputs])
+
+
+def _convolution(shapes: Shapes, inputs, node) -> Shape | None:
+    return _conv(shapes.shape(inputs[0]), _const_shape(shapes, inputs[1]), node)
+
+
+def _pool(shapes: Shapes, inputs, node) -> Shape | None:
+    return _window(shapes.shape(inputs[0]), list(node.attr["ksize"].list.i), node, None)
+
+
+def _pad(shapes: Shapes, inputs, node) -> Shape | None:
+    x, pads = shapes.shape(inputs[0]), shapes.value(inputs[1])
+    if x is None or pads is None:
+        return None
+    return tuple(d if d < 0 else d + int(p[0]) + int(p[1]) for d, p in zip(x, pads))
+
+
+def _matmul(shapes: Shapes, inputs, node) -> Shape | None:
+    a, b = shapes.shape(inputs[0]), _const_shape(shapes, inputs[1])
+    if a is None or b is None:
+        return None
+    rows = a[1] if node.attr["transpose_a"].b else a[0]
+    cols = b[0] if node.attr["transpose_b"].b else b[1]
+    return (rows, cols)
+
+
+def _batch_matmul(shapes: Shapes, inputs, node) -> Shape | None:
+    a, b = _const_shape(shapes, inputs[0]), _const_shape(shapes, inputs[1])
+    if a is None or b is None:
+        return None
+    batch = _broadcast([a[:-2], b[:-2]])
+    if batch is None:
+        return None
+    rows = a[-1] if node.attr["adj_x"].b else a[-2]
+    cols = b[-2] if node.attr["adj_y"].b else b[-1]
+    return batch + (rows, cols)
+
+
+def _reshaped(shapes: Shapes, inputs, node) -> Shape | None:
+    return _reshape(shapes.shape(inputs[0]), shapes.value(inputs[1]))
+
+
+def _reduction(shapes: Shapes, inputs, node) -> Shape | None:
+    x, axes = shapes.shape(inputs[0]), shapes.value(inputs[1])
+    if x is None or axes is None:
+        return None
+    axes = {int(a) % len(x) for a in np.atleast_1d(axes)}
+    keep = node.attr["keep_dims"].b if "keep_dims" in node.attr else False
+    if node.op in ("ArgMax", "ArgMin"):
+        keep = False
+    return tuple(1 if i in axes else d for i, d in enumerate(x) if keep or i not in axes)
+
+
+def _concat(shapes: Shapes, inputs, node) -> Shape | None:
+    parts = [_const_shape(shapes, r) for r in inputs[:-1]]
+    axis = shapes.value(inputs[-1])
+    if axis is None or any(p is None for p in parts):
+        return None
+    axis = int(axis) % len(parts[0])
+    size = [p[axis] for p in parts]
+    out = list(parts[0])
+    out[axis] = -1 if any(s < 0 for s in size) else sum(size)
+    return tuple(out)
+
+
+def _transpose(shapes: Shapes, inputs, node) -> Shape | None:
+    x, perm = shapes.shape(inputs[0]), shapes.value(inputs[1])
+    if x is None or perm is None:
+        return None
+    return tuple(x[int(p)] for p in perm)
+
+
+def _expand_dims(shapes: Shapes, inputs, node) -> Shape | None:
+    x, dim = shapes.shape(inputs[0]), shapes.value(inputs[1])
+    if x is None or dim is None:
+        return None
+    at = int(dim) % (len(x) + 1)
+    return x[:at] + (1,) + x[at:]
+
+
+def _squeeze(shapes: Shapes, inputs, node) -> Shape | None:
+    x = shapes.shape(inputs[0])
+    if x is None:
+        return None
+    dims = {d % len(x) for d in node.attr["squeeze_dims"].list.i}
+    if not dims and -1 in x:
+        return None   # which open dimensions are 1 is not known
+    return tuple(d for i, d in enumerate(x) if (i not in dims if dims else d != 1))
+
+
+_SOURCES = {"Placeholder": _placeholder, "PlaceholderWithDefault": _placeholder, "Const": _const}
+_HANDLERS = {
+    **dict.fromkeys(_SAME, _same), **dict.fromkeys(_BROADCAST, _broadcasting),
+    "Conv2D": _convolution, "DepthwiseConv2dNative": _convolution,
+    "MaxPool": _pool, "AvgPool": _pool,
+    "Pad": _pad, "PadV2": _pad, "MirrorPad": _pad,
+    "MatMul": _matmul,
+    **dict.fromkeys(("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"), _batch_matmul),
+    "Reshape": _reshaped,
+    **dict.fromkeys(_REDUCE, _reduction),
+    "ConcatV2": _concat, "Transpose": _transpose, "ExpandDims": _expand_dims,
+    "Squeeze": _squeeze,
+}
 
 
 def _broadcast(parts: list[Shape | None]) -> Shape | None:
