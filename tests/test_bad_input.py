@@ -251,16 +251,23 @@ BROKEN_GRAPHS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BROKEN_GRAPHS))
-def test_graph_tensorflow_would_refuse_is_an_input_error(name, tmp_path, capsys):
-    gd = _graph_with(BROKEN_GRAPHS[name])
-    with pytest.raises(InputError):
-        convert(gd)
+def _refused_as_a_file(gd, tmp_path, capsys) -> str:
+    """``gd`` written as a file and given to the command: refused in one line, nothing
+    written, the input unchanged (:func:`refusals.assert_refused`); returns the line."""
     src = tmp_path / "in.pb"
     src.write_bytes(gd.SerializeToString())
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, [src, "-o", tmp_path / "out.pb"])
     assert_refused(code, err, src, tmp_path, before)
+    return err
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_GRAPHS))
+def test_graph_tensorflow_would_refuse_is_an_input_error(name, tmp_path, capsys):
+    gd = _graph_with(BROKEN_GRAPHS[name])
+    with pytest.raises(InputError):
+        convert(gd)
+    _refused_as_a_file(gd, tmp_path, capsys)
 
 
 def _with_custom_op(gd):
@@ -311,12 +318,7 @@ def test_what_tensorflows_importer_refuses_is_refused_naming_the_node(name, cust
         assert corrupt.import_error(gd) is not None   # TensorFlow's verdict on the input
     with pytest.raises(InputError, match=re.escape(repr(node))):
         convert(gd)
-    src = tmp_path / "in.pb"
-    src.write_bytes(gd.SerializeToString())
-    before = snapshot(tmp_path)
-    code, _, err = run_cli(capsys, [src, "-o", tmp_path / "out.pb"])
-    assert_refused(code, err, src, tmp_path, before)
-    assert repr(node) in err
+    assert repr(node) in _refused_as_a_file(gd, tmp_path, capsys)
 
 
 def _while_parts(gd):
