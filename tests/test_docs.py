@@ -349,3 +349,272 @@ def test_every_path_module_and_test_named_exists(doc):
         assert re.search(rf"^def {name}\(", tests, re.M), f"{doc}: no test {name}"
     for dotted in set(re.findall(r"\bamp_rewrite(?:\.\w+)+", text)):
         assert _resolves(dotted), f"{doc}: {dotted} does not resolve"
+
+
+# ----------------------------------------------------------------- decision codes
+def _emitted_codes() -> set[str]:
+    """Every code the package can put in a report, read from its source: the second argument
+    of each ``Decision(...)``, and the codes of the ``(code, reason)`` pairs that functions
+    returning ``dict[str, tuple[str, str]]`` hand to ``Decision(False, *pair)``."""
+    codes = set()
+    for path in (ROOT / "amp_rewrite").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Decision":
+                code = node.args[1]
+                if isinstance(code, ast.Starred):
+                    continue          # a (code, reason) pair: collected below
+                assert isinstance(code, ast.Constant), f"{path}:{node.lineno}: a computed code"
+                codes.add(code.value)
+            if (isinstance(node, ast.FunctionDef) and node.returns is not None
+                    and ast.unparse(node.returns) == "dict[str, tuple[str, str]]"):
+                codes |= {t.elts[0].value for t in ast.walk(node) if isinstance(t, ast.Tuple)
+                          and len(t.elts) == 2 and isinstance(t.elts[0], ast.Constant)}
+    return codes
+
+
+def _documented_codes() -> dict[str, str]:
+    section = _text("docs/report.md").split("## Decision codes", 1)[1]
+    return dict(re.findall(r"^\| `(\w+)` \| (\w+) \|", section, re.M))
+
+
+def test_the_documented_decision_codes_are_the_ones_the_code_emits():
+    from amp_rewrite.paint.decisions import LOWP_CODES
+    documented = _documented_codes()
+    assert set(documented) == _emitted_codes()
+    assert {c for c, p in documented.items() if p == "low"} == set(LOWP_CODES)
+    # and every code the golden corpus recorded is among them
+    golden = json.loads((ROOT / "tests" / "golden.json").read_text())
+    seen = {d.split()[-1] for case in golden.values() for d in case.get("decisions", {}).values()}
+    assert seen and seen <= set(documented)
+
+
+# ----------------------------------------------------------------- sections the code cites
+def _cited_sections() -> set[str]:
+    """Section titles the package, the benchmarks and the tests cite as ``README "Title"``, in
+    strings (concatenated as Python reads them) and comments."""
+    cited = set()
+    for folder in ("amp_rewrite", "benchmarks", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == Path(__file__):
+                continue
+            source = path.read_text()
+            texts = [n.value for n in ast.walk(ast.parse(source))
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            texts += [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                      if t.type == tokenize.COMMENT]
+            for text in texts:
+                cited |= set(re.findall(r'README:? \(?"([^"]+)"', " ".join(text.split())))
+    return cited
+
+
+def test_every_section_the_code_cites_is_a_heading_the_readme_leads_to():
+    headings = {re.sub(r"[`*]", "", h).strip() for doc in ALL_DOCS
+                for h in re.findall(r"^#+ (.+)$", _prose(doc), re.M)}
+    readme = " ".join(_text("README.md").split())
+    cited = _cited_sections()
+    assert {"Frozen graphs from a SavedModel", "Which CPUs gain from bfloat16"} <= cited
+    for title in cited:
+        assert any(h.startswith(title) for h in headings), f"README \"{title}\": no such heading"
+        assert title in readme, f"README \"{title}\": the README does not say where it went"
+
+
+# ----------------------------------------------------------------- numbers and their sources
+def _bench(section: str, *figures: str):
+    """The figures appear in BENCHMARKS.md's section of that title."""
+    def check():
+        text = (ROOT / "BENCHMARKS.md").read_text().split(f"## {section}\n", 1)[1].split("\n## ")[0]
+        return all(f in text for f in figures)
+    return check
+
+
+def _source(path: str, *snippets: str):
+    """A test or module says it: each snippet appears in its source (whitespace aside)."""
+    def check():
+        text = " ".join((ROOT / path).read_text().split())
+        return all(" ".join(s.split()) in text for s in snippets)
+    return check
+
+
+def _parity_graphs() -> bool:
+    import test_grappler_parity as parity
+    cases = parity.CASES
+    loops = [c for c in cases if c.startswith("loop_")]
+    lists = [c for c in cases if c.startswith("tensorlist_")]
+    return (len(cases) + 1, len(loops), len(lists)) == (24, 10, 7)   # + the pinned graph
+
+
+def _bfloat16_sums() -> bool:
+    """TensorFlow's bfloat16 Sum accumulates in float32; summing in bfloat16 stalls at 256."""
+    import ml_dtypes
+    import tensorflow as tf
+    ours = float(tf.reduce_sum(tf.ones([10000], tf.bfloat16)))
+    running = ml_dtypes.bfloat16(0)
+    for _ in range(10000):
+        running = ml_dtypes.bfloat16(running + ml_dtypes.bfloat16(1))
+    return (ours, float(running)) == (9984.0, 256.0)
+
+
+def _costs() -> bool:
+    from amp_rewrite.paint.costs import EXTRA_PS_PER_ELEMENT, SAVED_PS_PER_FLOP
+    return (SAVED_PS_PER_FLOP, EXTRA_PS_PER_ELEMENT["Relu6"], EXTRA_PS_PER_ELEMENT["Relu"]) == (0.9, 218, 43)
+
+
+def _verify_defaults() -> bool:
+    from amp_rewrite.core.dtypes import BFLOAT16, FLOAT, HALF
+    from amp_rewrite.tools import verify
+    by = lambda table: tuple(table[d] for d in (HALF, BFLOAT16, FLOAT))  # noqa: E731
+    return (by(verify.REL_L2), by(verify.GRAD_REL_L2), verify.TOP1, by(verify.ALLCLOSE)) == (
+        (0.01, 0.05, 1e-5), (0.1, 0.1, 1e-5), 0.99, ((0.01, 0.001), (0.05, 0.01), (1e-5, 1e-6)))
+
+
+def _help_says(command: str, *texts: str):
+    def check():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            cli.main([command, "-h"])
+        said = " ".join(out.getvalue().split())
+        return all(t in said for t in texts)
+    return check
+
+
+def _all(*checks):
+    return lambda: all(c() for c in checks)
+
+
+def _float16_range() -> bool:
+    return float(np.finfo(np.float16).max) == 65504 and float(np.float16(2.0 ** -24)) > 0 == float(np.float16(2.0 ** -26))
+
+
+def _min_intensity() -> bool:
+    from amp_rewrite.convert.graph import DEFAULT_MIN_INTENSITY
+    return DEFAULT_MIN_INTENSITY == {("bfloat16", "cpu"): 128.0}
+
+
+def _loss_scale_defaults() -> bool:
+    from amp_rewrite.training.config import DEFAULTS
+    return DEFAULTS == {"start": 2.0 ** 15, "interval": 2000, "factor": 2.0}
+
+
+def _memory_bound() -> bool:
+    import test_bad_input
+    return (test_bad_input.BYTES_FACTOR, test_bad_input.NODE_KIB) == (4, 7)
+
+
+def _protobuf_limit() -> bool:
+    from amp_rewrite.io.load import PROTOBUF_LIMIT
+    return PROTOBUF_LIMIT == 2 ** 31 - 1
+
+
+KERAS = "tests/test_keras_apps.py"
+TOL = _source(KERAS, 'TOL = {"float16": 5e-3, "bfloat16": 2e-2}')
+# (document, the words that quote a number, what must be named in that paragraph or the one
+# before it (None: a default the code holds, shown by the check), the check)
+CLAIMS = [
+    ("docs/decisions.md", "a sum of 10000 ones gives 9984, not bfloat16's 256", "tests/test_docs.py", _bfloat16_sums),
+    ("docs/decisions.md", "on 24 graphs", "tests/test_grappler_parity.py", _parity_graphs),
+    ("docs/decisions.md", "10 simple-loop colourings", "tests/test_grappler_parity.py", _parity_graphs),
+    ("docs/decisions.md", "7 TensorList graphs", "tests/test_grappler_parity.py", _parity_graphs),
+    ("docs/decisions.md", "under 5e-3 in float16 and 2e-2 in bfloat16", KERAS, TOL),
+    ("docs/decisions.md", "at most 1.25 times grappler's + 1e-3", KERAS, _source(KERAS, "ours <= 1.25 * theirs + 1e-3")),
+    ("docs/decisions.md", "at most 1.1 times grappler's + 1e-4", KERAS, _source(KERAS, "folded_err <= 1.1 * theirs + 1e-4")),
+    ("docs/decisions.md", "need at most 8 casts", KERAS, _source(KERAS, 'report.summary()["casts_added"] <= 8')),
+    ("docs/decisions.md", "Relu6 costs 218 ps per element more", 'BENCHMARKS.md "Op costs in bfloat16 on this CPU"',
+     _all(_costs, _bench("Op costs in bfloat16 on this CPU", "| Relu6 | 0.33 | 1.12 | costs 218 ps per element |"))),
+    ("docs/decisions.md", "2.07x FP32", 'BENCHMARKS.md "Keras models"',
+     _bench("Keras models", "| MobileNetV2, batch norms set | 1052 | 0/53 | 29 | 29 (1.01x) | 14 (2.07x) |")),
+    ("docs/decisions.md", "(default 128, `amp_rewrite.convert.graph.DEFAULT_MIN_INTENSITY`)", None, _min_intensity),
+    ("docs/decisions.md", "about 0.9 ps per FLOP", "amp_rewrite/paint/costs.py",
+     _all(_costs, _bench("Op costs in bfloat16 on this CPU", "saves 0.95 ps per FLOP", "saves 0.93 ps per FLOP",
+                         "saves 0.89 ps per FLOP"))),
+    ("docs/decisions.md", "(Relu6: 218 ps, Relu: 43 ps)", 'BENCHMARKS.md "Op costs in bfloat16 on this CPU"',
+     _all(_costs, _bench("Op costs in bfloat16 on this CPU", "costs 218 ps per element", "costs 43 ps per element"))),
+    ("docs/decisions.md", '"Keras models": 1.00x against 0.95x', 'BENCHMARKS.md "Keras models"',
+     _bench("Keras models", "| MobileNetV2 | 1052 | 0/53 | 32 | 32 (1.00x) | 29 (1.11x) | 34 (0.95x) |")),
+    ("docs/decisions.md", '"Small matrix ops": 0.92x at width 48, 1.08x at 64, 1.33x at 128', 'BENCHMARKS.md "Small matrix ops"',
+     _bench("Small matrix ops", "| 48 | 0.92x |", "| 64 | 1.08x |", "| 128 | 1.33x |")),
+    ("docs/decisions.md", '"Training step": 0.96x', 'BENCHMARKS.md "Training step"',
+     _bench("Training step", "| small MLP (64-64-10, the tests' model), Adam, batch 64 | 0/6 | 0.3 | 0.3 (0.96x) |")),
+    ("docs/verify.md", "`--rel-l2`: 0.01 / 0.05 / 1e-5; for gradients `--grad-rel-l2`: 0.1 / 0.1 / 1e-5",
+     "amp_rewrite/tools/verify.py", _verify_defaults),
+    ("docs/verify.md", "`--top1`: 0.99", "amp_rewrite/tools/verify.py", _verify_defaults),
+    ("docs/verify.md", "`--rtol`: 0.01 / 0.05 / 1e-5, `--atol`: 0.001 / 0.01 / 1e-6", "amp_rewrite/tools/verify.py",
+     _verify_defaults),
+    ("docs/verify.md", "under 5e-3 and their bfloat16 logits under 2e-2", KERAS, TOL),
+    ("docs/verify.md", "stays under 1e-3 in float16 with every one of 397 argmaxes kept", "tests/test_verify_checks.py",
+     _source("tests/test_verify_checks.py", "assert 0 < out.rel_l2 < 1e-3", "(out.top1, out.rows, out.top1_disagree) == (1.0, 397, 0)")),
+    ("docs/verify.md", "its bfloat16 conversion stays under 1e-2", "tests/test_verify_checks.py",
+     _source("tests/test_verify_checks.py", "bf16.outputs[0].rel_l2 < 1e-2")),
+    ("docs/verify.md", "the gradient bound of 0.1", "tests/test_verify_training.py",
+     _all(_verify_defaults, _source("tests/test_verify_training.py", "max(n.rel_l2 for n in backward.values()) < 0.1"))),
+    ("docs/verify.md", "default 10", None, _help_says("verify", "default 10")),
+    ("docs/verify.md", "(`--warmup`, default 3)", None, _help_says("bench", "(default 3)")),
+    ("docs/verify.md", "(`--runs`, default 20)", None, _help_says("bench", "(default 20)")),
+    ("docs/verify.md", "over 65504 is inf, under 2^-24 is 0", None, _float16_range),
+    ("docs/verify.md", "within half of each other", "tests/test_emulate.py",
+     _source("tests/test_emulate.py", "assert abs(err(emu) - err(half)) < 0.5 * err(half)")),
+    ("docs/verify.md", "to within a relative L2 of 1e-6", "tests/test_emulate.py",
+     _source("tests/test_emulate.py", "assert graphs.rel_l2(ours, ref) <= 1e-6")),
+    ("docs/tuning.md", "rel_l2 0.01 float16, 0.05 bfloat16; top1 0.01", None,
+     _all(_verify_defaults, _help_says("tune", "rel_l2 0.01 float16, 0.05 bfloat16; top1 0.01"))),
+    ("docs/training.md", "start at 2^15, ×2 after 2000 finite steps", "amp_rewrite.training.config.DEFAULTS",
+     _loss_scale_defaults),
+    ("docs/training.md", "stay bit-identical", "test_mirrored_strategy_replicas_skip_the_same_steps_and_stay_identical",
+     _source("tests/test_loss_scaling.py", 'assert all(s["identical"] for s in steps)')),
+    ("docs/training.md", "keep their exact bits (tests/test_loss_scaling.py::test_overflow_step_is_skipped_bit_identically)",
+     "test_overflow_step_is_skipped_bit_identically",
+     _source("tests/test_loss_scaling.py", "assert np.array_equal(before[name], after[name]), name")),
+    ("docs/training.md", "keep their exact bits (tests/test_saved_training.py::test_a_skipped_step_changes_no_bit",
+     "test_a_skipped_step_changes_no_bit", _source("tests/test_saved_training.py", "assert bits(model) == before")),
+    ("docs/training.md", "byte for byte: tests/test_saved_training.py::test_original_variables_keep_their_bytes",
+     "test_original_variables_keep_their_bytes", _source("tests/test_saved_training.py", ".tobytes() == new.get_tensor(k).tobytes()")),
+    ("docs/savedmodels.md", "copied byte for byte", "test_keras_export_converts_serves_and_keeps_weights",
+     _source("tests/test_savedmodel.py", "filecmp.cmp(a / subdir / n, b / subdir / n, shallow=False)")),
+    ("docs/savedmodels.md", "more than 2 GiB of weights", "test_weights_over_2_gib_convert_load_and_run",
+     _source("tests/test_savedmodel.py", "assert weights > 2**31")),
+    ("docs/savedmodels.md", "one with 2.3 GB", "test_weights_over_2_gib_convert_load_and_run",
+     _source("tests/test_savedmodel.py", "2.3 GB of float32 weights")),
+    ("docs/reliability.md", "protobuf's 2 GiB limit", "amp_rewrite/io/load.py", _protobuf_limit),
+    ("docs/reliability.md", "byte-identical output files", "tests/test_determinism.py",
+     _source("tests/test_determinism.py", "def test_graph_files_and_reports_are_byte_identical(two_runs):",
+             "assert graphs_first == graphs_second")),
+    ("docs/reliability.md", "under 4 times the GraphDef's size plus 7 KiB per node", "tests/test_bad_input.py", _memory_bound),
+    ("docs/reliability.md", "within a quarter of four times the smaller's", "tests/test_bad_input.py",
+     _source("tests/test_bad_input.py", "assert 0.8 <= linearity <= 1.25, line")),
+    ("docs/reliability.md", "up to about 300,000 nodes", 'BENCHMARKS.md "Conversion speed"',
+     _bench("Conversion speed", "| mlp | 299999 |", "| train | 298757 |")),
+]
+# what reads as a measured or promised number: ratios, errors, sizes, times, counts, exactness
+NUMBER = re.compile(r"\b\d+(?:\.\d+)?x\b|\b\d+(?:\.\d+)? times\b|\b\d(?:\.\d+)?e-\d+\b"
+                    r"|\b\d+(?:[.,]\d+)? ?(?:ms|µs|ps|s|MiB|MB|GiB|GB|KiB|%)(?![\w-])"
+                    r"|\b\d+ (?:tests|graphs|seconds|minutes|models)\b|\b\d{3},\d{3}\b"
+                    r"|\bbit[- ]for[- ]bit\b|\bbit-identical\b|\bexact bits\b|\bbyte[- ]for[- ]byte\b"
+                    r"|\bbyte-identical\b")
+
+
+def _paragraphs(doc: str) -> list[str]:
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", _prose(doc)) if p.strip()]
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=[f"{c[0]}:{c[1][:40]}" for c in CLAIMS])
+def test_each_number_matches_the_source_named_beside_it(claim):
+    doc, words, source, check = claim
+    paragraphs = _paragraphs(doc)
+    found = [i for i, p in enumerate(paragraphs) if words in p]
+    assert found, f"{doc} no longer says {words!r}: update CLAIMS with the text"
+    for i in found:
+        near = paragraphs[i] + (paragraphs[i - 1] if i else "")
+        assert source is None or source in near, f"{doc}: {words!r} without {source} beside it"
+    assert check(), f"{doc}: {words!r} does not match {source or 'the code'}"
+
+
+@pytest.mark.parametrize("doc", OWN_DOCS)
+def test_every_number_is_one_of_the_checked_claims(doc):
+    """A number added to the text fails here until CLAIMS holds it to its source."""
+    mine = [c[1] for c in CLAIMS if c[0] == doc]
+    for paragraph in _paragraphs(doc):
+        spans = [(m.start(), m.end()) for words in mine
+                 for m in re.finditer(re.escape(words), paragraph)]
+        for m in NUMBER.finditer(paragraph):
+            assert any(a <= m.start() and m.end() <= b for a, b in spans), \
+                f"{doc}: {m.group()!r} has no source: ...{paragraph[max(0, m.start() - 80):m.end() + 40]}..."
