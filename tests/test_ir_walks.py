@@ -54,3 +54,25 @@ def test_a_long_chain_walks_without_recursion():
     nodes = [("n0", "Placeholder", [])] + [(f"n{i}", "Relu", [f"n{i - 1}"]) for i in range(1, n)]
     g = Graph.from_graph_def(graph_def(*nodes))
     assert len(g.descendants(["n0"])) == n and len(g.ancestors([f"n{n - 1}"])) == n
+
+
+def test_only_feeding_takes_the_nodes_whose_every_reader_is_taken():
+    #   v -> init (a root) ; v -> read -> out ; c -> init ; c2 -> init, ^c2 -> out
+    g = Graph.from_graph_def(graph_def(
+        ("v", "VariableV2", []), ("c", "Const", []), ("c2", "Const", []),
+        ("init", "Assign", ["v", "c", "c2"]), ("read", "Identity", ["v"]),
+        ("out", "Relu", ["read", "^c2"]), ("lone", "Const", [])))
+    # v is read by the model too; c2 waits on a control reader outside; lone is read by nothing
+    assert g.only_feeding(["init"]) == {"init", "c"}
+    assert g.only_feeding(["init", "out"]) == {"init", "out", "c", "c2", "read", "v"}
+    assert g.only_feeding([]) == set()
+
+
+def test_only_feeding_ends_on_a_loop_that_feeds_only_itself():
+    g = diamond()
+    # m and n read each other: neither joins unless a root sits inside the loop
+    assert g.only_feeding(["d", "e"]) == {"d", "e", "b", "c", "a"}
+    assert g.only_feeding(["n"]) == {"n", "m"}
+    assert g.only_feeding(["n", "d", "e"]) == {"n", "d", "e", "b", "c", "a", "m", "x"}
+    with pytest.raises(IRError):
+        g.only_feeding(["nope"])

@@ -373,6 +373,28 @@ class Graph:
                     stack.append(other)
         return seen
 
+    def only_feeding(self, roots: Iterable[str]) -> set[str]:
+        """``roots`` and every node all of whose readers (along data and control edges) are in
+        the set: what is there only to compute ``roots``. A node nothing reads is not, nor a
+        cycle that no root breaks (each of its nodes waits on the next)."""
+        pred, succ = self._g._pred, self._g._succ
+        found = set(roots)
+        for name in found:
+            self._require(name, f"cannot walk from missing node {name!r}")
+        # a node joins once its last reader has: count the readers still outside
+        outside: dict[str, int] = {}
+        stack = list(found)
+        while stack:
+            for src in pred[stack.pop()]:
+                if src in found:
+                    continue
+                left = outside.get(src, len(succ[src])) - 1
+                outside[src] = left
+                if left == 0:
+                    found.add(src)
+                    stack.append(src)
+        return found
+
     def topological_order(self) -> list[str]:
         """Node names in a topological order of data and control edges.
 
