@@ -12,6 +12,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 from amp_rewrite import cli, convert_file
+from amp_rewrite.core.errors import InputError
 from amp_rewrite.tools.runner import open_model
 from amp_rewrite.tools.verify import verify
 
@@ -81,3 +82,28 @@ def test_planted_float16_overflow_in_a_function_body_comes_first(exported):
     assert [n.tensor for n in result.nodes if math.isinf(n.added)] == [first.tensor]
     assert cli.main(["verify", str(folder / "fp32"), str(folder / "f16_forced"), "--inputs",
                      str(folder / "digits.npz"), "--per-node", "-q"]) == 1
+
+
+def test_per_node_refuses_a_signature_whose_callee_writes_a_variable(tmp_path):
+    """Replaying a body on its own runs it a second time: a variable write anywhere in the
+    functions the signature calls (here in a nested tf.function) is refused, not repeated."""
+    class Counter(tf.Module):
+        def __init__(self):
+            self.count = tf.Variable(0.0)
+
+        @tf.function
+        def bump(self, x):
+            self.count.assign_add(1.0)
+            return x * 2.0
+
+        @tf.function(input_signature=[tf.TensorSpec([2], tf.float32)])
+        def serve(self, x):
+            return {"y": self.bump(x) + 1.0}
+
+    module = Counter()
+    tf.saved_model.save(module, str(tmp_path / "counter"), signatures={"serving_default": module.serve})
+    feed = {"x": np.ones(2, np.float32)}
+    with open_model(tmp_path / "counter") as runner:
+        assert np.array_equal(runner.callable()(feed)[0], [3.0, 3.0])
+        with pytest.raises(InputError, match=r"function '.*bump.*' writes variables"):
+            runner.trace(feed)

@@ -18,6 +18,7 @@ from ..core.dtypes import FLOATING, VARIANT
 from ..core.errors import InputError
 from ..core.ops import CALL_OPS, CASE_OPS, FUNCTIONAL_OPS, IF_OPS, WHILE_OPS, is_variable_write
 from ..io.load import Model
+from ..schema.functiondef import reachable
 from .traces import TensorInfo, Trace, run_errors, tensor_name
 
 #: a function the conversion specialized for one call site (``f_amp1``) is ``f`` to verify
@@ -81,6 +82,7 @@ class FunctionReplay:
     def __init__(self, library, path):
         self.path = path
         self.defs = {f.signature.name: f for f in library.function}
+        self.given = library   # its own names: what the signature calls
         self.prefix = f"amp_replay{next(self._instances)}_"
         self.library = graph_pb2.GraphDef().library
         for fdef in library.function:
@@ -103,31 +105,14 @@ class FunctionReplay:
                             func.name = self.prefix + func.name
         return out
 
-    def _callees(self, name: str) -> set[str]:
-        found = set()
-        for nd in self.defs[name].node_def:
-            if nd.op in self.defs:
-                found.add(nd.op)
-            for value in nd.attr.values():
-                if value.HasField("func"):
-                    found.add(value.func.name)
-                elif value.HasField("list"):
-                    found.update(f.name for f in value.list.func)
-        return found & set(self.defs)
-
     def refuse_writes(self, top: str) -> None:
-        """A body replayed on its own runs its ops a second time: refuse variable writes."""
-        seen, stack = set(), [top]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
+        """A body replayed on its own runs its ops a second time: refuse variable writes in
+        ``top`` and every function it calls."""
+        for name in reachable((), self.given, [top]):
             writes = [nd.name for nd in self.defs[name].node_def if is_variable_write(nd.op)]
             if writes:
                 raise InputError(f"{self.path}: function {name!r} writes variables ({writes[0]}): "
                                  "replaying it for --per-node would change them")
-            stack.extend(self._callees(name))
 
     def _body(self, name: str) -> "Body":
         if name not in self._compiled:

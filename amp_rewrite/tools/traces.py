@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -35,6 +36,25 @@ class Trace:
 
     values: dict[str, list[np.ndarray]]
     info: dict[str, TensorInfo]
+
+
+def upstream(name: str, sources: Callable[[str], Iterable[str]], wanted: Callable[[str], bool],
+             through: Callable[[str], bool] = lambda _: True) -> set[str]:
+    """The nearest tensors ``wanted`` accepts that ``name`` is computed from: its ``sources``,
+    theirs in turn through the tensors ``through`` accepts, never past a wanted one, ``name``
+    itself never. The one walk over what a trace records (a tensor's sources name tensors of
+    other bodies, or none that ran: no graph of nodes, so not the IR's walk)."""
+    found, seen, stack = set(), {name}, list(sources(name))
+    while stack:
+        source = stack.pop()
+        if source in seen:
+            continue
+        seen.add(source)
+        if wanted(source):
+            found.add(source)
+        elif through(source):
+            stack.extend(sources(source))
+    return found
 
 
 @contextlib.contextmanager

@@ -72,6 +72,7 @@ from ..report.decisions import Report
 from ..rules.loader import NodeRule
 from ..training.detect import training_parts
 from .runner import Runner, load_inputs, open_converted, open_model
+from .traces import upstream
 from .verify import REL_L2, TOP1, Attribution, ErrorStats, attribute, criteria
 
 log = logging.getLogger(__name__)
@@ -390,16 +391,10 @@ class _Tuner:
 def _lowp_sources(tensor: str, found: Attribution) -> list[str]:
     """``tensor`` if the conversion computes it in low precision, else the nearest
     low-precision tensors it is computed from (through float32 ones)."""
-    out, seen, stack = [], {tensor}, [tensor]
-    while stack:
-        name = stack.pop()
-        if found.dtypes.get(name) in _LOWP:
-            out.append(name)
-            continue
-        for source in sorted(found.sources(name) - seen):
-            seen.add(source)
-            stack.append(source)
-    return sorted(out, key=lambda n: found.info[n].order)
+    def lowp(name: str) -> bool:
+        return found.dtypes.get(name) in _LOWP
+    out = {tensor} if lowp(tensor) else upstream(tensor, found.sources, lowp)
+    return sorted(out, key=lambda n: (found.info[n].order, n))
 
 
 def keep_rule(node: str, action: str = "keep_fp32") -> NodeRule:

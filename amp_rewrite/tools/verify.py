@@ -55,6 +55,7 @@ from .runner import (
     open_pair,
     random_inputs,
 )
+from .traces import upstream
 
 log = logging.getLogger(__name__)
 
@@ -546,17 +547,8 @@ def _has_tensor(runner: GraphRunner, name: str) -> bool:
 def _float_sources(name: str, info: Mapping, stats: Mapping) -> set[str]:
     """The compared tensors ``name`` is computed from, looking through variant tensors (a
     TensorList carries the floats pushed into it to the ones read out of it)."""
-    found, seen, stack = set(), {name}, list(info[name].sources)
-    while stack:
-        source = stack.pop()
-        if source in seen:
-            continue
-        seen.add(source)
-        if source in stats:
-            found.add(source)
-        elif source in info and info[source].dtype == "variant":
-            stack.extend(info[source].sources)
-    return found
+    return upstream(name, lambda t: info[t].sources, lambda t: t in stats,
+                    lambda t: t in info and info[t].dtype == "variant")
 
 
 def _added(err: float, inherited: float) -> float:
