@@ -40,6 +40,7 @@ import numpy as np
 from ..core import hardware
 from ..core.errors import AmpRewriteError, InputError
 from ..io.load import load
+from .analysis import Analysis
 from .runner import (
     GraphRunner,
     concrete_shape,
@@ -354,7 +355,7 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
     K and N, and a convolution's input and output channels.
     """
     model = load(path)
-    with GraphRunner(model, signature) as runner:
+    with GraphRunner(Analysis(model, signature)) as runner:
         fixed = {s.tensor.split(":")[0]: concrete_shape(s, shapes or {}) for s in runner.inputs}
     for node in model.graph_def.node:
         if node.op == "Placeholder" and node.name in fixed:
@@ -362,7 +363,7 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
             for d in fixed[node.name]:
                 node.attr["shape"].shape.dim.add(size=d)
     found = []
-    with GraphRunner(model, signature) as runner:
+    with GraphRunner(Analysis(model, signature)) as runner:
         ops = [op for op in runner.graph.get_operations()
                if "T" in op.node_def.attr and op.get_attr("T") == _half() and _is_matrix(op)]
         sampled = _sample_shapes(runner, ops, shapes)
@@ -380,7 +381,7 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
 def _sample_shapes(runner: GraphRunner, ops, shapes) -> dict[str, list[int]]:
     """Shapes of matrix-op inputs that shape inference left open, from one run (where fetchable)."""
     wanted = sorted({t.name for op in ops for t in op.inputs[:2] if not t.shape.is_fully_defined()}
-                    & set(runner.fetchable()))
+                    & set(runner.analysis.fetchable()))
     if not wanted:
         return {}
     values = runner.fetch(random_inputs(runner.inputs, shapes), wanted)

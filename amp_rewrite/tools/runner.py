@@ -10,13 +10,12 @@ leaves) is no input: it needs no data. Random inputs follow each input's dtype a
 unknown dimensions come from ``shapes`` (``--shape name=2,8,8,1``) or default to 1 with a
 warning.
 
-A runner never writes a variable. A graph runner imports a private copy of the graph in which
-the control edges leaving a variable write (and everything that runs after one) are dropped, so
-a tensor that only *waits* on an update (the gradients of a graph built under
-``control_dependencies(UPDATE_OPS)``) computes as if the update had not run, and a tensor that
-*reads* a written value is never fetched (:meth:`GraphRunner.fetchable`). Stateful random ops
-without a seed get one derived from their name in that copy, so an original and its conversion
-draw the same numbers.
+A runner never writes a variable, and it knows a graph only through its
+:class:`~amp_rewrite.tools.analysis.Analysis`: the copy it imports (the control edges that would
+make a fetch run a variable write dropped, unseeded random ops seeded), the endpoints, what a
+fetch cannot reach, what only sets variables up, the training parts. A tensor that *reads* a
+written value is never fetched. The runner creates the session, initializes or restores the
+variables, feeds, fetches and traces.
 """
 
 from __future__ import annotations
@@ -26,42 +25,23 @@ import dataclasses
 import functools
 import logging
 import os
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.dtypes import BOOL, FLOATING, VARIANT
+from ..core.dtypes import BOOL, FLOATING
 from ..core.errors import InputError
-from ..core.ir import Graph as IRGraph
-from ..core.ops import (
-    CALL_OPS,
-    ENTER_OPS,
-    EXIT_OPS,
-    MERGE_OPS,
-    NOT_OUTPUTS,
-    SAVER_OPS,
-    SWITCH_OPS,
-    VARIABLE_CREATORS,
-    is_variable_write,
-)
+from ..core.ir import copy_except
+from ..core.ops import CALL_OPS
 from ..io.load import SAVED_MODEL_FILES, Model, load
-from ..training.detect import backprop_scope, find_backprop
-from ..training.in_graph import FETCH
-from ..training.state import SCOPE
 from ..transforms.emulate import emulate_float16
+from .analysis import UNSCALED_SUFFIX, Analysis, own_variables
 from .replay import SignatureReplay, serving_meta_graph
 from .traces import TensorInfo, Trace, run_errors, tensor_name
 
 log = logging.getLogger(__name__)
-
-#: what loss scaling names the nodes it adds (amp_rewrite/training/scaling.py): the seed times
-#: the scale, and a gradient divided by it in float32 (README "Training graphs and loss scaling")
-SCALED_SUFFIX = "/amp_scaled"
-UNSCALED_SUFFIX = "/amp_unscaled"
-
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -207,7 +187,8 @@ class Runner:
 
     def uncomparable(self) -> dict[str, str]:
         """The float tensors of the model's computation that :meth:`trace` cannot record, each
-        with why (see :meth:`GraphRunner.uncomparable`); empty where a trace finds its own."""
+        with why (see :meth:`~amp_rewrite.tools.analysis.Analysis.uncomparable`); empty where
+        a trace finds its own."""
         return {}
 
     def decision_shares(self) -> frozenset[str]:
@@ -227,7 +208,9 @@ class Runner:
 
 
 class GraphRunner(Runner):
-    """A GraphDef or MetaGraphDef imported into its own graph and Session.
+    """A GraphDef or MetaGraphDef imported into its own graph and Session, as its
+    :class:`~amp_rewrite.tools.analysis.Analysis` prepared it (``analysis.runnable``); what to
+    feed, fetch and compare is the analysis's, running is this class's.
 
     Variables (MetaGraphs) are restored from ``checkpoint`` when one is given, else run through
     their initializers (``initialize=False`` leaves that to :func:`share_weights`);
@@ -235,112 +218,56 @@ class GraphRunner(Runner):
     original and its conversion compute with the same weights.
     """
 
-    def __init__(self, model: Model, signature: str | None = None, outputs: Sequence[str] = (),
+    def __init__(self, analysis: Analysis, outputs: Sequence[str] = (),
                  checkpoint: str | None = None, *, initialize: bool = True):
         import tensorflow as tf
-        v1 = tf.compat.v1
         init_devices()
-        self.model = model
-        self.path = model.path
+        self.analysis = analysis
+        self.model, self.path = analysis.model, analysis.path
         self.graph = tf.Graph()
-        graph_def = _private_copy(model.graph_def)
-        self._saver = None
-        with self.graph.as_default():
-            if model.meta_graph is not None:
-                meta = type(model.meta_graph)()
-                meta.CopyFrom(model.meta_graph)
-                meta.graph_def.CopyFrom(graph_def)
-                self._saver = v1.train.import_meta_graph(meta, clear_devices=True)
-            else:
-                tf.graph_util.import_graph_def(graph_def, name="")
-        self.has_signature = bool(model.meta_graph is not None and model.meta_graph.signature_def)
-        self.inputs, default_outputs = self._endpoints(signature)
-        if not (outputs or default_outputs):
+        self._saver = self._import()
+        # a MetaGraph without a saver gets one built on import: its save and restore ops
+        self._built = {op.name for op in self.graph.get_operations()
+                       if op.name not in analysis.graph}
+        self.has_signature = analysis.signature is not None
+        self.inputs = [self._spec(name, tensor) for name, tensor in analysis.inputs]
+        if not (outputs or analysis.outputs):
             raise InputError(f"{self.path}: no graph outputs found; name them with --output")
-        self.outputs = default_outputs
-        self.set_outputs(outputs or default_outputs)
-        self.session = v1.Session(graph=self.graph)
+        self.outputs = list(analysis.outputs)
+        self.set_outputs(outputs or analysis.outputs)
+        self.session = tf.compat.v1.Session(graph=self.graph)
         if initialize:
             self.initialize(checkpoint)
         elif checkpoint:
             raise ValueError("a checkpoint is restored by initialize()")
 
-    # -- structure -----------------------------------------------------------------------------
-    @functools.cached_property
-    def _ops(self):
-        return self.graph.get_operations()
+    def _import(self):
+        """Import the analysis's runnable copy; returns the MetaGraph's saver (None for a
+        GraphDef)."""
+        import tensorflow as tf
+        with self.graph.as_default():
+            if self.model.meta_graph is None:
+                tf.graph_util.import_graph_def(self.analysis.runnable, name="")
+                return None
+            meta = type(self.model.meta_graph)()
+            copy_except(self.model.meta_graph, meta, "graph_def")
+            meta.graph_def.CopyFrom(self.analysis.runnable)
+            return tf.compat.v1.train.import_meta_graph(meta, clear_devices=True)
 
-    @functools.cached_property
-    def _read(self) -> set[str]:
-        """Names of the ops something reads (along a data or a control edge)."""
-        return {t.op.name for op in self._ops for t in op.inputs} | {
-            c.name for op in self._ops for c in op.control_inputs}
-
-    @functools.cached_property
-    def _after_writes(self) -> set[str]:
-        """Ops that run only after a variable write (the writes included)."""
-        return _reach(self._ops, {op.name for op in self._ops if is_variable_write(op.type)},
-                      control=True)
-
-    @functools.cached_property
-    def _hidden(self) -> set[str]:
-        ops = self._ops
-        # a loop's Switch leads to its Exit, a cond's to its Merge
-        return (_reach(ops, {op.name for op in ops if op.type in ENTER_OPS}, EXIT_OPS)
-                | _reach(ops, {op.name for op in ops if op.type in SWITCH_OPS}, MERGE_OPS | EXIT_OPS)
-                | self._after_writes)
-
-    # -- endpoints ---------------------------------------------------------------------------
-    def _endpoints(self, signature: str | None):
-        sigs = self.model.meta_graph.signature_def if self.model.meta_graph is not None else {}
-        if sigs:
-            key = signature or ("serving_default" if "serving_default" in sigs else sorted(sigs)[0])
-            if key not in sigs:
-                raise InputError(f"{self.path}: no signature {key!r} "
-                                 f"(has: {', '.join(sorted(sigs))})")
-            sig = sigs[key]
-            inputs = [self._spec(k, info.name) for k, info in sorted(sig.inputs.items())]
-            return inputs, [info.name for _, info in sorted(sig.outputs.items())]
-        if signature:
-            raise InputError(f"{self.path}: has no signatures; drop --signature")
-        placeholders = [op for op in self._ops if op.type == "Placeholder"]
-        # a placeholder nothing reads needs no value (convert_variables_to_constants_v2 leaves
-        # dozens of them, of variant and unknown-rank types no random data could fill)
-        unread = [op.name for op in placeholders if op.name not in self._read]
-        if unread:
-            log.info("%d placeholders nothing reads are not inputs: %s", len(unread),
-                     ", ".join(unread[:5]) + (" ..." if len(unread) > 5 else ""))
-        inputs = [self._spec(op.name, op.outputs[0].name) for op in placeholders
-                  if op.name in self._read]
-        return inputs, self._forward_outputs()
-
-    def _forward_outputs(self) -> list[str]:
-        """The float outputs of the forward pass: tensors of ops that no op outside a backprop
-        scope reads, themselves outside one and outside the loss-scale state, that a fetch can
-        reach without a variable write and that do not only set variables up."""
-        def forward(op) -> bool:
-            return backprop_scope(op.name) is None and not op.name.startswith(f"{SCOPE}/")
-        read = {t.op.name for op in self._ops if forward(op) for t in op.inputs} | {
-            c.name for op in self._ops if forward(op) for c in op.control_inputs}
-        setup = self.setup_ops()
-        return [t.name for op in self._ops
-                if forward(op) and op.name not in read and op.type not in NOT_OUTPUTS
-                and op.name not in self._hidden and op.name not in setup
-                for t in op.outputs if t.dtype.as_datatype_enum in FLOATING]
-
+    # -- structure: the analysis's, checked against the imported graph -------------------------
     def set_outputs(self, names: Sequence[str]) -> None:
         """Compare ``names``: each must exist and be computed before any variable write."""
         names = [tensor_name(n) for n in names]
         for name in names:
             op = self.tensor(name).op
-            if op.name in self._after_writes:
+            if op.name in self.analysis.after_writes:
                 raise InputError(f"{self.path}: {name} is computed after a variable write "
                                  f"({op.type}): fetching it would change the variables; compare "
                                  "a tensor computed before the updates")
         self.outputs = names
 
     def decision_shares(self) -> frozenset[str]:
-        return frozenset(name for name in self.outputs if _is_decision_share(self.tensor(name)))
+        return frozenset(name for name in self.outputs if self.analysis.is_decision_share(name))
 
     def _spec(self, name: str, tensor_name: str) -> InputSpec:
         t = self.tensor(tensor_name)
@@ -353,50 +280,16 @@ class GraphRunner(Runner):
         except (KeyError, ValueError):
             raise InputError(f"{self.path}: no tensor named {name!r}") from None
 
-    # -- training graphs -------------------------------------------------------------------------
-    def unscaled_gradients(self) -> dict[str, str]:
-        """Gradient tensor -> the tensor holding its unscaled value, in a loss-scaled graph: each
-        ``<gradient>/amp_unscaled`` node divides a gradient by the scale, in float32. The
-        gradient it reads may be a cast the conversion added (``<tensor>/amp_float``,
-        ``<tensor>/amp_float32``): the key is the tensor cast, which the original graph holds
-        under the same name. Empty for a graph without loss scaling."""
-        found = {}
-        for op in self._ops:
-            if not op.name.endswith(UNSCALED_SUFFIX) or op.type != "RealDiv":
-                continue
-            source = op.inputs[0]
-            while source.op.type == "Cast" and source.op.name.rsplit("/", 1)[-1].startswith("amp_"):
-                source = source.op.inputs[0]
-            found[source.name] = op.outputs[0].name
-        return found
+    def setup_ops(self) -> set[str]:
+        """Ops that only set variables up (:attr:`Analysis.setup`), and the saver the import
+        built for a MetaGraph without one."""
+        return self.analysis.setup | self._built
 
-    def gradient_tensors(self) -> list[str]:
-        """The gradients a training graph feeds its updates, as the converter finds them
-        (README "Training graphs and loss scaling"); empty for a graph that does not train or
-        whose backward pass cannot be told without hints."""
-        try:
-            backprop = find_backprop(IRGraph.from_graph_def(self.model.graph_def))
-        except InputError as exc:
-            log.info("%s: gradients not compared: %s", self.path, exc)
-            return []
-        return [] if backprop is None else [f"{g.node}:{g.port}" for g in backprop.gradients]
+    def comparable(self) -> list[str]:
+        return self.analysis.comparable()
 
-    @functools.cached_property
-    def _loss_scaled(self) -> tuple[set[str], str | None]:
-        """Tensors of a loss-scaled graph that hold ``scale x`` their true value (everything
-        the scaled seed reaches before a gradient is unscaled), and the scale's tensor."""
-        starts = {op.name for op in self._ops if op.name.endswith(SCALED_SUFFIX)}
-        if not starts:
-            return set(), None
-        stops = {op.name for op in self._ops if op.name.endswith(UNSCALED_SUFFIX)}
-        reached = _reach(self._ops, starts, stop_names=stops)
-        names = {t.name for op in self._ops if op.name in reached for t in op.outputs}
-        scale = FETCH["scale"]
-        try:
-            self.graph.get_tensor_by_name(scale)
-        except KeyError:
-            return names, None
-        return names, scale
+    def uncomparable(self) -> dict[str, str]:
+        return self.analysis.uncomparable()
 
     # -- variables ---------------------------------------------------------------------------
     def _variables(self):
@@ -444,38 +337,6 @@ class GraphRunner(Runner):
                     count += 1
         return count
 
-    def setup_ops(self) -> set[str]:
-        """Ops that only set variables up: the initializers (a random initializer draws afresh
-        on every run, so its tensors mean nothing to compare), the saver's save and restore
-        ops, and every op whose results feed those alone."""
-        return self._setup
-
-    @functools.cached_property
-    def _setup(self) -> set[str]:
-        ops = self._ops
-        sinks = {v.initializer.name for v in self._variables() if v.initializer is not None}
-        # a GraphDef keeps no variables collection: TF1's initializer is "<variable>/Assign"
-        sinks |= {op.name for op in ops if is_variable_write(op.type) and op.inputs
-                  and op.inputs[0].op.type in VARIABLE_CREATORS
-                  and op.name == op.inputs[0].op.name + "/Assign"}
-        sinks |= _reach(ops, {op.name for op in ops if op.type in SAVER_OPS}, control=True)
-        readers: dict[str, set[str]] = {}
-        for op in ops:
-            for producer in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
-                readers.setdefault(producer, set()).add(op.name)
-        pending = {name: len(r) for name, r in readers.items()}
-        setup, stack = set(sinks), list(sinks)
-        while stack:
-            op = self.graph.get_operation_by_name(stack.pop())
-            for producer in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
-                if producer in setup:
-                    continue
-                pending[producer] -= 1
-                if pending[producer] == 0:
-                    setup.add(producer)
-                    stack.append(producer)
-        return setup
-
     # -- running -----------------------------------------------------------------------------
     def callable(self, fetches: Sequence[str] | None = None):
         names = [spec.tensor for spec in self.inputs]
@@ -493,53 +354,15 @@ class GraphRunner(Runner):
         feed_dict = {spec.tensor: feeds[spec.name] for spec in self.inputs}
         return [np.asarray(o) for o in self.session.run(list(fetches), feed_dict)]
 
-    def fetchable(self) -> list[str]:
-        """Tensors that can be fetched from outside without side effects: not inside a loop
-        frame or a cond branch, and not after a variable write (fetching it would train)."""
-        return [t.name for op in self._ops if op.name not in self._hidden for t in op.outputs]
-
-    def comparable(self) -> list[str]:
-        """The float tensors worth comparing: fetchable, not setting variables up, not the
-        loss-scale state (``amp_loss_scale/``), in topological order."""
-        order = self._order
-        names = [t.name for op in self._computing() if op.name not in self._hidden
-                 for t in op.outputs if t.dtype.as_datatype_enum in FLOATING]
-        return sorted(names, key=lambda n: order.get(n.rsplit(":", 1)[0], 0))
-
-    def uncomparable(self) -> dict[str, str]:
-        """The float tensors :meth:`comparable` leaves out among those that compute the model
-        (not setting variables up, not the loss-scale state), each with why: ``"after_write"``
-        (fetching it would run a variable write) or ``"control_flow"`` (inside a v1 loop
-        frame or cond branch, which a fetch from outside cannot reach)."""
-        return {t.name: "after_write" if op.name in self._after_writes else "control_flow"
-                for op in self._computing() if op.name in self._hidden
-                for t in op.outputs if t.dtype.as_datatype_enum in FLOATING}
-
-    def _computing(self) -> list:
-        """The ops that compute the model: not setting variables up, not the loss-scale state."""
-        setup = self.setup_ops()
-        return [op for op in self._ops
-                if op.name not in setup and not op.name.startswith(f"{SCOPE}/")]
-
     def trace(self, feeds, names=None) -> Trace:
         """``names`` (default :meth:`comparable`) fetched in one run (if TensorFlow refuses one
         of them, each on its own, leaving out those that fail). In a loss-scaled graph the
         tensors that hold scaled values are divided by the scale, so they compare with the
         original's."""
-        import tensorflow as tf
         names = list(self.comparable() if names is None else names)
-        scaled, scale = self._loss_scaled
+        scaled, scale = self.analysis.loss_scaled
         wanted = names + ([scale] if scale and scaled.intersection(names) else [])
-        try:
-            fetched = dict(zip(wanted, self.fetch(feeds, wanted)))
-        except tf.errors.OpError:
-            log.info("fetching all tensors at once failed; fetching one at a time")
-            fetched = {}
-            for name in wanted:
-                try:
-                    fetched[name] = self.fetch(feeds, [name])[0]
-                except tf.errors.OpError:
-                    pass
+        fetched = self._fetch_what_runs(feeds, wanted)
         values, info = {}, {}
         for name in names:
             if name not in fetched:
@@ -552,56 +375,27 @@ class GraphRunner(Runner):
             t = self.graph.get_tensor_by_name(name)
             values[name] = [value]
             info[name] = TensorInfo(t.op.type, t.dtype.name, {i.name for i in t.op.inputs},
-                                    self._order.get(t.op.name, 0))
-        info.update(self._variants)
+                                    self.analysis.order.get(t.op.name, 0))
+        info.update(self.analysis.variants)
         return Trace(values, info)
 
-    @functools.cached_property
-    def _variants(self) -> dict[str, TensorInfo]:
-        return {t.name: TensorInfo(op.type, "variant", {i.name for i in op.inputs})
-                for op in self._ops for t in op.outputs if t.dtype.as_datatype_enum == VARIANT}
-
-    @functools.cached_property
-    def _order(self) -> dict[str, int]:
-        """Op name -> position in a topological order (loop back edges are skipped, not followed)."""
-        preds = {op.name: [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]
-                 for op in self._ops}
-        order: dict[str, int] = {}
-        for root in preds:
-            if root in order:
-                continue
-            stack, visiting = [(root, iter(preds[root]))], {root}
-            while stack:
-                name, pending = stack[-1]
-                nxt = next((p for p in pending if p not in order and p not in visiting), None)
-                if nxt is None:
-                    stack.pop()
-                    visiting.discard(name)
-                    order[name] = len(order)
-                else:
-                    visiting.add(nxt)
-                    stack.append((nxt, iter(preds[nxt])))
-        return order
+    def _fetch_what_runs(self, feeds, wanted: list[str]) -> dict[str, np.ndarray]:
+        """``wanted`` fetched in one run, else one at a time, leaving out those that fail."""
+        import tensorflow as tf
+        try:
+            return dict(zip(wanted, self.fetch(feeds, wanted)))
+        except tf.errors.OpError:
+            log.info("fetching all tensors at once failed; fetching one at a time")
+        fetched = {}
+        for name in wanted:
+            try:
+                fetched[name] = self.fetch(feeds, [name])[0]
+            except tf.errors.OpError:
+                pass
+        return fetched
 
     def close(self) -> None:
         self.session.close()
-
-
-def _is_decision_share(tensor) -> bool:
-    """Whether every float path into ``tensor`` runs ``Mean``/``Identity`` ops back to a cast
-    of a bool, through at least one ``Mean``: a value in [0, 1] that counts decisions."""
-    import tensorflow as tf
-    stack, means = [tensor], 0
-    while stack:
-        t = stack.pop()
-        op = t.op
-        if op.type == "Cast" and t.dtype.is_floating and op.inputs[0].dtype == tf.bool:
-            continue
-        if op.type not in ("Mean", "Identity") or not t.dtype.is_floating:
-            return False
-        means += op.type == "Mean"
-        stack.append(op.inputs[0])    # Mean's other input holds the axes
-    return means > 0
 
 
 class SavedModelRunner(Runner):
@@ -630,7 +424,6 @@ class SavedModelRunner(Runner):
 
     def callable(self):
         import tensorflow as tf
-
         def call(feeds):
             with run_errors(self.path):
                 result = self.fn(**{k: tf.constant(feeds[k]) for k in (s.name for s in self.inputs)})
@@ -667,7 +460,7 @@ class SavedModelRunner(Runner):
             # a TF1 SavedModel: the signature's tensors are nodes of the MetaGraph
             prefix = Path(self.path) / "variables" / "variables"
             saved = meta.HasField("saver_def") and prefix.with_suffix(".index").exists()
-            return GraphRunner(Model(self.path, "metagraph", False, (meta,)), self.key,
+            return GraphRunner(Analysis(Model(self.path, "metagraph", False, (meta,)), self.key),
                                checkpoint=str(prefix) if saved else None)
         return SignatureReplay(self, meta, sig, call)
 
@@ -715,7 +508,7 @@ def open_model(model: str | os.PathLike | Model, *, signature: str | None = None
             new.graph_def.CopyFrom(emulate_float16(meta.graph_def)[0])
             graphs.append(new)
         model = dataclasses.replace(model, meta_graphs=tuple(graphs))
-    return GraphRunner(model, signature, outputs, checkpoint, initialize=initialize)
+    return GraphRunner(Analysis(model, signature), outputs, checkpoint, initialize=initialize)
 
 
 @contextlib.contextmanager
@@ -740,7 +533,7 @@ def open_converted(original: Runner, converted, *, signature: str | None = None,
 
     Without ``outputs`` (the user's choice, as ``original`` was opened with), a graph file
     without signatures compares the original's forward outputs (see
-    :meth:`GraphRunner._forward_outputs`) and, for a training graph, its gradients: in a
+    :class:`~amp_rewrite.tools.analysis.Analysis`) and, for a training graph, its gradients: in a
     loss-scaled conversion the original's gradient against the converted graph's unscaled one
     (``<gradient node>/amp_unscaled:0``). An output named with ``outputs`` that the conversion
     scales is compared unscaled too. ``emulate`` runs the converted graph as its float32
@@ -767,12 +560,12 @@ def open_converted(original: Runner, converted, *, signature: str | None = None,
 def _pair_gradients(a: Runner, b: GraphRunner, chosen: bool) -> None:
     """Point the converted graph's outputs at unscaled gradients; add the gradients of a
     training graph to the default outputs."""
-    unscaled = b.unscaled_gradients()
+    unscaled = b.analysis.unscaled_gradients
     if not isinstance(a, GraphRunner):
         return
-    grads = list(unscaled) if unscaled else a.gradient_tensors()
+    grads = list(unscaled) if unscaled else a.analysis.gradients
     if not (a.has_signature or chosen):
-        fetchable_a, fetchable_b = set(a.fetchable()), set(b.fetchable())
+        fetchable_a, fetchable_b = set(a.analysis.fetchable()), set(b.analysis.fetchable())
         added = [g for g in grads if g in fetchable_a and unscaled.get(g, g) in fetchable_b
                  and g not in a.outputs]
         a.set_outputs(a.outputs + added)
@@ -796,8 +589,8 @@ def share_weights(original: Runner, converted: Runner) -> None:
     if values:
         n = converted.load_variables(values)
         log.info("copied %d of %d variables into the converted graph", n, len(values))
-    own = [v.op.name for v in converted._variables()
-           if v.op.name not in values and not v.op.name.startswith(f"{SCOPE}/")]
+    own = own_variables(original.analysis if isinstance(original, GraphRunner) else None,
+                        converted.analysis)
     if own:
         log.warning("%d variables of the converted graph are not in the original (%s): they run "
                     "their own initializers, so the two may compute with different weights",
@@ -812,77 +605,3 @@ def check_same_interface(a: Runner, b: Runner) -> None:
         raise InputError(f"the two models take different inputs: {names_a} and {names_b}")
     if len(a.outputs) != len(b.outputs):
         raise InputError(f"the two models give different outputs: {a.outputs} and {b.outputs}")
-
-
-def _private_copy(graph_def):
-    """The graph as a runner imports it: devices cleared (a graph saved on a GPU machine names
-    devices this one lacks; placement is TF's job here), seeds given to unseeded random ops,
-    and the control edges that make a fetch run a variable write dropped (module docstring)."""
-    out = type(graph_def)()
-    out.CopyFrom(graph_def)
-    for node in out.node:
-        node.device = ""
-        seeds = node.attr.get("seed"), node.attr.get("seed2")
-        if None not in seeds and not node.op.startswith("Stateless") and \
-                seeds[0].i == 0 and seeds[1].i == 0:
-            # seed 0 and seed2 0 mean "draw a new seed": two graphs would differ
-            node.attr["seed2"].i = zlib.crc32(node.name.encode()) % (2**31 - 1) + 1
-    _drop_write_edges(out)
-    return out
-
-
-def _drop_write_edges(graph_def) -> None:
-    """Drop the control edges out of every variable write and every node after one, but those
-    into a NoOp (a group such as the saver's ``restore_all`` or an init op runs its writes that
-    way) and those inside v1 loops and conds (their frames are built of control edges)."""
-    ops = {n.name: n.op for n in graph_def.node}
-    readers: dict[str, list[tuple[str, bool]]] = {}
-    for n in graph_def.node:
-        for text in n.input:
-            readers.setdefault(text.lstrip("^").split(":")[0], []).append((n.name, text[:1] == "^"))
-
-    def reach(starts, ends=frozenset(), control=True):
-        seen, stack = set(), list(starts)
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            stack.extend(reader for reader, is_control in readers.get(name, ())
-                         if ops.get(reader) not in ends and (control or not is_control))
-        return seen
-    after = reach([n.name for n in graph_def.node if is_variable_write(n.op)])
-    if not after:
-        return
-    frames = (reach([n.name for n in graph_def.node if n.op in ENTER_OPS], EXIT_OPS, control=False)
-              | reach([n.name for n in graph_def.node if n.op in SWITCH_OPS], MERGE_OPS | EXIT_OPS,
-                      control=False))
-    for n in graph_def.node:
-        if n.op == "NoOp" or n.name in frames:
-            continue
-        kept = [i for i in n.input if not (i.startswith("^") and i[1:] in after and i[1:] not in frames)]
-        if len(kept) != len(n.input):
-            del n.input[:]
-            n.input.extend(kept)
-
-
-def _reach(ops, starts: set[str], ends=frozenset(), control: bool = False,
-           stop_names=frozenset()) -> set[str]:
-    """Names of the ops reachable forward from the ops named ``starts`` without passing an op
-    whose type is in ``ends`` or whose name is in ``stop_names`` (along control edges too if
-    ``control``)."""
-    consumers: dict[str, list] = {}
-    for op in ops:
-        for producer in [t.op for t in op.inputs] + (list(op.control_inputs) if control else []):
-            consumers.setdefault(producer.name, []).append(op)
-    seen: set[str] = set()
-    stack = [op for op in ops if op.name in starts]
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        stack.extend(c for c in consumers.get(op.name, ())
-                     if c.type not in ends and c.name not in stop_names)
-    return seen
-
