@@ -17,8 +17,8 @@ import importlib
 from .version import __version__ as __version__  # the one place it is written
 
 _EXPORTS = {
-    "Options": "convert.graph", "convert": "convert.pipeline", "convert_file": "convert.pipeline",
-    "convert_model": "convert.pipeline",
+    "Options": "conversion.graph", "convert": "conversion.pipeline", "convert_file": "conversion.pipeline",
+    "convert_model": "conversion.pipeline",
     "AmpRewriteError": "core.errors", "InputError": "core.errors", "IRError": "core.errors",
     "LintError": "core.errors", "RuleError": "core.errors", "UnsupportedGraphError": "core.errors",
     "Report": "report.decisions", "RuleSet": "rules.loader", "load_rules": "rules.loader",

@@ -35,9 +35,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
 
-from amp_rewrite.convert.library import paint_library  # noqa: E402
-from amp_rewrite.convert.pipeline import convert  # noqa: E402
-from amp_rewrite.convert.rewrite import Target, rewrite  # noqa: E402
+from amp_rewrite.conversion.library import paint_library  # noqa: E402
+from amp_rewrite.conversion.pipeline import convert  # noqa: E402
+from amp_rewrite.conversion.rewrite import Target, rewrite  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
 from amp_rewrite.core.ir import Graph  # noqa: E402
 from amp_rewrite.rules.loader import load_rules  # noqa: E402

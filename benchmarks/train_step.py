@@ -38,7 +38,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
-from amp_rewrite.convert.pipeline import Options, convert_model  # noqa: E402
+from amp_rewrite.conversion.pipeline import Options, convert_model  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
 from amp_rewrite.io.load import Model  # noqa: E402
 

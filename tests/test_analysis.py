@@ -13,7 +13,7 @@ import training_graphs
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from amp_rewrite.convert.pipeline import convert_file
+from amp_rewrite.conversion.pipeline import convert_file
 from amp_rewrite.core.errors import InputError
 from amp_rewrite.core.ir import Graph
 from amp_rewrite.core.ops import is_variable_write

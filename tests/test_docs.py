@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# ``convert`` first: the package's lazy ``convert`` function and its ``convert/`` folder share
+# ``convert`` first: the package's lazy ``convert`` function and its ``conversion/`` folder share
 # the name, and once the folder is imported (the CLI does) before the function was asked for,
 # ``from amp_rewrite import convert`` hands out the folder (reported; not this suite's to fix)
 from amp_rewrite import cli, convert  # noqa: F401
@@ -488,7 +488,7 @@ def _float16_range() -> bool:
 
 
 def _min_intensity() -> bool:
-    from amp_rewrite.convert.graph import DEFAULT_MIN_INTENSITY
+    from amp_rewrite.conversion.graph import DEFAULT_MIN_INTENSITY
     return DEFAULT_MIN_INTENSITY == {("bfloat16", "cpu"): 128.0}
 
 
@@ -524,7 +524,7 @@ CLAIMS = [
      _all(_costs, _bench("Op costs in bfloat16 on this CPU", "| Relu6 | 0.33 | 1.12 | costs 218 ps per element |"))),
     ("docs/decisions.md", "2.07x FP32", 'BENCHMARKS.md "Keras models"',
      _bench("Keras models", "| MobileNetV2, batch norms set | 1052 | 0/53 | 29 | 29 (1.01x) | 14 (2.07x) |")),
-    ("docs/decisions.md", "(default 128, `amp_rewrite.convert.graph.DEFAULT_MIN_INTENSITY`)", None, _min_intensity),
+    ("docs/decisions.md", "(default 128, `amp_rewrite.conversion.graph.DEFAULT_MIN_INTENSITY`)", None, _min_intensity),
     ("docs/decisions.md", "about 0.9 ps per FLOP", "amp_rewrite/paint/costs.py",
      _all(_costs, _bench("Op costs in bfloat16 on this CPU", "saves 0.95 ps per FLOP", "saves 0.93 ps per FLOP",
                          "saves 0.89 ps per FLOP"))),

@@ -14,7 +14,7 @@ import test_functions
 
 from amp_rewrite import cli, convert
 from amp_rewrite.cli import commands
-from amp_rewrite.convert import library
+from amp_rewrite.conversion import library
 from amp_rewrite.core.errors import INPUT_EXIT, INTERNAL_EXIT, InputError, IRError, LintError
 
 pytestmark = pytest.mark.fast

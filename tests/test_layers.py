@@ -142,7 +142,7 @@ def test_every_folder_and_module_is_in_the_folders_table():
 
 def test_every_module_of_a_folder_has_a_layer_inside_it():
     packages = {p.parent.name for p in sources() if p.parent != PACKAGE}
-    assert packages == set(INTERNAL_LAYERS) and packages >= {"core", "paint", "convert"}
+    assert packages == set(INTERNAL_LAYERS) and packages >= {"core", "paint", "conversion"}
     for package, layers in INTERNAL_LAYERS.items():
         declared = [name for names in layers for name in names]
         present = sorted(p.stem for p in (PACKAGE / package).glob("*.py")

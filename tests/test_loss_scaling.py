@@ -19,7 +19,7 @@ from sklearn.datasets import load_digits
 from training_graphs import Trainer, batches, build
 
 from amp_rewrite import cli, convert_file
-from amp_rewrite.convert.pipeline import Options, convert_model
+from amp_rewrite.conversion.pipeline import Options, convert_model
 from amp_rewrite.core.errors import InputError, UnsupportedGraphError
 from amp_rewrite.core.ir import Graph
 from amp_rewrite.io.load import Model

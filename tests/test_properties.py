@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from amp_rewrite import convert
 from amp_rewrite.check import lint
-from amp_rewrite.convert.pipeline import Options, convert_model
+from amp_rewrite.conversion.pipeline import Options, convert_model
 from amp_rewrite.core.errors import InputError
 from amp_rewrite.core.ir import Graph
 from amp_rewrite.io import load

@@ -20,7 +20,7 @@ from sklearn.datasets import load_digits
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from amp_rewrite import cli, convert
-from amp_rewrite.convert.pipeline import convert_file
+from amp_rewrite.conversion.pipeline import convert_file
 from amp_rewrite.core.errors import InputError
 from amp_rewrite.io.load import Model, load
 from amp_rewrite.rules.loader import load_rules

@@ -13,8 +13,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..convert.graph import Options
-from ..convert.pipeline import convert_model
+from ..conversion.graph import Options
+from ..conversion.pipeline import convert_model
 from ..core import hardware
 from ..core.errors import InputError, RuleError
 from ..io.files import OutputSet, atomic_write
@@ -60,7 +60,7 @@ def convert(args) -> int:
 
 
 def _convert(args):
-    """The converted model and its report, in memory (:func:`~amp_rewrite.convert.pipeline.convert_file`
+    """The converted model and its report, in memory (:func:`~amp_rewrite.conversion.pipeline.convert_file`
     without the write; the CLI checked the paths)."""
     options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
                       lowp_io=args.lowp_io, fold_constants=args.fold_constants,

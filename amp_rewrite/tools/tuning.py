@@ -54,8 +54,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..convert.graph import Options
-from ..convert.pipeline import convert_model
+from ..conversion.graph import Options
+from ..conversion.pipeline import convert_model
 from ..core.dtypes import BFLOAT16, HALF, TARGET_NAMES
 from ..core.errors import InputError, UnsupportedGraphError
 from ..core.ops import FUNCTIONAL_OPS
@@ -457,7 +457,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     (:func:`default_tolerance`). ``holdout``: samples scored before and after, never tuned on.
     ``relax``: also move nodes the lists kept float32 into low precision where the
     tolerance holds (module docstring, step 4). ``options``: those of
-    :class:`~amp_rewrite.convert.graph.Options`.
+    :class:`~amp_rewrite.conversion.graph.Options`.
 
     When it passes and ``output`` is given, writes the converted model there, the chosen
     overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``) and, if

@@ -57,7 +57,7 @@ def add_loss_scaling(graph: Graph, meta_graph: meta_graph_pb2.MetaGraphDef | Non
     ``meta_graph`` (None for a bare GraphDef) gets the new variables in its ``variables``
     collection, in place (a train step inside a function the graph calls is
     :func:`add_function_state`'s and :func:`scale_train_functions`' case, which
-    :func:`~amp_rewrite.convert.graph.convert_graph` takes first); ``hints`` may name the ``loss`` and
+    :func:`~amp_rewrite.conversion.graph.convert_graph` takes first); ``hints`` may name the ``loss`` and
     the seeds (``grads``).
     What was found and done is recorded in ``report.extra["loss_scaling"]``. Raises
     :class:`UnsupportedGraphError` when the graph trains but its seed or updates cannot be

@@ -1,6 +1,6 @@
 """Painting a function library: every function a graph reaches, and the boundaries between them.
 
-Each reachable body is converted like a graph (:func:`~amp_rewrite.convert.rewrite.rewrite`)
+Each reachable body is converted like a graph (:func:`~amp_rewrite.conversion.rewrite.rewrite`)
 with its arguments and results kept float32, so casts first sit just inside the boundary; then
 :class:`~amp_rewrite.transforms.boundaries.BoundaryLowering` moves boundaries that only carry
 casts into low precision, in the functions and at the graph's own call sites. Functions a SavedModel

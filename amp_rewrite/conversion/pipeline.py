@@ -1,5 +1,5 @@
 """A whole conversion: load -> every graph through
-:func:`~amp_rewrite.convert.graph.convert_graph` -> save.
+:func:`~amp_rewrite.conversion.graph.convert_graph` -> save.
 
 :func:`convert_file` goes from a path to a path, :func:`convert_model` from a loaded
 :class:`~amp_rewrite.io.load.Model` to a converted one, :func:`convert` from a GraphDef in memory

@@ -2,9 +2,9 @@
 
 :func:`convert_graph` takes a ``MetaGraphDef`` (a GraphDef file is wrapped in one, a SavedModel
 brings one per tag set) and runs, in order: the input checks, optional constant folding, the
-graph's own nodes through :func:`~amp_rewrite.convert.rewrite.rewrite`, loss scaling where it
+graph's own nodes through :func:`~amp_rewrite.conversion.rewrite.rewrite`, loss scaling where it
 trains, then every library function it reaches
-(:func:`~amp_rewrite.convert.library.paint_library`). The
+(:func:`~amp_rewrite.conversion.library.paint_library`). The
 MetaGraph's signature tensors are its interface and keep their dtypes; the functions its object
 graph restores keep their signatures.
 """
