@@ -1,5 +1,5 @@
 """What a bfloat16 op costs or saves on this CPU against float32: the basis of the runtime cost
-model (:mod:`amp_rewrite.paint.costs`, README "Small matrix ops stay float32").
+model (:mod:`amp_rewrite.paint.costs`, docs/decisions.md "Small matrix ops stay float32").
 
 Matrix ops save time in proportion to their FLOPs; an elementwise op whose bfloat16 kernel is
 slower than its float32 one (TensorFlow's CPU kernels for most activations are Eigen loops, not

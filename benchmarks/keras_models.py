@@ -199,7 +199,7 @@ def run(rounds: int = 7, only=()) -> str:
               "(`train_step.runtime_difference`; before placement, so without the oneDNN fusions "
               "a session adds): 0 means the same ops in the same dtypes, so their speeds differ "
               "only by noise. A model with 0 matrix ops in bfloat16 was kept float32 whole by the "
-              "cost model (README \"Small matrix ops stay float32\": its unfused bfloat16 "
+              "cost model (docs/decisions.md \"Small matrix ops stay float32\": its unfused bfloat16 "
               "activations would lose more than its matrix ops save); its graph computes what the "
               "FP32 graph does, and its ratio is 1 within noise. "
               "The errors are relative to untrained models' logits, some near zero "

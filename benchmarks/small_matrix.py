@@ -1,5 +1,5 @@
 """Where a bfloat16 MatMul on this CPU starts to pay for its casts: the basis of the default
-``--min-matrix-intensity`` (README "Small matrix ops stay float32").
+``--min-matrix-intensity`` (docs/decisions.md "Small matrix ops stay float32").
 
 For each width w: 8 blocks of ``h = relu(h @ W) + h`` with W of w×w (matrix intensity w), batch
 256, in float32, and with each MatMul in bfloat16 between casts (its float32 neighbours stay

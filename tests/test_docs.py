@@ -391,9 +391,10 @@ def test_the_documented_decision_codes_are_the_ones_the_code_emits():
 
 
 # ----------------------------------------------------------------- sections the code cites
-def _cited_sections() -> set[str]:
-    """Section titles the package, the benchmarks and the tests cite as ``README "Title"``, in
-    strings (concatenated as Python reads them) and comments."""
+def _cited_sections() -> set[tuple[str, str]]:
+    """``(document, section title)`` the package, the benchmarks and the tests cite as
+    ``docs/x.md "Title"`` (or ``README "Title"``), in strings (concatenated as Python reads
+    them) and comments."""
     cited = set()
     for folder in ("amp_rewrite", "benchmarks", "tests"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -405,19 +406,21 @@ def _cited_sections() -> set[str]:
             texts += [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
                       if t.type == tokenize.COMMENT]
             for text in texts:
-                cited |= set(re.findall(r'README:? \(?"([^"]+)"', " ".join(text.split())))
+                cited |= set(re.findall(r'(README|docs/\w+\.md):? \(?"([^"]+)"',
+                                        " ".join(text.split())))
     return cited
 
 
-def test_every_section_the_code_cites_is_a_heading_the_readme_leads_to():
-    headings = {re.sub(r"[`*]", "", h).strip() for doc in ALL_DOCS
-                for h in re.findall(r"^#+ (.+)$", _prose(doc), re.M)}
-    readme = " ".join(_text("README.md").split())
+def test_every_section_the_code_cites_is_a_heading_of_the_document_it_names():
     cited = _cited_sections()
-    assert {"Frozen graphs from a SavedModel", "Which CPUs gain from bfloat16"} <= cited
-    for title in cited:
-        assert any(h.startswith(title) for h in headings), f"README \"{title}\": no such heading"
-        assert title in readme, f"README \"{title}\": the README does not say where it went"
+    assert {("docs/savedmodels.md", "Frozen graphs from a SavedModel"),
+            ("docs/decisions.md", "Which CPUs gain from bfloat16")} <= cited
+    for doc, title in cited:
+        doc = "README.md" if doc == "README" else doc
+        assert (ROOT / doc).is_file(), f"{doc} \"{title}\": no such document"
+        headings = {re.sub(r"[`*]", "", h).strip()
+                    for h in re.findall(r"^#+ (.+)$", _prose(doc), re.M)}
+        assert any(h.startswith(title) for h in headings), f"{doc} \"{title}\": no such heading"
 
 
 # ----------------------------------------------------------------- numbers and their sources

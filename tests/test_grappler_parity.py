@@ -15,7 +15,7 @@ from machine import needs_onednn
 
 from amp_rewrite import convert
 
-# decision code of ours -> why grappler differs (README "Where we differ from grappler")
+# decision code of ours -> why grappler differs (docs/decisions.md "Where we differ from grappler")
 EXPLAINED = {
     # grappler paints nodes nothing reads unless they are fetched; we keep every graph output
     # float32 so a converted file keeps its interface (here: unused weight gradients)

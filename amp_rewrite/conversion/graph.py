@@ -102,7 +102,7 @@ class Options:
 def _hint_folding(report: Report) -> None:
     """Matrix ops kept float32 because their activations would run unfused, in a graph
     --fold-constants could fold: folded, a trained batch norm becomes a bias TensorFlow fuses
-    (README "--fold-constants"); an untrained one folds away, so this says "may"."""
+    (docs/decisions.md "--fold-constants"); an untrained one folds away, so this says "may"."""
     text = (f"{report.extra['unfused_kept']} matrix ops stayed float32 because their "
             "activations would run unfused in bfloat16 (code cost); the graph has no variables, "
             "and --fold-constants may let TensorFlow fuse them: it folds batch norms into the "

@@ -95,7 +95,7 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
         if options.emulate:
             raise UnsupportedGraphError(f"{model.path}: --emulate applies to graph files (a "
                                         "SavedModel's ops live in functions); freeze a signature "
-                                        "first (README \"Frozen graphs from a SavedModel\")")
+                                        "first (docs/savedmodels.md \"Frozen graphs from a SavedModel\")")
         if config is not None:
             _refuse_saved_model_training(model, options)
         options = _without_folding(options)
@@ -131,7 +131,7 @@ def _warn_if_slower_here(options: Options) -> None:
         return
     log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): the "
                 "converted model runs slower than float32 here; it is for CPUs that have one "
-                "(README \"Which CPUs gain from bfloat16\"; --cost-aware keeps it float32 "
+                "(docs/decisions.md \"Which CPUs gain from bfloat16\"; --cost-aware keeps it float32 "
                 "here)", hardware.describe())
 
 
@@ -148,8 +148,8 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
     float32 subgraphs first (graphs without variables); ``min_matrix_intensity`` is the least
     matrix work per element moved that a 16-bit island needs (None: 128 for bfloat16 on CPU, else 0;
-    README "Small matrix ops stay float32"); ``cost_aware`` keeps float32 what would run slower
-    than float32 on this machine (bfloat16 on a CPU with no bfloat16 matrix unit; README "Which
+    docs/decisions.md "Small matrix ops stay float32"); ``cost_aware`` keeps float32 what would run slower
+    than float32 on this machine (bfloat16 on a CPU with no bfloat16 matrix unit; docs/decisions.md "Which
     CPUs gain from bfloat16"). Painting and casts only: loss scaling needs the
     MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
     """

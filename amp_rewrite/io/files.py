@@ -44,7 +44,7 @@ def check_container(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     if is_saved_model(src) and dst.suffix.lower() in GRAPH_FILE_SUFFIXES and not dst.is_dir():
         raise InputError(f"{dst}: the input is a SavedModel, which converts to a SavedModel "
                          f"directory; name the output as a directory (e.g. {dst.with_suffix('')}), "
-                         "or freeze a signature to a GraphDef first (README: \"Frozen graphs "
+                         "or freeze a signature to a GraphDef first (docs/savedmodels.md: \"Frozen graphs "
                          "from a SavedModel\") and convert that")
 
 

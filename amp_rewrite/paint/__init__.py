@@ -1,6 +1,6 @@
 """Painting: decide, per (node, type attribute), whether it runs in low precision, and why.
 
-The baseline is grappler's ``auto_mixed_precision`` pass (README "How we decide"). The steps,
+The baseline is grappler's ``auto_mixed_precision`` pass (docs/decisions.md "How we decide"). The steps,
 in the order :func:`paint` runs them, each in its own module:
 
 0. :mod:`.state`: variables, non-float32 types, ``keep_fp32`` overrides and the graph's

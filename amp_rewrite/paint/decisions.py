@@ -12,7 +12,7 @@ from ..schema.opdefs import TypeAttr
 
 TNode = tuple[str, TypeAttr]
 
-#: decision codes that mean "runs in the target dtype" (README "Report schema")
+#: decision codes that mean "runs in the target dtype" (docs/report.md "Report schema")
 LOWP_CODES = ("allow_list", "between_allow", "follows_allow", "clear_spread", "user_force",
               "cast_retargeted", "const_converted", "lowp_io", "tensorlist_match")
 
@@ -21,7 +21,7 @@ LOWP_CODES = ("allow_list", "between_allow", "follows_allow", "clear_spread", "u
 class Decision:
     """Why one (node, type attribute) ended where it did.
 
-    ``code`` is stable and machine-readable (documented in README "Report schema"); ``text``
+    ``code`` is stable and machine-readable (documented in docs/report.md "Report schema"); ``text``
     is the sentence ``explain`` prints; ``via`` names the nodes of the chain that forced it,
     from the root cause to the nearest neighbour.
     """

@@ -41,7 +41,7 @@ class NodeReport:
     name: str
     op: str
     precision: str          # what the output holds: "float32", "float16", "bfloat16", "mixed", "none"
-    code: str               # the decision code (README: "Decision codes")
+    code: str               # the decision code (docs/report.md: "Decision codes")
     reason: str             # the sentence explain prints
     via: list[str] = field(default_factory=list)
     attrs: dict[str, str] = field(default_factory=dict)   # type attr -> dtype after conversion

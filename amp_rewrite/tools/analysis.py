@@ -55,7 +55,7 @@ from .traces import TensorInfo
 log = logging.getLogger(__name__)
 
 #: what loss scaling names the nodes it adds (amp_rewrite/training/scaling.py): the seed times
-#: the scale, and a gradient divided by it in float32 (README "Training graphs and loss scaling")
+#: the scale, and a gradient divided by it in float32 (docs/training.md "Training graphs and loss scaling")
 SCALED_SUFFIX = "/amp_scaled"
 UNSCALED_SUFFIX = "/amp_unscaled"
 #: the reference flag of a dtype enum (DT_FLOAT_REF == DT_FLOAT + 100 in types.proto)
@@ -245,7 +245,7 @@ class Analysis:
     @functools.cached_property
     def gradients(self) -> list[str]:
         """The gradients a training graph feeds its updates, as the converter finds them
-        (README "Training graphs and loss scaling"), in the graph as given; empty for a graph
+        (docs/training.md "Training graphs and loss scaling"), in the graph as given; empty for a graph
         that does not train or whose backward pass cannot be told without hints."""
         try:
             backprop = find_backprop(Graph.from_graph_def(self.model.graph_def))

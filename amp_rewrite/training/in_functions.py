@@ -16,7 +16,7 @@ SavedModel's object graph, and its state lives in ``variables/``. Loss scaling t
   the write: a skipped step writes nothing, so every variable, slot and counter keeps its bits
   (but a write the check itself waits on, such as a running input mean used before the tape,
   which cannot wait for it: the report names those in a warning);
-* the scale and counters are updated as in TF1 graphs (README "Training graphs and loss
+* the scale and counters are updated as in TF1 graphs (docs/training.md "Training graphs and loss
   scaling").
 
 The body is edited as the FunctionDef TensorFlow wrote (``node:output:index`` references), in
@@ -382,7 +382,7 @@ def _branch_pair(library, op: str, attrs: dict, tin: list[int], number: int) -> 
 
 def _next_state(body: _Body, config: ScaleConfig, finite: TensorRef, handles: list[TensorRef],
                 reads: list[TensorRef]) -> list[str]:
-    """Assignments of the next scale and counters (TF1 graphs' rule, README "Modes")."""
+    """Assignments of the next scale and counters (TF1 graphs' rule, docs/training.md "Modes")."""
     scale_r, skipped_r, good_r = handles
     scale, skipped, good = reads
     n = f"{SCOPE}/next"
@@ -548,7 +548,7 @@ def _refuse_writes_in_callees(by_name: dict, train: list[str]) -> None:
 
 
 def _record(config: ScaleConfig, found: list[_Found], saved: bool) -> dict:
-    """The report's ``loss_scaling`` section for train functions (README "Report schema");
+    """The report's ``loss_scaling`` section for train functions (docs/report.md "Report schema");
     ``saved``: the state is the loaded SavedModel's, else the graph's variables."""
     return {
         "mode": config.mode, "start": config.start,

@@ -123,7 +123,7 @@ def _register(graph: Graph, meta_graph, variables, report: Report) -> tuple[list
 
 def _record(graph: Graph, config: ScaleConfig, backprop: Backprop, added: Added, init_ops,
             in_collection: bool, in_saver: bool) -> dict:
-    """The report's ``loss_scaling`` section (README "Report schema")."""
+    """The report's ``loss_scaling`` section (docs/report.md "Report schema")."""
     return {
         "mode": config.mode, "start": config.start,
         **({"interval": config.interval, "factor": config.factor} if config.mode == "dynamic" else {}),
