@@ -617,8 +617,9 @@ def _many_nodes(blocks, width=8):
 MEMORY_GRAPHS = {"weights": (lambda: _wide_mlp(1024), lambda: _wide_mlp(2048)),
                  "nodes": (lambda: _many_nodes(2000), lambda: _many_nodes(8000))}
 # the bound: per byte of the GraphDef, per node (measured: 3.0x a weights graph's size,
-# 5.3 KiB a node of a graph of many small nodes)
-BYTES_FACTOR, NODE_KIB = 4, 7
+# 5.2 KiB a node of a graph of many small nodes; 6.8 KiB while the heap TensorFlow's importer
+# check freed stayed with the process)
+BYTES_FACTOR, NODE_KIB = 4, 6
 
 
 def _conversion_memory(graph_def, folder: Path, warm_up: Path) -> dict:

@@ -502,7 +502,7 @@ def _loss_scale_defaults() -> bool:
 
 def _memory_bound() -> bool:
     import test_bad_input
-    return (test_bad_input.BYTES_FACTOR, test_bad_input.NODE_KIB) == (4, 7)
+    return (test_bad_input.BYTES_FACTOR, test_bad_input.NODE_KIB) == (4, 6)
 
 
 def _protobuf_limit() -> bool:
@@ -582,7 +582,7 @@ CLAIMS = [
     ("docs/reliability.md", "byte-identical output files", "tests/test_determinism.py",
      _source("tests/test_determinism.py", "def test_graph_files_and_reports_are_byte_identical(two_runs):",
              "assert graphs_first == graphs_second")),
-    ("docs/reliability.md", "under 4 times the GraphDef's size plus 7 KiB per node", "tests/test_bad_input.py", _memory_bound),
+    ("docs/reliability.md", "under 4 times the GraphDef's size plus 6 KiB per node", "tests/test_bad_input.py", _memory_bound),
     ("docs/reliability.md", "within a quarter of four times the smaller's", "tests/test_bad_input.py",
      _source("tests/test_bad_input.py", "assert 0.8 <= linearity <= 1.25, line")),
     ("docs/reliability.md", "up to about 300,000 nodes", 'BENCHMARKS.md "Conversion speed"',

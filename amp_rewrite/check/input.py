@@ -12,6 +12,8 @@ checks, so that a broken input is the user's problem, never a failed lint of our
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import re
 from typing import Iterator
@@ -100,6 +102,7 @@ def check_importable(graph_def: graph_pb2.GraphDef, serialized: bytes | None = N
         serialized = with_stand_ins(graph_def if light is None else light,
                                          custom).SerializeToString()
     error = tensorflow_import_error(serialized, graph_def.library)
+    _return_freed_memory()
     if error is not None:
         # TensorFlow's words quote whole NodeDefs and OpDefs and do not always name the node;
         # ours, asked only now that the graph is refused anyway, do
@@ -469,6 +472,24 @@ def tensorflow_import_error(serialized: bytes, library) -> str | None:
     finally:
         c_api.TF_DeleteBuffer(buffer)
     return None
+
+
+def _return_freed_memory() -> None:
+    """Give the heap TensorFlow's scratch import freed back to the system, where the C library
+    can (glibc's ``malloc_trim``): kept, it stays in the process's memory under the conversion
+    that follows, whose peak it raised from 5.2 to 6.8 KiB a node of a graph of small nodes
+    (tests/test_bad_input.py's memory test)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):   # not glibc (macOS, musl): nothing to give back
+        return None
 
 
 def _tidy(message: str) -> str:
