@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 DEVICES = {"gpu": "GPU", "cpu": "CPU"}
 # The least matrix intensity (FLOPs per element moved, costs.matrix_intensity) an island's
 # biggest matrix op needs for the island to go to 16 bits, by (target, device). bfloat16 on a
-# CPU (AVX512-BF16, BENCHMARKS.md): an isolated bfloat16 MatMul between casts breaks even near
-# 50 and gains 1.34x at 128, while a training step whose widest layer is 64 lost 5%; 128 keeps
-# such models float32. Elsewhere 0, as grappler: float16 on a CPU is for checking numbers, not
+# CPU (AVX512-BF16, BENCHMARKS.md "Small matrix ops"): an isolated bfloat16 MatMul between
+# casts breaks even near 50 and gains 1.33x at 128, while a training step whose widest layer is
+# 64 ran at 0.96x ("Training step"); 128 keeps such models float32. Elsewhere 0, as grappler: float16 on a CPU is for checking numbers, not
 # speed, and GPUs could not be measured here.
 DEFAULT_MIN_INTENSITY = {("bfloat16", "cpu"): 128.0}
 
