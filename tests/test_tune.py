@@ -331,3 +331,40 @@ def test_a_tuned_graph_file_passes_verify_on_the_same_inputs_and_tolerance(
     # tune measured what verify measures: the same outputs, run the same way, the same numbers
     for mine, theirs in ((result.before, before), (result.after, after)):
         assert mine == pytest.approx(max(o.rel_l2 for o in theirs.outputs), rel=1e-6)
+
+
+def _near_tied_scores(folder: Path):
+    """A classifier of two scores whose float16 MatMul keeps the logits' relative L2 error far
+    under float16's 1e-2 while moving the argmax of several percent of the rows: in 8% of them
+    two large inputs cancel (float16's rounding of them survives the cancellation) and the two
+    scores differ by 2% (more than verify's near-tie margin). Returns the graph and inputs."""
+    v1 = tf.compat.v1
+    r = np.random.default_rng(1)
+    v, eps = r.normal(0, 1, 2).astype(np.float32), np.float32(0.01)
+    weights = np.stack([v, -v * (1 + eps), r.normal(0, 1, 2), r.normal(0, 1, 2)]).astype(np.float32)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        tf.identity(tf.matmul(x, weights), name="scores")
+    inputs = np.zeros((400, 4), np.float32)
+    inputs[:, 2:] = r.normal(0, 1, (400, 2))
+    cancel = r.random(400) < 0.08
+    inputs[cancel, :2] = [100.0, 100.0 / (1 + eps)]
+    inputs[cancel, 2:] = np.linalg.solve(weights[2:].T, [0.1, 0.102])
+    (folder / "model.pb").write_bytes(g.as_graph_def().SerializeToString())
+    np.savez(folder / "x.npz", x=inputs)
+    return folder / "model.pb", folder / "x.npz"
+
+
+def test_tune_accepts_only_what_verify_accepts_top1_included(tmp_path):
+    """tune's default metric is the relative L2 error; verify by default also holds batches of
+    scores to 99% top-1 agreement. A conversion that passes the first and not the second must
+    not be tune's answer: a tuned model passes verify on the same inputs."""
+    model, data = _near_tied_scores(tmp_path)
+    convert_file(model, tmp_path / "plain.pb", target="float16")
+    plain = verify(model, tmp_path / "plain.pb", inputs=data)
+    assert plain.outputs[0].rel_l2 < 1e-2 and plain.outputs[0].failed == ["top1"]
+    result = tune(model, tmp_path / "tuned.pb", feeds=[data], target="float16")
+    assert result.ok and result.before < result.tolerance   # the metric alone passed trial 0
+    assert [k.op for k in result.kept] == ["MatMul"]
+    assert verify(model, tmp_path / "tuned.pb", inputs=data).ok

@@ -7,7 +7,9 @@ starts from the painted graph and searches with the error attribution of ``verif
 
 1. *Trial 0* is the ordinary conversion. A trial converts the model with the nodes kept so far
    as ``keep_fp32`` overrides, runs it on every sample, and scores each sample with the metric
-   (lower is better); it passes when every sample's score is within the tolerance. Both
+   (lower is better); it passes when every sample's score is within the tolerance and, for
+   the default metric ``rel_l2``, ``verify``'s other default checks pass on the samples too
+   (top-1 agreement of batches of scores, the move of a share of decisions). Both
    models run as ``verify`` runs them (:func:`amp_rewrite.tools.runner.open_model` and
    :func:`~amp_rewrite.tools.runner.open_converted`: the same outputs and weights, the same
    session), so a tuned model passes ``verify`` on the same samples and tolerance.
@@ -73,7 +75,8 @@ from ..rules.loader import NodeRule
 from ..training.detect import training_parts
 from .runner import Runner, load_inputs, open_converted, open_model
 from .traces import upstream
-from .verify import REL_L2, TOP1, Attribution, ErrorStats, attribute, criteria
+from .verify import (REL_L2, TOP1, Attribution, ErrorStats, attribute, compare_outputs,
+                     criteria, lowest_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +204,8 @@ class _Trial:
     report: Report
     runner: Runner | None
     force: frozenset[str] = frozenset()
+    ok: bool = False          # every sample within the tolerance, and verify's checks agree
+    verify_failed: str = ""   # what verify's default checks refuse where the metric passes
 
     @property
     def score(self) -> float:
@@ -226,9 +231,11 @@ class _Trial:
 class _Tuner:
     def __init__(self, model: Model, options: Options, ref: Runner, feeds: list[dict],
                  metric: Metric, tolerance: float, max_trials: int, signature: str | None,
-                 outputs: Sequence[str], progress, workdir: Path):
+                 outputs: Sequence[str], progress, workdir: Path, verify_checks: bool = False):
         self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
         self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
+        # the default metric is verify's default judgement: its other checks must agree too
+        self.verify_checks = verify_checks
         self.signature, self.outputs = signature, outputs
         self.progress, self.workdir = progress, workdir
         self.base = options.rule_set()
@@ -272,6 +279,10 @@ class _Tuner:
         t.scores = [self._score(want, self._outputs(runner, feed))
                     for feed, want in zip(self.feeds, self.ref_outputs)]
         ok = t.score <= self.tolerance
+        if ok and self.verify_checks:
+            t.verify_failed = self._verify_refuses(t)
+            ok = not t.verify_failed
+        t.ok = ok
         self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
                          "forced": len(force), "metric": t.score, "ok": ok})
         log.info("trial %d (%s): %d kept, %d forced, metric %.3g %s", self.trials - 1, why,
@@ -279,6 +290,15 @@ class _Tuner:
         if self.progress is not None:
             self.progress(self.trials, self.max_trials, t.score, len(keep))
         return t
+
+    def _verify_refuses(self, t: _Trial) -> str:
+        """What ``verify`` with its default checks, the tolerance as its ``--rel-l2``, refuses
+        in trial ``t`` on the samples ("" when it passes): the metric bounds each sample's
+        relative L2 error, verify also the top-1 agreement of batches of scores and how far a
+        share of decisions moves."""
+        crit = criteria(lowest_dtype(t.runner), rel_l2=self.tolerance)
+        outs = compare_outputs(self.ref, t.runner, self.feeds, crit)
+        return "; ".join(f"{o.name}: {', '.join(o.failed)}" for o in outs if not o.ok)
 
     def _open_converted(self, converted: Model) -> Runner:
         """A trial's conversion opened as ``verify`` opens one against the original
@@ -319,10 +339,10 @@ class _Tuner:
         names = {n.name for n in start.report.nodes}
         kept: dict[str, Kept] = {}
         current = start
-        while not current.score <= self.tolerance:
+        while not current.ok:
             if self.trials >= self.max_trials:
                 return start, kept, current, (f"not met within --max-trials {self.max_trials}: "
-                                              f"the last trial's metric is {current.score:.3g} "
+                                              f"in the last trial, {_failure(current, self.tolerance)} "
                                               f"with {len(kept)} node(s) kept")
             new = self.culprits(current, kept, names)
             why = "attribution"
@@ -334,8 +354,7 @@ class _Tuner:
                 if not new:
                     return start, kept, current, (
                         f"the tolerance cannot be met: with every node the conversion may keep "
-                        f"in float32 kept, the metric is still {current.score:.3g} > "
-                        f"{self.tolerance:g}")
+                        f"in float32 kept, {_failure(current, self.tolerance)}")
             kept.update((k.node, k) for k in new)
             if current is not start:
                 current.close()
@@ -377,7 +396,7 @@ class _Tuner:
                 if self.trials >= self.max_trials:
                     return passing, f"stopped {cut} at --max-trials {self.max_trials}"
                 t = self.trial(keep, f"{why} {len(group)}", force)
-            if t.score <= self.tolerance:
+            if t.ok:
                 if t is not passing:
                     passing.close()
                 passing = t
@@ -490,13 +509,14 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     with tempfile.TemporaryDirectory(prefix="amp-tune.") as workdir, \
             _open(model, signature, outputs) as ref:
         tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
-                       max_trials, signature, outputs, progress, Path(workdir))
+                       max_trials, signature, outputs, progress, Path(workdir),
+                       verify_checks=name == "rel_l2")
         held = _feed_list(holdout, ref, "holdout")
         try:
             tuner.check_baseline()
             start, kept, final, note = tuner.run(relax)
             result = TuneResult(
-                final.score <= tolerance, name, tolerance, len(tuner.feeds), tuner.trials,
+                final.ok, name, tolerance, len(tuner.feeds), tuner.trials,
                 0.0, start.score, final.score, list(kept.values()),
                 final.forced, _lowp(start.report),
                 _lowp(final.report), final.model, final.report, message=note,
@@ -530,6 +550,13 @@ def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict]) -
     finally:
         if runner is not t.runner:
             runner.close()
+
+
+def _failure(t: _Trial, tolerance: float) -> str:
+    """Why trial ``t`` does not pass, in words for the result's message."""
+    if t.score <= tolerance and t.verify_failed:
+        return f"verify's default checks fail ({t.verify_failed})"
+    return f"the metric is {t.score:.3g} > {tolerance:g}"
 
 
 def _lowp(report: Report) -> int:
