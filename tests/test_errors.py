@@ -31,7 +31,7 @@ def _raise(exc):
 @pytest.mark.parametrize("exc", [IRError("no node named 'x'"), LintError(["edge a -> b carries half"]),
                                  KeyError("oops")])
 def test_an_internal_error_is_one_line_exit_70_and_says_it_is_our_bug(exc, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(commands, "convert_model", _raise(exc))
+    monkeypatch.setattr(commands, "convert_path", _raise(exc))
     code = cli.main([str(EXAMPLE), "-o", str(tmp_path / "out.pb")])
     err = capsys.readouterr().err
     assert code == INTERNAL_EXIT != INPUT_EXIT and code != 1   # 1 is verify's "out of tolerance"

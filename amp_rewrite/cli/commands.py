@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from ..conversion.graph import Options
-from ..conversion.pipeline import convert_model
+from ..conversion.pipeline import convert_model, convert_path
 from ..core import hardware
-from ..core.errors import InputError, RuleError
+from ..core.errors import InputError
 from ..io.files import OutputSet, atomic_write
 from ..io.load import load
 from ..io.save import stage
@@ -60,21 +60,13 @@ def convert(args) -> int:
 
 
 def _convert(args):
-    """The converted model and its report, in memory (:func:`~amp_rewrite.conversion.pipeline.convert_file`
-    without the write; the CLI checked the paths)."""
-    options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
-                      lowp_io=args.lowp_io, fold_constants=args.fold_constants,
-                      loss_scale=args.loss_scale, loss_scale_options=args.loss_scale_options,
-                      min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
-                      cost_aware=args.cost_aware)
-    options.check()
-    try:
-        return convert_model(load(args.input), options)
-    except InputError as exc:
-        # errors found in the graph name a node; the user also needs to know which file
-        if not isinstance(exc, RuleError) and not str(exc).startswith(str(args.input)):
-            exc.args = (f"{args.input}: {exc}",)
-        raise
+    """The converted model and its report, in memory (the CLI checked the paths)."""
+    return convert_path(args.input, Options(
+        target=args.target, device=args.device, rules=args.rules, keep=args.keep,
+        lowp_io=args.lowp_io, fold_constants=args.fold_constants, loss_scale=args.loss_scale,
+        loss_scale_options=args.loss_scale_options,
+        min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
+        cost_aware=args.cost_aware))
 
 
 def explain(args) -> int:

@@ -46,17 +46,24 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     if same_file(src, dst) and not in_place:
         raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
     check_container(src, dst)
-    opts = Options(**options)
-    opts.check()
+    converted, report = convert_path(src, Options(**options))
+    save(converted, dst, force=force or in_place)
+    return report
+
+
+def convert_path(input_path: str | os.PathLike, options: Options) -> tuple[Model, Report]:
+    """Load ``input_path`` and convert it in memory: the converted model and its report, for
+    a caller that writes it with other outputs (the command line). A user error names the
+    file as well as the node."""
+    src = Path(input_path)
+    options.check()
     try:
-        converted, report = convert_model(load(src), opts)
+        return convert_model(load(src), options)
     except InputError as exc:
         # errors found in the graph name a node; the user also needs to know which file
         if not isinstance(exc, RuleError) and not str(exc).startswith(str(src)):
             exc.args = (f"{src}: {exc}",)
         raise
-    save(converted, dst, force=force or in_place)
-    return report
 
 
 def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
@@ -187,4 +194,5 @@ def _without_folding(options: Options) -> Options:
     return dataclasses.replace(options, fold_constants=False)
 
 
-__all__ = ["Options", "convert", "convert_file", "convert_graph", "convert_model"]
+__all__ = ["Options", "convert", "convert_file", "convert_graph", "convert_model",
+           "convert_path"]
