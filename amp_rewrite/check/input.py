@@ -25,7 +25,7 @@ from tensorflow.python.framework import c_api_util
 from tensorflow.python.framework import function as tf_function
 
 from ..core.errors import InputError
-from ..core.ir import Graph, Node, copy_except
+from ..core.ir import Graph, Node, TensorRef, copy_except
 from ..core.ops import MERGE_OPS, NEXT_ITERATION_OPS
 from ..schema.opdefs import (
     fill_defaults,
@@ -307,8 +307,8 @@ def _custom_port_problems(graph_def, functions: set[str]) -> Iterator[str]:
 
 
 def _input_node(text: str) -> str:
-    name, sep, port = text.lstrip("^").rpartition(":")
-    return name if sep and port.isdigit() else text.lstrip("^")
+    """The node a NodeDef input string (``^n``, ``n``, ``n:2``) reads."""
+    return TensorRef.parse(text.lstrip("^")).node
 
 
 def _library_problems(library, functions: set[str], structure: bool) -> Iterator[str]:
