@@ -20,7 +20,7 @@ from ..core.errors import InputError
 from ..io.files import OutputSet, atomic_write
 from ..io.load import load
 from ..io.save import stage
-from ..report import html
+from ..report import html, tensorboard
 from ..rules.loader import LISTS, load_rules
 from ..tools import bench as bench_mod
 from ..tools import kernels as kernels_mod
@@ -49,7 +49,7 @@ def convert(args) -> int:
             outputs.add_file(args.html, html.convert_page(report.to_dict()).encode("utf-8"),
                              force=args.force)
         if args.tensorboard:
-            event = html.stage_tensorboard(outputs, args.tensorboard, model.graph_def)
+            event = tensorboard.stage_tensorboard(outputs, args.tensorboard, model.graph_def)
         outputs.commit()
     if args.tensorboard:
         log.info("wrote the converted graph for TensorBoard to %s", event)

@@ -1,4 +1,4 @@
-"""The HTML report (``--html``) and the TensorBoard export (``--tensorboard``).
+"""The HTML report (``--html``) of convert, verify and bench.
 
 The HTML report is one self-contained file (inline CSS, an inline SVG chart, a few lines of
 script to sort tables; nothing fetched): the conversion summary, precision by op type as a
@@ -16,7 +16,6 @@ from pathlib import Path
 from ..core.errors import InputError
 from ..core.ir import Node
 from ..core.ops import MATRIX_OPS, VARIABLE_OPS
-from ..io.files import OutputSet
 from ..io.load import load
 from .decisions import precision_of
 
@@ -25,9 +24,9 @@ COLOURS = {"float32": "#4e79a7", "float16": "#f28e2b", "bfloat16": "#e15759", "m
            "none": "#bab0ac"}
 
 
-# -- pages and event files ---------------------------------------------------------------------
+# -- pages ----------------------------------------------------------------------------------------
 # Each is made in full before the command writes anything, and written with the command's
-# other outputs as one set (files.OutputSet): pages as text, the TensorBoard event file staged.
+# other outputs as one set (io.files.OutputSet).
 
 def convert_page(report: dict) -> str:
     """The HTML report of one conversion (``report`` is ``Report.to_dict()``)."""
@@ -45,29 +44,6 @@ def verify_page(result, converted_path, report_json=None) -> str:
 def bench_page(result, converted_path) -> str:
     return render("amp-rewrite bench report", precision=graph_precision(converted_path),
                   bench=result.to_dict())
-
-
-def stage_tensorboard(outputs: OutputSet, logdir, graph_def) -> Path:
-    """Write ``graph_def`` into a new event file (TensorBoard's Graphs tab) staged for
-    ``logdir``: committing ``outputs`` moves it into ``logdir``, or makes ``logdir`` holding
-    it where there is none yet (its parent must exist). Returns the event file's final path."""
-    import tensorflow as tf
-    logdir = Path(logdir)
-    if logdir.exists() and not logdir.is_dir():
-        raise InputError(f"{logdir}: a file, not a TensorBoard folder")
-    # staged inside an existing logdir (its parent may be anyone's), else beside it
-    staging = outputs.temporary_folder(logdir / "events" if logdir.is_dir() else logdir)
-    writer = tf.summary.create_file_writer(str(staging))
-    with writer.as_default():
-        tf.summary.graph(graph_def)
-    writer.flush()
-    writer.close()
-    (event,) = staging.glob("events.out.tfevents.*")
-    if logdir.is_dir():
-        outputs.add(event, logdir / event.name)
-    else:
-        outputs.add(staging, logdir)
-    return logdir / event.name
 
 
 def _read_report(path) -> dict:
