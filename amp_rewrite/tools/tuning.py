@@ -44,6 +44,7 @@ each with the op and the error that chose it; ``force_lowp`` from ``relax``), wh
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -58,7 +59,7 @@ import numpy as np
 
 from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model
-from ..core.dtypes import BFLOAT16, HALF, TARGET_NAMES
+from ..core.dtypes import BFLOAT16, HALF, TARGET_NAMES, TARGETS
 from ..core.errors import InputError, UnsupportedGraphError
 from ..core.ops import FUNCTIONAL_OPS
 from ..io.files import (
@@ -75,8 +76,8 @@ from ..rules.loader import NodeRule
 from ..training.detect import training_parts
 from .runner import Runner, load_inputs, open_converted, open_model
 from .traces import upstream
-from .verify import (REL_L2, TOP1, Attribution, ErrorStats, attribute, compare_outputs,
-                     criteria, lowest_dtype)
+from .verify import (BEYOND, REL_L2, TOP1, Attribution, ErrorStats, attribute,
+                     compare_outputs, criteria, lowest_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -96,25 +97,26 @@ Metric = Callable[[Outputs, Outputs], float]
 
 
 # ----------------------------------------------------------------- metrics
-def _stats(ref: Outputs, out: Outputs, top1: bool = False):
-    """Each output's :class:`~amp_rewrite.tools.verify.ErrorStats`."""
+def _stats(ref: Outputs, out: Outputs, limit: float, top1: bool = False):
+    """Each output's :class:`~amp_rewrite.tools.verify.ErrorStats`; ``limit``: the target's
+    largest finite value, past which the original agrees with an inf of its sign."""
     for name, a in ref.items():
-        s = ErrorStats(0.0, 0.0)
+        s = ErrorStats(0.0, 0.0, limit=limit)
         s.update(a, out[name], top1=top1)
         yield s
 
 
-def _rel_l2(ref: Outputs, out: Outputs) -> float:
-    return max((s.rel_l2 for s in _stats(ref, out)), default=0.0)
+def _rel_l2(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
+    return max((s.rel_l2 for s in _stats(ref, out, limit)), default=0.0)
 
 
-def _max_abs(ref: Outputs, out: Outputs) -> float:
-    return max((s.max_abs_error for s in _stats(ref, out)), default=0.0)
+def _max_abs(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
+    return max((s.max_abs_error for s in _stats(ref, out, limit)), default=0.0)
 
 
-def _top1(ref: Outputs, out: Outputs) -> float:
+def _top1(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
     """The share of rows whose argmax moved, on the outputs that are batches of scores."""
-    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, top1=True)
+    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, limit, top1=True)
              if s.top1 is not None]
     if not moved:
         raise InputError("metric top1: no output is a batch of scores (a rank-2 float output "
@@ -240,7 +242,8 @@ class _Tuner:
         self.progress, self.workdir = progress, workdir
         self.base = options.rule_set()
         self.ref_outputs = [self._outputs(ref, f) for f in feeds]
-        self.crit = criteria()
+        # the target's range: past it the original agrees with an inf of its sign (verify)
+        self.crit = criteria(TARGETS[options.target])
         self.trials = self.folders = 0
         # every trial made, by its (keep, force) sets: none is run twice, and each is closed
         # at the end (closing one twice is harmless)
@@ -284,7 +287,8 @@ class _Tuner:
             ok = not t.verify_failed
         t.ok = ok
         self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
-                         "forced": len(force), "metric": t.score, "ok": ok})
+                         "forced": len(force), "metric": t.score, "ok": ok,
+                         "keep": sorted(keep)})
         log.info("trial %d (%s): %d kept, %d forced, metric %.3g %s", self.trials - 1, why,
                  len(keep), len(force), t.score, "ok" if ok else "over")
         if self.progress is not None:
@@ -490,7 +494,9 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     if isinstance(metric, str):
         if metric not in METRICS:
             raise InputError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
-        name, metric_fn = metric, _BUILTIN[metric]
+        # scored as verify compares: a value past the target's range agrees with its inf
+        name = metric
+        metric_fn = functools.partial(_BUILTIN[metric], limit=BEYOND[opts.target])
         tolerance = default_tolerance(metric, opts.target) if tolerance is None else tolerance
     else:
         name, metric_fn = getattr(metric, "__name__", "custom"), metric
