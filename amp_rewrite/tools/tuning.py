@@ -21,7 +21,9 @@ starts from the painted graph and searches with the error attribution of ``verif
    the largest added error is taken in one trial; of overflows (inf), the earliest only, as
    later ones are mostly its consequences. When the attribution names nothing new,
    every node still in low precision is kept at once; if even that fails, the tolerance
-   cannot be met (nothing is written).
+   cannot be met (nothing is written). The metrics and the attribution compare as ``verify``
+   does: a value past the target's range that it holds as the infinity of its sign (a -1e9
+   attention mask) agrees, so no keep is spent on it unless a consumer turns it into an error.
 3. Once a trial passes, the kept nodes are released again, last kept first, in halves
    (a released group that fails is split and its halves tried on their own), so a node stays
    float32 only when releasing it alone fails the tolerance. A set already tried is not run

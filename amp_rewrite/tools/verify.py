@@ -4,9 +4,10 @@ Both models run on the same inputs (an ``.npz`` file, or random data from the in
 and shapes, ``--samples`` sets of it). Each output is measured (largest absolute error,
 relative L2 error, share of elements outside ``|conv - orig| <= atol + rtol*|orig|``, and for
 a classifier-shaped output the top-1 agreement; a non-finite value where the original is finite
-counts as an infinite error, except float16's own rounding of a value past its range: ±inf where
-the original holds a finite value beyond 65504 of the same sign, such as a -1e9 attention mask,
-agrees) and judged by the checks in force, each with its threshold:
+counts as an infinite error, except the 16-bit dtype's own rounding of a value past its range:
+±inf where the original holds a finite value beyond it (65504 for float16) of the same sign,
+such as a -1e9 attention mask, agrees) and judged by the checks in force, each with its
+threshold:
 
 * ``rel_l2``: ``||conv - orig||_2 / ||orig||_2`` at most ``--rel-l2`` (default by the
   converted graph's lowest float dtype: float16 1e-2, bfloat16 5e-2, float32 1e-5); for the
@@ -30,7 +31,7 @@ given. The result names, for each output, which check failed.
 ``--per-node`` compares the tensors inside both models and ranks them by the error each
 *adds* over the tensors it is computed from (its relative L2 error minus the largest of
 theirs), so the first tensor that diverges, such as an op overflowing float16, comes first.
-A tensor past float16's range held as ±inf (see above) agrees while what its consumers compute
+A tensor past the range held as ±inf (see above) agrees while what its consumers compute
 from it agrees (a softmax turns the masked scores into the same zeros); once a consumer gives a
 non-finite value the original does not have, those infinities are its cause and count as
 errors again, in the tensors that carry them down to it, so the tensor where they start comes
