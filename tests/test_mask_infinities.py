@@ -13,7 +13,9 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+from tensorflow.python.framework.convert_to_constants import (
+    convert_variables_to_constants_v2,
+)
 
 from amp_rewrite import convert, convert_file
 from amp_rewrite.io.load import Model
