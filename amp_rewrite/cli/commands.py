@@ -8,6 +8,7 @@ one :class:`~amp_rewrite.io.files.OutputSet`: every file, or (on any error) none
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -17,7 +18,8 @@ from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model, convert_path
 from ..core import hardware
 from ..core.errors import InputError
-from ..io.files import OutputSet, atomic_write
+from ..io.files import OutputSet, atomic_write, is_keras_file
+from ..io.keras_files import saved_models
 from ..io.load import load
 from ..io.save import stage
 from ..report import html, tensorboard
@@ -34,9 +36,25 @@ log = logging.getLogger(__name__)
 __all__ = ["init_devices", "run"]
 
 
+#: the arguments of each command that name a model, any of which may be a Keras file (tune
+#: takes one itself, to name it in its rules file)
+_MODEL_ARGS = {"convert": ("input",), "explain": ("input",), "verify": ("original", "converted"),
+               "bench": ("original", "converted"), "kernels": ("model",)}
+
+
 def run(command: str, args) -> int:
-    """Run ``command`` (``"convert"`` or one of the CLI's commands) with parsed ``args``."""
-    return _COMMANDS[command](args)
+    """Run ``command`` (``"convert"`` or one of the CLI's commands) with parsed ``args``; a
+    Keras file among its models runs as the SavedModel of its serving function, exported for
+    the command and removed after it."""
+    keras_args = [name for name in _MODEL_ARGS.get(command, ())
+                  if is_keras_file(getattr(args, name))]
+    if not keras_args:
+        return _COMMANDS[command](args)
+    with saved_models([getattr(args, name) for name in keras_args]) as exports:
+        args = argparse.Namespace(**vars(args))
+        for name, path in zip(keras_args, exports):
+            setattr(args, name, str(path))
+        return _COMMANDS[command](args)
 
 
 def convert(args) -> int:

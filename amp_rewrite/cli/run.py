@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
-from ..io.files import check_container, is_saved_model, same_file, tune_rules_path
+from ..io.files import check_container, is_keras_file, is_saved_model, same_file, tune_rules_path
 from ..training.config import scale_config
 from ..version import __version__
 
@@ -59,7 +59,8 @@ def _rule_flags(p: argparse.ArgumentParser) -> None:
 def _convert_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision. "
                 "Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
-    p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta) or SavedModel directory")
+    p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), SavedModel "
+                   "directory, or Keras file (.keras/.h5: converts to a SavedModel directory)")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
     _rule_flags(p)
     p.add_argument("--keep", action="append", default=[], metavar="NAME",
@@ -332,9 +333,9 @@ def _check_convert_outputs(args, inputs: list[str]) -> None:
 
 
 def _check_model_output(src: str, dst: str, *, force: bool, inputs: list[str]) -> None:
-    """A converted model's path: a file, or a directory for a SavedModel (which saving checks
-    further: it replaces only a SavedModel)."""
-    if not is_saved_model(src):
+    """A converted model's path: a file, or a directory for a SavedModel or a Keras file (which
+    saving checks further: it replaces only a SavedModel)."""
+    if not is_saved_model(src) and not is_keras_file(src):
         _check_output(dst, "output", force=force, inputs=inputs)
         return
     check_container(src, dst)

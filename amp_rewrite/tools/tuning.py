@@ -68,9 +68,11 @@ from ..io.files import (
     OutputSet,
     check_container,
     check_file_destination,
+    is_keras_file,
     same_file,
     tune_rules_path,
 )
+from ..io.keras_files import saved_models
 from ..io.load import Model, load
 from ..io.save import check_destination, save, stage
 from ..report.decisions import Report
@@ -473,7 +475,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
 
-    ``model``: a path (GraphDef, MetaGraph, SavedModel directory) or a loaded
+    ``model``: a path (GraphDef, MetaGraph, SavedModel directory, Keras file) or a loaded
     :class:`~amp_rewrite.io.load.Model` (``Model.of_graph_def(graph_def)``). ``feeds``: feed
     dicts keyed by input name (signature keys, or placeholder names), or ``.npz`` paths, one
     sample each. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst over the outputs),
@@ -508,6 +510,13 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
         raise InputError(f"--tolerance {tolerance!r}: must be a finite number >= 0")
     if max_trials < 1:
         raise InputError("--max-trials must be at least 1")
+    if not isinstance(model, Model) and is_keras_file(model):
+        with saved_models([model]) as (saved,):   # tuned as its export, which lives for the call
+            return tune(dataclasses.replace(load(saved), source=Path(model)), output,
+                        feeds=feeds, metric=metric, tolerance=tolerance, max_trials=max_trials,
+                        holdout=holdout, rules_out=rules_out, signature=signature,
+                        outputs=outputs, force=force, relax=relax, progress=progress,
+                        report=report, **options)
     if not isinstance(model, Model):
         model = load(model)
     out_paths = _check_outputs(model, output, rules_out, force, report)
@@ -625,7 +634,8 @@ def rules_text(result: TuneResult, model: Model, options: Options) -> str:
     if options.min_matrix_intensity is not None:
         flags += ["--min-matrix-intensity", f"{options.min_matrix_intensity:g}"]
     flags += ["--cost-aware"] if options.cost_aware else []
-    lines = [f"# Written by amp-rewrite tune for {model.path}: the overrides with which",
+    source = model.source or model.path     # a Keras file's name, not its export's folder
+    lines = [f"# Written by amp-rewrite tune for {source}: the overrides with which",
              f"# every one of {result.samples} sample(s) meets {result.metric} <= "
              f"{result.tolerance:g} ({options.target}, device {options.device}).",
              f"# Painted graph {result.before:.3g} -> tuned {result.after:.3g}; {result.trials} "
