@@ -97,6 +97,8 @@ def _check_name(path: Path) -> None:
 def _load(path: Path) -> keras.Model:
     try:
         model = keras.models.load_model(path, compile=False, safe_mode=True)
+    except MemoryError:
+        raise
     except Exception as exc:   # Keras' errors for a file it cannot read are of every kind
         raise InputError(f"{path}: Keras could not load it in safe mode: {_reason(exc)} {HOW}") from None
     if not isinstance(model, keras.Model):
@@ -107,6 +109,8 @@ def _load(path: Path) -> keras.Model:
 def _export(model: keras.Model, folder: Path, path: Path) -> None:
     try:
         model.export(str(folder), format="tf_saved_model", verbose=False)
+    except MemoryError:
+        raise
     except Exception as exc:   # tracing the model's call can fail in as many ways
         raise InputError(f"{path}: Keras could not export the model's serving function: "
                          f"{_reason(exc)} {HOW}") from None
