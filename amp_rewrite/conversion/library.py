@@ -211,3 +211,4 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     report.warnings.extend(f"function {prefix!r}: {w}" for w in sub.warnings)
     report.scopes.append(prefix)
     report.scopes.extend(f"{prefix}/{s}" for s in sub.scopes)
+    report.saver_functions.extend(f"{prefix}/{s}" for s in sub.saver_functions)

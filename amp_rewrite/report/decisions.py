@@ -2,8 +2,10 @@
 
 Decisions and reasons are read off what painting recorded; nothing is recomputed. Precisions
 and counts are read off the converted graph: what the output holds, whoever put it there (a
-graph converted before counts as low precision). The JSON schema (``Report.to_dict``) is
-documented in README.md and versioned by ``schema_version``.
+node converted before counts in the dtype it holds, never as the target unless it is). The
+functions only a SavedModel's saver runs are reported node by node, not counted. The JSON
+schema (``Report.to_dict``) is documented in docs/report.md and versioned by
+``schema_version``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from ..schema.snapshot import Before
 
 SCHEMA_VERSION = 1
 _LOWP_NAMES = {HALF: "float16", BFLOAT16: "bfloat16"}
+# the same, as NodeReport.attrs spells the dtypes (TensorFlow's short names)
+_ATTR_LOWP = {dtype_name(d): name for d, name in _LOWP_NAMES.items()}
 
 # How explain shows a decision's ``via`` nodes, by code: what they are to the node. A deny
 # path is a real data path (deny spreads along data edges); the others are not paths.
@@ -60,6 +64,8 @@ class Report:
     consts_converted: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     scopes: list[str] = field(default_factory=list)   # prefixes of merged nodes: functions, [tags]
+    # the scopes of functions only a SavedModel's saver runs: their nodes are reported, not counted
+    saver_functions: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)   # sections added by later passes (loss scaling ...)
 
     # ------------------------------------------------------------- nodes by name
@@ -106,28 +112,47 @@ class Report:
 
     # ------------------------------------------------------------- counts
     def summary(self) -> dict:
-        lowp = [n for n in self.nodes if n.precision not in ("float32", "none")]
-        matrix = [n for n in self.nodes if n.op in MATRIX_OPS]
-        floats = [n for n in self.nodes if n.op not in MATRIX_OPS and n.precision != "none"]
-        kept = Counter(n.code for n in self.nodes if n.precision == "float32")
+        """Counts of what the output holds, leaving out the nodes of the saver's functions
+        (counted apart as ``saver_functions`` and ``saver_nodes``). ``*_converted`` count the
+        nodes that compute in the target dtype; ``*_by_dtype`` count the nodes by the dtype
+        they compute in (:func:`computes_in`), so a node in the other 16-bit dtype is never
+        counted as the target."""
+        counted, saver = self._counted()
+        matrix = [n for n in counted if n.op in MATRIX_OPS]
+        floats = [n for n in counted if n.op not in MATRIX_OPS and n.precision != "none"]
+        kept = Counter(n.code for n in counted if n.precision == "float32")
         return {
-            "nodes_converted": len(lowp),
-            "nodes_total": len(self.nodes),
-            "matrix_converted": sum(1 for n in matrix if n.precision not in ("float32", "none")),
+            "nodes_converted": sum(1 for n in counted if computes_in(n) == self.target),
+            "nodes_total": len(counted),
+            "matrix_converted": sum(1 for n in matrix if computes_in(n) == self.target),
             "matrix_total": len(matrix),
-            "float_ops_converted": sum(1 for n in floats if n.precision != "float32"),
+            "matrix_by_dtype": _by_dtype(matrix),
+            "float_ops_converted": sum(1 for n in floats if computes_in(n) == self.target),
             "float_ops_total": len(floats),
-            "plumbing": sum(1 for n in self.nodes if n.precision == "none"),
+            "float_ops_by_dtype": _by_dtype(floats),
+            "plumbing": sum(1 for n in counted if n.precision == "none"),
             "casts_added": len(self.casts_added),
             "casts_removed": len(self.casts_removed),
             "consts_converted": len(self.consts_converted),
             "functions": len(self.functions()),
+            "saver_functions": len(self.saver_functions),
+            "saver_nodes": saver,
             "kept_float32_by_reason": dict(sorted(kept.items())),
         }
 
+    def _counted(self) -> tuple[list[NodeReport], int]:
+        """The nodes the counts take, and how many nodes of the saver's functions they leave out."""
+        if not self.saver_functions:
+            return self.nodes, 0
+        prefixes = tuple(f"{scope}/" for scope in self.saver_functions)
+        counted = [n for n in self.nodes if not n.name.startswith(prefixes)]
+        return counted, len(self.nodes) - len(counted)
+
     def functions(self) -> list[str]:
-        """The function bodies whose nodes the report holds (scopes that are not [tags])."""
-        return [s for s in self.scopes if not s.startswith("[")]
+        """The function bodies painted whose nodes the report counts: scopes that are neither
+        [tags] nor functions only the saver runs (:attr:`saver_functions`)."""
+        saver = set(self.saver_functions)
+        return [s for s in self.scopes if not s.startswith("[") and s not in saver]
 
     def to_dict(self) -> dict:
         return {
@@ -140,6 +165,7 @@ class Report:
             "summary": self.summary(),
             "warnings": self.warnings,
             "functions": self.functions(),
+            "saver_functions": self.saver_functions,
             "casts_added": self.casts_added,
             "casts_removed": self.casts_removed,
             "consts_converted": self.consts_converted,
@@ -151,13 +177,14 @@ class Report:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
 
     def format_summary(self) -> str:
-        """What the CLI prints: the matrix ops first, then the other float ops, plumbing apart."""
+        """What the CLI prints: the matrix ops first, then the other float ops, plumbing apart;
+        each count names the dtype it counts, and any op in another precision beside it."""
         s, t = self.summary(), self.target
         lines = [f"target {t} on {self.device.lower()}: {s['matrix_converted']}/{s['matrix_total']} "
-                 f"MatMul/Conv-family ops in low precision",
-                 f"other float ops: {s['float_ops_converted']}/{s['float_ops_total']} in low "
-                 f"precision; {s['plumbing']} nodes without a float type (variables, shapes, "
-                 "control) are plumbing",
+                 f"MatMul/Conv-family ops in {t}" + _besides(s["matrix_by_dtype"], t),
+                 f"other float ops: {s['float_ops_converted']}/{s['float_ops_total']} in {t}"
+                 + _besides(s["float_ops_by_dtype"], t) + f"; {s['plumbing']} nodes without "
+                 "a float type (variables, shapes, control) are plumbing",
                  f"casts added: {s['casts_added']}"
                  + (f", original casts removed: {s['casts_removed']}" if s["casts_removed"] else "")
                  + (f", Consts stored in {t}: {s['consts_converted']}" if s["consts_converted"] else "")]
@@ -169,6 +196,9 @@ class Report:
             shown = ", ".join(functions[:4]) + (f" and {len(functions) - 4} more" if len(functions) > 4 else "")
             lines.append(f"functions painted: {len(functions)} ({shown}); explain takes their "
                          "nodes as function/node, or without the function where unique")
+        if self.saver_functions:
+            lines.append(f"saver functions: {s['saver_functions']} ({s['saver_nodes']} nodes), not "
+                         "counted above: they only save and restore the variables")
         if self.env:
             lines.append("grappler variables honoured: " + ", ".join(self.env))
         for key, value in self.extra.items():
@@ -187,6 +217,27 @@ class Report:
         if node.via:
             text += "\n  " + _via(self, node)
         return text
+
+
+def computes_in(node: NodeReport) -> str:
+    """The dtype the summary counts ``node`` in: its precision, except that a node holding
+    float32 and one 16-bit dtype (a Cast to it) counts in that 16-bit dtype; ``mixed`` is left
+    for a node holding both 16-bit dtypes."""
+    if node.precision != "mixed":
+        return node.precision
+    low = {_ATTR_LOWP[d] for d in node.attrs.values() if d in _ATTR_LOWP}
+    return low.pop() if len(low) == 1 else "mixed"
+
+
+def _by_dtype(nodes: list[NodeReport]) -> dict[str, int]:
+    return dict(sorted(Counter(computes_in(n) for n in nodes).items()))
+
+
+def _besides(by_dtype: dict[str, int], target: str) -> str:
+    """``"; 3 in float16"``: the ops of a count in the other 16-bit dtype or in both, if any."""
+    others = [f"{n} {'in both 16-bit dtypes' if d == 'mixed' else 'in ' + d}"
+              for d, n in by_dtype.items() if d not in ("float32", "none", target)]
+    return "; " + ", ".join(others) if others else ""
 
 
 def _via(report: Report, node: NodeReport) -> str:
