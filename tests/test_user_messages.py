@@ -1,0 +1,93 @@
+"""What a user reads on the models users bring: explain's near names on frozen TF2 graphs and
+SavedModels, TensorFlow's C++ log kept off stderr unless -v (children included), the CPU line
+saying what the target means on this machine, and rule-file errors quoting the bad value at
+its line."""
+
+import itertools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+from amp_rewrite import cli, convert_file
+from amp_rewrite.core import hardware
+from amp_rewrite.core.errors import InputError, RuleError
+from amp_rewrite.rules.loader import load_rules
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cnn_fp32.pb"
+# absl's format: severity and date, time, thread, file:line] (as tests/test_newcomer.py)
+TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.]+:\d+\] ")
+
+
+# ----------------------------------------------------------------- rule files
+# a value of every TOML type as written, and what the error quotes of it
+VALUES = {
+    "string": ('"Relux"', "'Relux'"), "integer": ("7", "7"), "float": ("2.5", "2.5"),
+    "boolean": ("true", "true"), "datetime": ("1979-05-27T07:32:00Z", "1979-05-27T07:32:00"),
+    "date": ("1979-05-27", "1979-05-27"), "time": ("07:32:00", "07:32:00"),
+    "strings": ('["Relux"]', "'Relux'"), "integers": ("[7, 8]", "[7, 8]"),
+    "empty array": ("[]", "[]"), "tables": ('[{ glob = "x", action = "keep_fp32" }]', "glob = 'x'"),
+    "table": ("{ zz = 7 }", "zz"), "empty table": ("{}", "{}"),
+}
+KEYS = [("", key, "") for key in ("target", "extends", "level", "painting", "override",
+                                  "allow", "deny")]
+KEYS += [(f"[{lst}]", key, "") for lst in ("allow", "clear") for key in ("ops", "add", "remove")]
+KEYS += [("[painting]", "infer_follows_allow", "")]
+KEYS += [("[[override]]", "glob", 'action = "keep_fp32"'),
+         ("[[override]]", "regex", 'action = "keep_fp32"'),
+         ("[[override]]", "action", 'glob = "x"')]
+
+
+def test_every_refused_value_is_quoted_at_its_line(tmp_path):
+    path = tmp_path / "r.toml"
+    refused = 0
+    for (table, key, extra), (kind, (written, quoted)) in itertools.product(KEYS, VALUES.items()):
+        # a comment naming the key, and a table with the same keys (an override) before a
+        # table's, so neither line 1 nor the first line naming the key would do
+        bad = f"{key} = {written}"
+        lines = [f"# {key} = as it was", ""]
+        if table:
+            lines += ["[[override]]", 'glob = "head/*"', 'action = "keep_fp32"', "", table, extra]
+        lines.append(bad)
+        path.write_text("\n".join(lines) + "\n")
+        try:
+            load_rules("float16", [path], env={})
+        except RuleError as exc:
+            refused += 1
+            where, _, message = str(exc).partition(": ")
+            assert where == f"{path}:{lines.index(bad) + 1}", (table, key, kind, str(exc))
+            assert quoted in message, (table, key, kind, str(exc))
+    assert refused > 100
+
+
+def test_a_bad_override_action_is_quoted_with_the_nearest_action(tmp_path, capsys):
+    rules = tmp_path / "keep.toml"
+    rules.write_text('# keep the head\n[[override]]\nglob = "head/*"\naction = "keep_fp32"\n\n'
+                     '[[override]]\nglob = "block1/*"\naction = "keep_f32"\n')
+    assert cli.main(["rules", "show", "--rules", str(rules)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"amp-rewrite: error: {rules}:8: action = 'keep_f32': override action must "
+                   "be one of keep_fp32, force_lowp; did you mean 'keep_fp32'?")
+
+
+@pytest.mark.parametrize("text, line, quoted", [
+    ('[[override]]\nglob = "x"\nactoin = "keep_fp32"\n', 3, "unknown key 'actoin' in [[override]]; did you mean 'action'?"),
+    ('[[override]]\nglob = "x"\nregex = "x"\naction = "keep_fp32"\n', 3, "glob = 'x', regex = 'x'"),
+    ('[[override]]\nglob = "x"\n', 1, "needs an action"),
+    ('[[override]]\nregex = "("\naction = "keep_fp32"\n', 2, "bad regex '('"),
+    ('[painting]\ninfer_follow_allow = true\n', 2, "did you mean 'infer_follows_allow'?"),
+    ('[deny]\n# ops\nremove = [\n  "Exp",\n  "Lgo",\n]\n', 5, "no op 'Lgo'"),
+    ('level = "default"\n\naction = keep_fp32\n', 3, "not valid TOML: Invalid value (at line 3, "
+                                                     "column 10): 'action = keep_fp32'"),
+])
+def test_rule_file_messages_point_at_the_bad_line(tmp_path, text, line, quoted):
+    path = tmp_path / "r.toml"
+    path.write_text(text)
+    with pytest.raises(RuleError) as err:
+        load_rules("float16", [path], env={})
+    assert str(err.value).startswith(f"{path}:{line}: ") and quoted in str(err.value)
