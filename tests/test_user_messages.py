@@ -24,6 +24,81 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cnn_fp32.pb"
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.]+:\d+\] ")
 
 
+# ----------------------------------------------------------------- explain's near names
+@pytest.fixture(scope="module")
+def keras_models(tmp_path_factory):
+    """A Keras model as users bring it: its SavedModel (nodes in functions named
+    ``__inference_serving_default_N/tiny_1/...``) and the frozen graph of its serving
+    signature (``StatefulPartitionedCall/tiny_1/predictions_1/Softmax``)."""
+    folder = tmp_path_factory.mktemp("keras")
+    inputs = tf.keras.Input((6, 6, 3), name="images")
+    x = tf.keras.layers.Conv2D(4, 3, name="conv")(inputs)
+    x = tf.keras.layers.Flatten(name="flat")(x)
+    outputs = tf.keras.layers.Dense(5, activation="softmax", name="predictions")(x)
+    model = tf.keras.Model(inputs, outputs, name="tiny")
+    saved = folder / "saved"
+    tf.saved_model.save(model, str(saved))
+    loaded = tf.saved_model.load(str(saved))   # held: the signature reads its variables
+    frozen = folder / "frozen.pb"
+    frozen.write_bytes(convert_variables_to_constants_v2(loaded.signatures["serving_default"])
+                       .graph.as_graph_def().SerializeToString())
+    return {"frozen": frozen, "saved": saved}
+
+
+@pytest.fixture(scope="module")
+def reports(keras_models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("converted")
+    return {kind: convert_file(path, out / kind, force=True)
+            for kind, path in keras_models.items()}
+
+
+def _suggested(report, name) -> list[str]:
+    with pytest.raises(LookupError) as err:
+        report.explain(name)
+    message = err.value.args[0]
+    assert "\n" not in message and message.startswith(f"no node named {name!r}")
+    return re.findall(r"'([^']+)'", message.partition("did you mean")[2])
+
+
+def test_frozen_tf2_graph_suggests_the_name_under_its_call_prefix(reports):
+    report = reports["frozen"]
+    real = "StatefulPartitionedCall/tiny_1/predictions_1/Softmax"
+    assert report.node(real) is not None
+    assert _suggested(report, "predictions_1/Softmax") == [real]       # the issue's case
+    assert _suggested(report, "tiny/predictions/Softmax") == [real]    # Keras's names, no _1
+    assert _suggested(report, "predictions/Softmax:0") == [real]       # a tensor name
+
+
+def test_saved_model_suggests_function_node_names(reports):
+    report = reports["saved"]
+    real = next(n.name for n in report.nodes if n.name.endswith("/tiny_1/predictions_1/Softmax"))
+    assert real.startswith("__inference_")
+    assert _suggested(report, "predictions/Softmax") == [real]
+    # the frozen graph's name, asked of the SavedModel: the call prefix it lacks is no obstacle
+    assert _suggested(report, "StatefulPartitionedCall/tiny_1/predictions_1/Softmax") == [real]
+
+
+def test_a_layer_name_lists_several_of_its_nodes_on_one_line(reports):
+    names = _suggested(reports["frozen"], "predictions")
+    assert len(names) > 1 and all("/predictions_1/" in n for n in names)
+    # misspelt: spelling decides when no path matches
+    assert "StatefulPartitionedCall/tiny_1/predictions_1/MatMul" in \
+        _suggested(reports["frozen"], "predictons/MatMul")
+
+
+def test_keep_suggests_the_same_names(keras_models, tmp_path):
+    with pytest.raises(InputError, match=r"--keep names no node 'predictions_1/Softmax'; did you "
+                       r"mean 'StatefulPartitionedCall/tiny_1/predictions_1/Softmax'\?"):
+        convert_file(keras_models["frozen"], tmp_path / "out.pb", keep=["predictions_1/Softmax"])
+
+
+def test_explain_command_prints_the_suggestion(keras_models, capsys):
+    assert cli.main(["explain", str(keras_models["frozen"]), "predictions_1/Softmax"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "did you mean 'StatefulPartitionedCall/tiny_1/predictions_1/Softmax'?" in err
+
+
 # ----------------------------------------------------------------- rule files
 # a value of every TOML type as written, and what the error quotes of it
 VALUES = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -90,17 +91,7 @@ class Report:
         raise LookupError(f"no node named {name!r}" + self._suggest(name))
 
     def _suggest(self, name: str) -> str:
-        names = list(self._by_name())
-        short = {self._unscoped(n): n for n in names}
-        close = difflib.get_close_matches(name, list(short), n=3, cutoff=0.6)
-        close = [short[c] for c in close] or difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-        return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-
-    def _unscoped(self, name: str) -> str:
-        for scope in sorted(self.scopes, key=len, reverse=True):
-            if name.startswith(scope + "/"):
-                return name[len(scope) + 1:]
-        return name
+        return did_you_mean(name, list(self._by_name()), self.scopes)
 
     def _by_name(self) -> dict[str, NodeReport]:
         # passes append nodes; rebuild the index when the list grew
@@ -238,6 +229,74 @@ def _besides(by_dtype: dict[str, int], target: str) -> str:
     others = [f"{n} {'in both 16-bit dtypes' if d == 'mixed' else 'in ' + d}"
               for d, n in by_dtype.items() if d not in ("float32", "none", target)]
     return "; " + ", ".join(others) if others else ""
+
+_KERAS_SUFFIX = re.compile(r"_\d+$")
+_TENSOR_SUFFIX = re.compile(r":\d+$")
+
+
+def _key(parts) -> tuple[str, ...]:
+    # Keras numbers the scopes of a traced model (tiny_1/predictions_1) but not its layers
+    return tuple(_KERAS_SUFFIX.sub("", p) for p in parts)
+
+
+def near_names(name: str, names: list[str], scopes=(), most: int = 5) -> tuple[list[str], int]:
+    """The node names nearest ``name`` (at most ``most``, shortest first) and how many more
+    there were, for a name that is no node's.
+
+    A user types the layer path Keras showed (``predictions/Softmax``, ``tiny/predictions``);
+    the graph holds it under a prefix (``StatefulPartitionedCall/tiny_1/predictions_1/Softmax``
+    in a frozen TF2 graph, ``__inference_serving_default_90/...`` in a SavedModel's functions),
+    with Keras's ``_1`` scope suffixes. So path components are matched before spelling, the
+    first kind that finds any wins: names ending in the typed path; ending in it with the
+    ``_N`` suffixes ignored; sharing its last components with them ignored, the most first
+    and at least two (a prefix in the typed name that the graph lacks); holding it as consecutive
+    components anywhere (a layer named without its op). Only when none of these finds a name,
+    the closest spellings of as many trailing components, of the name inside its function or
+    MetaGraph, and of the whole name."""
+    parts = tuple(p for p in _TENSOR_SUFFIX.sub("", name).split("/") if p)
+    if not parts:
+        return [], 0
+    split = {n: tuple(n.split("/")) for n in names}
+    keyed = {n: _key(s) for n, s in split.items()}
+    want, k = _key(parts), len(parts)
+    shared = max(1, min(2, k))
+    kinds = [lambda n: split[n][-k:] == parts, lambda n: keyed[n][-k:] == want]
+    kinds += [lambda n, j=j: keyed[n][-j:] == want[-j:] for j in range(k - 1, shared - 1, -1)]
+    kinds.append(lambda n: any(keyed[n][i:i + k] == want for i in range(len(keyed[n]) - k + 1)))
+    for matches in kinds:
+        found = [n for n in names if matches(n)]
+        if found:
+            found.sort(key=lambda n: (len(split[n]), n))
+            return found[:most], max(0, len(found) - most)
+    return _spelled_like(name, parts, names, split, scopes, most), 0
+
+
+def did_you_mean(name: str, names: list[str], scopes=()) -> str:
+    """``; did you mean 'a', 'b' or 'c'?`` (one line) for the nodes :func:`near_names` finds
+    for ``name`` among ``names``, else nothing."""
+    close, more = near_names(name, names, scopes)
+    if not close:
+        return ""
+    shown = [repr(c) for c in close]
+    listed = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+    return f"; did you mean {listed}" + (f" ({more} more match)" if more else "") + "?"
+
+
+def _spelled_like(name, parts, names, split, scopes, most) -> list[str]:
+    """The names whose last components, own name inside a scope, or whole name are spelt
+    nearest ``name`` (difflib's ratio, at least 0.6)."""
+    by_text: dict[str, list[str]] = {}
+    tail = len(parts)
+    for n in names:
+        by_text.setdefault("/".join(split[n][-tail:]), []).append(n)
+        for scope in scopes:
+            if n.startswith(scope + "/"):
+                by_text.setdefault(n[len(scope) + 1:], []).append(n)
+        by_text.setdefault(n, []).append(n)
+    found: list[str] = []
+    for text in difflib.get_close_matches("/".join(parts), list(by_text), n=most, cutoff=0.6):
+        found.extend(n for n in sorted(by_text[text], key=len) if n not in found)
+    return found[:most]
 
 
 def _via(report: Report, node: NodeReport) -> str:
