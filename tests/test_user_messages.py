@@ -99,6 +99,37 @@ def test_explain_command_prints_the_suggestion(keras_models, capsys):
     assert "did you mean 'StatefulPartitionedCall/tiny_1/predictions_1/Softmax'?" in err
 
 
+# ----------------------------------------------------------------- TensorFlow's C++ log
+@pytest.fixture(scope="module")
+def f16_example(tmp_path_factory):
+    path = tmp_path_factory.mktemp("f16") / "f16.pb"
+    convert_file(EXAMPLE, path, target="float16")
+    return path
+
+
+def _run(argv, level="2"):
+    """The command in a fresh process, as a shell with ``TF_CPP_MIN_LOG_LEVEL=level`` (a
+    common setting, which lets TensorFlow's error lines through) runs it."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=level)
+    proc = subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, argv)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines(), proc.stderr.splitlines()
+
+
+def test_float16_verify_is_quiet(f16_example):
+    _, err = _run(["verify", EXAMPLE, f16_example, "--shape", "images=2,8,8,1"])
+    # oneDNN's "supports DT_HALF only on platforms with AVX-512" (an error-level line, on
+    # CPUs without AVX512-FP16) and every other C++ line stay off stderr without -v
+    assert [line for line in err if TF_LOG_LINE.match(line) or ".cc:" in line] == []
+
+
+def test_kernels_with_verbose_shows_the_child_process_log(f16_example):
+    _, err = _run(["kernels", f16_example, "--shape", "images=2,8,8,1", "-v"])
+    header = next(i for i, line in enumerate(err) if "the kernels run's stderr:" in line)
+    assert any(TF_LOG_LINE.match(line) for line in err[header + 1:]), err
+
+
 # ----------------------------------------------------------------- rule files
 # a value of every TOML type as written, and what the error quotes of it
 VALUES = {

@@ -33,6 +33,8 @@ COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune")
 #: TensorFlow), which is why it is named here instead of imported
 RUNNER_MODULE = "amp_rewrite.cli.commands"
 _LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
+#: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
+QUIET_TF_LOG_LEVEL = "3"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -411,9 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         # TensorFlow's C++ log would bury our one-line messages, its error level included: a
         # float16 graph run on a CPU logs "oneDNN supports DT_HALF only on ..." at that level
-        # and runs fine, and a real failure reaches us as an exception, which we report. -v
-        # shows it all; a level the user set wins.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        # and runs fine, and a real failure reaches us as an exception, which we report. So
+        # the level is 3 (fatal only) whatever the shell set (a common TF_CPP_MIN_LOG_LEVEL=2
+        # lets that line through), for this process and the ones it starts; -v leaves the
+        # variable as the user set it and shows the log.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = QUIET_TF_LOG_LEVEL
     _setup_logging(args)
     try:
         _check_paths(command, args)

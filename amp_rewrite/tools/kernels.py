@@ -201,11 +201,15 @@ def onednn_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = 
         cmd += ["--inputs", str(inputs)]
     if signature:
         cmd += ["--signature", signature]
-    env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    # TensorFlow's log level is ours (the CLI's: quiet unless -v); the child's stderr is
+    # read for its failure report, and shown with -v, where it holds TensorFlow's log
+    env = dict(os.environ, ONEDNN_VERBOSE="1")
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise InputError(f"{path}: one run took over {_CHILD_TIMEOUT} s") from None
+    if proc.stderr.strip():
+        log.debug("the kernels run's stderr:\n%s", proc.stderr.rstrip())
     if proc.returncode != 0:
         raise _child_failure(path, proc.returncode, proc.stderr)
     out = proc.stdout
