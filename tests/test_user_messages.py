@@ -117,17 +117,66 @@ def _run(argv, level="2"):
     return proc.stdout.splitlines(), proc.stderr.splitlines()
 
 
-def test_float16_verify_is_quiet(f16_example):
-    _, err = _run(["verify", EXAMPLE, f16_example, "--shape", "images=2,8,8,1"])
+def test_float16_verify_is_quiet_and_its_cpu_line_says_what_float16_means_here(f16_example):
+    out, err = _run(["verify", EXAMPLE, f16_example, "--shape", "images=2,8,8,1"])
     # oneDNN's "supports DT_HALF only on platforms with AVX-512" (an error-level line, on
     # CPUs without AVX512-FP16) and every other C++ line stay off stderr without -v
     assert [line for line in err if TF_LOG_LINE.match(line) or ".cc:" in line] == []
+    assert out[0] == hardware.machine_line("float16") and "float16" in out[0]
 
 
 def test_kernels_with_verbose_shows_the_child_process_log(f16_example):
     _, err = _run(["kernels", f16_example, "--shape", "images=2,8,8,1", "-v"])
     header = next(i for i, line in enumerate(err) if "the kernels run's stderr:" in line)
     assert any(TF_LOG_LINE.match(line) for line in err[header + 1:]), err
+
+
+# ----------------------------------------------------------------- the CPU line
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}          # Zen 4
+AMX = AVX512_BF16 | {"amx_tile", "amx_int8", "amx_bf16", "avx512_fp16"}           # Sapphire Rapids
+NUMBERS_ONLY = ("float16 on this CPU checks numbers only (TensorFlow's float16 CPU kernels are "
+                "slow)")
+
+
+def test_cpu_line_on_an_avx2_only_cpu():
+    f16 = hardware.machine_line("float16", AVX2, "cpu")
+    assert f16.startswith(f"CPU: cpu; 16-bit matrix units: none: {NUMBERS_ONLY}")
+    assert "--target bfloat16" not in f16 and "float32 runs fastest" in f16
+    bf16 = hardware.machine_line("bfloat16", AVX2, "cpu")
+    assert "no matrix unit" in bf16 and "slower than float32" in bf16
+
+
+def test_cpu_line_on_an_avx512_bf16_cpu():
+    f16 = hardware.machine_line("float16", AVX512_BF16, "cpu")
+    assert f16 == ("CPU: cpu; 16-bit matrix units: AVX512-BF16; " + NUMBERS_ONLY
+                   + "; --target bfloat16 --device cpu runs faster here (on AVX512-BF16)")
+    assert hardware.machine_line("bfloat16", AVX512_BF16, "cpu").endswith(
+        "; bfloat16 runs on AVX512-BF16 here (oneDNN)")
+
+
+def test_cpu_line_on_amx_cpus():
+    # Sapphire Rapids: TensorFlow runs float16 through oneDNN on AVX512-FP16, bfloat16 on AMX
+    f16 = hardware.target_note("float16", AMX)
+    assert f16.startswith("float16 runs on AVX512-FP16") and NUMBERS_ONLY not in f16
+    assert "--target bfloat16 --device cpu runs on AMX-BF16" in f16
+    assert hardware.target_note("bfloat16", AMX) == "bfloat16 runs on AMX-BF16 here (oneDNN)"
+    # an AMX-BF16 CPU without a float16 unit: float16 is for numbers there
+    no_fp16 = AMX - {"avx512_fp16"}
+    assert hardware.target_note("float16", no_fp16) == (
+        NUMBERS_ONLY + "; --target bfloat16 --device cpu runs faster here (on AMX-BF16)")
+    # a float32 model: the units only
+    assert hardware.machine_line(None, AMX, "cpu") == (
+        "CPU: cpu; 16-bit matrix units: AMX-BF16, AVX512-BF16, AVX512-FP16")
+
+
+def test_convert_ends_with_the_cpu_line_where_tensorflow_sees_no_gpu(tmp_path, capsys):
+    if hardware.gpu_visible():
+        pytest.skip("TensorFlow sees a GPU here: float16 for it is no CPU matter")
+    assert cli.main([str(EXAMPLE), "-o", str(tmp_path / "f16.pb")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"wrote {tmp_path / 'f16.pb'}" and out[1].startswith("target float16 on gpu")
+    assert out[-1] == hardware.machine_line("float16")
 
 
 # ----------------------------------------------------------------- rule files

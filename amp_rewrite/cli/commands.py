@@ -58,7 +58,8 @@ def run(command: str, args) -> int:
 
 
 def convert(args) -> int:
-    model, report = _convert(args)
+    options = _options(args)
+    model, report = convert_path(args.input, options)
     with OutputSet() as outputs:
         stage(model, args.output, outputs, force=args.force or args.in_place)
         if args.report:
@@ -74,17 +75,19 @@ def convert(args) -> int:
     if not args.quiet:
         print(f"wrote {args.output}")
         print(report.format_summary())
+        if not (options.slower_here() or hardware.gpu_visible()):   # (a warning said that)
+            print(hardware.machine_line(args.target))
     return 0
 
 
-def _convert(args):
-    """The converted model and its report, in memory (the CLI checked the paths)."""
-    return convert_path(args.input, Options(
+def _options(args) -> Options:
+    """The conversion the convert command's arguments ask for (the CLI checked the paths)."""
+    return Options(
         target=args.target, device=args.device, rules=args.rules, keep=args.keep,
         lowp_io=args.lowp_io, fold_constants=args.fold_constants, loss_scale=args.loss_scale,
         loss_scale_options=args.loss_scale_options,
         min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
-        cost_aware=args.cost_aware))
+        cost_aware=args.cost_aware)
 
 
 def explain(args) -> int:
@@ -127,6 +130,8 @@ def verify(args) -> int:
                                signature=args.signature, outputs=args.output,
                                checkpoint=args.checkpoint, emulate=args.emulate)
     if not args.quiet:
+        if not hardware.gpu_visible():
+            print(hardware.machine_line(_target(result.criteria.dtype)))
         print(verify_mod.format_result(result, args.top))
     if args.html:
         page = html.verify_page(result, args.converted, args.report)
@@ -141,7 +146,7 @@ def kernels(args) -> int:
     if args.json:
         atomic_write(Path(args.json), _json_bytes(report.to_dict()), force=args.force)
     if not args.quiet:
-        print(hardware.machine_line())
+        print(hardware.machine_line(_model_target(args.model) if report.device == "CPU" else None))
         print(kernels_mod.format_report(report))
     return 0
 
@@ -160,7 +165,8 @@ def bench(args) -> int:
             outputs.add_file(args.html, page.encode("utf-8"), force=args.force)
         outputs.commit()
     if not args.quiet:
-        print(hardware.machine_line())
+        print(hardware.machine_line(None if hardware.gpu_visible() else
+                                    _model_target(args.converted)))
         print(bench_mod.format_result(result))
     return 0
 
@@ -187,6 +193,17 @@ def tune(args) -> int:
         print(f"wrote {args.output} and {result.rules_file}")
         print(result.summary())
     return 0
+
+
+def _target(dtype: str) -> str | None:
+    """``"float16"`` or ``"bfloat16"``, else None (float32: no 16-bit target)."""
+    return dtype if dtype in ("float16", "bfloat16") else None
+
+
+def _model_target(path) -> str | None:
+    """The 16-bit dtype a converted model computes in (bfloat16 first), or None."""
+    held = {node["precision"] for node in html.graph_precision(path)}
+    return next((t for t in ("bfloat16", "float16") if t in held), None)
 
 
 def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:
