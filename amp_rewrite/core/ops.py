@@ -80,6 +80,13 @@ ALL_REDUCE_OPS = frozenset({
     "HorovodAllreduce", "HorovodAllgather", "_ScopedAllocatorConcat",
 })
 
+#: ops that fill a lookup table from its keys and values or a vocabulary file: what
+#: ``tables_initializer`` and a SavedModel's main op run before the first lookup (a
+#: ``KeyValueTensorInitializer`` imports its tensors; a saver's import restores a mutable table)
+TABLE_INITIALIZERS = frozenset({"InitializeTable", "InitializeTableV2", "InitializeTableFromTextFile",
+                                "InitializeTableFromTextFileV2", "InitializeTableFromDataset",
+                                "LookupTableImportV2"})
+
 #: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})
 

@@ -78,7 +78,7 @@ from ..io.save import check_destination, save, stage
 from ..report.decisions import Report
 from ..rules.loader import NodeRule
 from ..training.detect import training_parts
-from .runner import Runner, load_inputs, open_converted, open_model
+from .runner import Runner, load_inputs, match_inputs, open_converted, open_model
 from .traces import upstream
 from .verify import (BEYOND, REL_L2, TOP1, Attribution, ErrorStats, attribute,
                      compare_outputs, criteria, lowest_dtype)
@@ -588,11 +588,13 @@ def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
         if isinstance(feed, (str, os.PathLike)):
             out.append(load_inputs(feed, ref.inputs))
             continue
-        missing = [s.name for s in ref.inputs if s.name not in feed]
+        named = {spec.name: feed[key] for key, spec in
+                 match_inputs(feed, ref.inputs, f"{what}: a feed dict's key").items()}
+        missing = [s.name for s in ref.inputs if s.name not in named]
         if missing:
             raise InputError(f"{what}: a feed dict has no array for input(s) "
                              f"{', '.join(map(repr, missing))} (has: {', '.join(map(str, feed))})")
-        out.append({s.name: np.asarray(feed[s.name]) for s in ref.inputs})
+        out.append({s.name: np.asarray(named[s.name]) for s in ref.inputs})
     if what == "feeds" and not out:
         raise InputError("tune needs at least one sample (--inputs DATA.npz)")
     return out

@@ -58,10 +58,8 @@ from .runner import (
     GraphRunner,
     Runner,
     check_same_interface,
-    concrete_shape,
-    load_inputs,
+    input_feeds,
     open_pair,
-    random_inputs,
 )
 from .traces import upstream
 
@@ -401,11 +399,9 @@ def _dtypes_in(runner: Runner) -> set[int]:
 
 def feed_sets(runner: Runner, inputs: str | None, samples: int, shapes: Mapping,
               seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """The feeds to run: the ``.npz`` file's arrays once, or ``samples`` random sets."""
-    if inputs:
-        return [load_inputs(inputs, runner.inputs)]
-    fixed = {spec.name: concrete_shape(spec, shapes) for spec in runner.inputs}  # warns once
-    return [random_inputs(runner.inputs, fixed, seed + i) for i in range(samples)]
+    """The feeds to run: the ``.npz`` file's arrays once, or ``samples`` random sets, every
+    name checked (:func:`~amp_rewrite.tools.runner.input_feeds`)."""
+    return input_feeds(runner.inputs, inputs, samples, shapes, seed)
 
 
 def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping],
