@@ -220,8 +220,8 @@ def test_a_failure_of_our_replay_is_an_internal_error(models, monkeypatch, capsy
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--shape", "tokens=8,5"], r"--shape 'tokens' names no input of the model; its inputs: "
-                                r"ids \(int32 \[\?,5\]\)"),
+    (["--shape", "tokens=8,5"], (r"--shape 'tokens' names no input of the model; its inputs: "
+                                 r"ids \(int32 \[\?,5\]\)")),
     (["--shape", "id=8,5"], r"--shape 'id' names no input of the model \(did you mean 'ids'\?\)"),
     (["--inputs", "EXTRA"], r"array 'idz' names no input of the model \(did you mean 'ids'\?\)"),
 ])

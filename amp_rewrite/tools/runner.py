@@ -26,6 +26,7 @@ import difflib
 import functools
 import logging
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -197,6 +198,8 @@ def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str
         data = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read as .npz: {exc}") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):   # a .npy file: one array, no names
+        raise InputError(f"{path}: not an .npz archive of arrays named by input (np.savez)")
     with data:
         matched = match_inputs(data.files, specs, f"{path}: array")
         feeds = {spec.name: _array(data, key, path) for key, spec in matched.items()}
@@ -212,10 +215,12 @@ def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str
 def _array(data, key: str, path) -> np.ndarray:
     try:
         return data[key]
-    except ValueError:   # an object array (Python strings): np.load will not unpickle it
-        raise InputError(f"{path}: array {key!r} holds Python objects, which are not read "
-                         "(no pickle); save strings as a NumPy string array, "
-                         "np.array(words, dtype=str)") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        if "allow_pickle" in str(exc):   # an object array (Python strings): never unpickled
+            raise InputError(f"{path}: array {key!r} holds Python objects, which are not read "
+                             "(no pickle); save strings as a NumPy string array, "
+                             "np.array(words, dtype=str)") from None
+        raise InputError(f"{path}: cannot read array {key!r}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=1)
