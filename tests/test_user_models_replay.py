@@ -260,3 +260,10 @@ def test_an_input_fed_from_the_npz_is_reported_with_its_shape(tmp_path, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert f"input x: float16 [4,16] from {tmp_path / 'x.npz'}" in messages
     assert not any("fed as" in m for m in messages)
+
+
+def test_string_inputs_saved_as_python_objects_are_refused_with_how_to_save_them(models):
+    """np.load never unpickles: strings saved as an object array get the way to save them."""
+    np.savez(models / "objects.npz", words=np.array([["apple", "fig", "date"]], dtype=object))
+    with pytest.raises(InputError, match=r"array 'words' holds Python objects.*dtype=str"):
+        verify(models / "tables", models / "tables_bf16", inputs=str(models / "objects.npz"))
