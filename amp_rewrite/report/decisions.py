@@ -230,6 +230,7 @@ def _besides(by_dtype: dict[str, int], target: str) -> str:
               for d, n in by_dtype.items() if d not in ("float32", "none", target)]
     return "; " + ", ".join(others) if others else ""
 
+
 _KERAS_SUFFIX = re.compile(r"_\d+$")
 _TENSOR_SUFFIX = re.compile(r":\d+$")
 
