@@ -52,7 +52,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..core.dtypes import BFLOAT16, FLOAT, HALF, TARGET_NAMES
+from ..core.dtypes import BFLOAT16, FLOAT, HALF, LARGEST, TARGET_NAMES, TARGETS
 from ..core.errors import InputError
 from .runner import (
     GraphRunner,
@@ -82,7 +82,7 @@ REL_L2 = {BFLOAT16: 5e-2, HALF: 1e-2, FLOAT: 1e-5}
 GRAD_REL_L2 = {BFLOAT16: 1e-1, HALF: 1e-1, FLOAT: 1e-5}
 #: the largest finite value of each 16-bit dtype: rounding a float32 value past it (on either
 #: side) to that dtype gives ±inf, so such an infinity in a converted tensor is no error of its own
-BEYOND = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+BEYOND = {name: LARGEST[dtype] for name, dtype in TARGETS.items()}
 #: (rtol, atol) of the allclose check
 ALLCLOSE = {BFLOAT16: (5e-2, 1e-2), HALF: (1e-2, 1e-3), FLOAT: (1e-5, 1e-6)}
 TOP1 = 0.99
