@@ -107,7 +107,8 @@ def verify(args) -> int:
                                rtol=args.rtol, atol=args.atol, max_abs=args.max_abs,
                                nodes=args.per_node,
                                signature=args.signature, outputs=args.output,
-                               checkpoint=args.checkpoint, emulate=args.emulate)
+                               checkpoint=args.checkpoint, emulate=args.emulate,
+                               init_ops=args.init_op)
     if not args.quiet:
         print(verify_mod.format_result(result, args.top))
     if args.html:
@@ -132,7 +133,7 @@ def bench(args) -> int:
     result = bench_mod.bench(args.original, args.converted, runs=args.runs, warmup=args.warmup,
                              shapes=parse_shapes(args.shape), inputs=args.inputs,
                              signature=args.signature, outputs=args.output,
-                             checkpoint=args.checkpoint,
+                             checkpoint=args.checkpoint, init_ops=args.init_op,
                              progress=None if args.quiet else _progress_bar)
     with OutputSet() as outputs:
         if args.json:
@@ -157,7 +158,7 @@ def tune(args) -> int:
                            target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
-                           report=args.report)
+                           report=args.report, init_ops=args.init_op)
     if bar is not None:
         sys.stderr.write("\n")
     if not result.ok:

@@ -83,6 +83,17 @@ ALL_REDUCE_OPS = frozenset({
 #: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})
 
+#: tf.data: the op that reads one batch out of an iterator (an input a run can feed), and the
+#: op that (re)starts an initializable iterator on its dataset (its ``initializer``)
+ITERATOR_GET_NEXT_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
+ITERATOR_INIT_OPS = frozenset({"MakeIterator"})
+#: ops that fill a lookup table: a table is empty (its lookups fail) until they run. TF 2's
+#: KeyValueTensorInitializer fills by LookupTableImportV2, which a Saver's restore of a mutable
+#: table also runs (so one reached from a saver op is no initializer)
+TABLE_INIT_OPS = frozenset({"InitializeTable", "InitializeTableV2", "InitializeTableFromTextFile",
+                            "InitializeTableFromTextFileV2", "InitializeTableFromDataset",
+                            "LookupTableImport", "LookupTableImportV2"})
+
 #: ops whose outputs nothing reads but that are not results a user wants compared
 NOT_OUTPUTS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
                          "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"})
