@@ -301,6 +301,16 @@ def test_tune_runs_on_iterator_graphs_with_and_without_inputs(models, tmp_path, 
                                          models["images_npz"], "--holdout", models["images_npz"]])
     assert code == 0, err
     assert out.exists() and "held-out samples" in stdout
+    # --init-op reaches tune's models: an op the graph lacks is refused, one it has runs
+    data = tmp_path / "data.npz"
+    np.savez(data, features=X[:N], labels=Y[:N])
+    tables = models["tables"] / "model.meta"
+    code, _, err = run_cli(capsys, ["tune", tables, "-o", tmp_path / "t1.meta", "--inputs", data,
+                                    "--init-op", "no_such_op"])
+    assert code == 2 and "no op of that name" in err
+    code, _, err = run_cli(capsys, ["tune", tables, "-o", tmp_path / "t2.meta", "--inputs", data,
+                                    "--init-op", "fill"])
+    assert code == 0, err
     # a training graph is still refused: tune compares inference outputs
     code, _, err = run_cli(capsys, ["tune", models["train_init"] / "model.meta",
                                     "-o", tmp_path / "t.meta"])
