@@ -164,7 +164,8 @@ def test_iterator_outputs_are_inputs_and_the_initializer_is_found(models):
     assert a.initializers == ["MakeIterator"]
     # the dataset is data, not the model: set up, never compared nor an output
     assert "TensorSliceDataset" in a.setup and "MakeIterator" in a.setup
-    assert not any(t.startswith(("TensorSliceDataset", "normalize_element")) for t in a.comparable())
+    assert not any(t.startswith(("TensorSliceDataset", "normalize_element"))
+                   for t in a.comparable())
     one_shot = Analysis(load(models["train_one_shot"] / "model.meta"))
     assert one_shot.initializers == [] and one_shot.iterator_inputs == a.iterator_inputs
     # a frozen inference graph reads only the images: the labels are no input

@@ -125,8 +125,9 @@ class Analysis:
         its outputs. Without a signature the inputs, everything a run feeds (and so every name
         an ``.npz`` or ``--shape`` may give), are the placeholders the model reads, then the
         iterator outputs (:attr:`iterator_inputs`, named by the iterator's tensor, fed through
-        their placeholders), then the placeholders only initializers read (a dataset built from a placeholder): each group in graph
-        order, so the first input is one a batch goes through."""
+        their placeholders), then the placeholders only initializers read (a dataset built
+        from a placeholder): each group in graph order, so the first input is one a batch
+        goes through."""
         sigs = self.model.meta_graph.signature_def if self.model.meta_graph is not None else {}
         if sigs:
             key = signature or ("serving_default" if "serving_default" in sigs else sorted(sigs)[0])
@@ -151,7 +152,6 @@ class Analysis:
         return (None, [(n, f"{n}:0") for n in read if n not in self.setup]
                 + list(self.iterator_inputs.items())
                 + [(n, f"{n}:0") for n in read if n in self.setup], self._forward_outputs())
-
 
     def _forward_outputs(self) -> list[str]:
         """The float outputs of the forward pass: tensors of ops that no op outside a backprop
@@ -397,7 +397,8 @@ def _detach_iterators(graph: Graph, frames: set[str]) -> dict[str, str]:
     fed tensor's op still runs for its control edges, so every run would draw a batch; a fed
     placeholder's control edges move to the feed."""
     found = {}
-    for node in [n for n in graph.nodes() if n.op in ITERATOR_GET_NEXT_OPS and n.name not in frames]:
+    get_next = [n for n in graph.nodes() if n.op in ITERATOR_GET_NEXT_OPS and n.name not in frames]
+    for node in get_next:
         types, shapes = node.attr["output_types"].list.type, node.attr["output_shapes"].list.shape
         first = None
         for port, dtype in enumerate(types):

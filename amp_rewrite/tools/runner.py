@@ -185,9 +185,9 @@ def fill_iterator_inputs(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray
             given = [s.name for s in specs if s.name in feed]
             if given and len(given) < len(specs):
                 missing = [s.name for s in specs if s.name not in feed]
-                raise InputError(f"the inputs give {', '.join(given)} but not {', '.join(missing)}: "
-                                 f"feed all of iterator {node}'s outputs, or none (then they "
-                                 "come from the iterator)")
+                raise InputError(f"the inputs give {', '.join(given)} but not "
+                                 f"{', '.join(missing)}: feed all of iterator {node}'s "
+                                 "outputs, or none (then they come from the iterator)")
             if not given:
                 wanted += specs
         merged = {**feed, **(runner.next_batch(wanted, feeds[0]) if wanted else {})}

@@ -476,14 +476,15 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     sample each; a graph fed by tf.data iterators takes the iterators' outputs by tensor name
     (``IteratorGetNext:0``) or, where a sample lacks them, the next batch of the float32
     model's own iterator (sample *i*, then the held-out ones, in order), and without feeds its
-    first batch is the one sample; ``init_ops``: ops to run once per session after the
-    initializers found (``--init-op``; :meth:`~amp_rewrite.tools.analysis.Analysis.init_ops`). ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst over the outputs),
-    or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output name -> array,
-    lower is better. ``tolerance`` defaults to what ``verify`` accepts
+    first batch is the one sample. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst
+    over the outputs), or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output
+    name -> array, lower is better. ``tolerance`` defaults to what ``verify`` accepts
     (:func:`default_tolerance`). ``holdout``: samples scored before and after, never tuned on.
     ``relax``: also move nodes the lists kept float32 into low precision where the
     tolerance holds (module docstring, step 4). ``options``: those of
-    :class:`~amp_rewrite.conversion.graph.Options`.
+    :class:`~amp_rewrite.conversion.graph.Options`. ``init_ops``: ops to run once per session
+    after the initializers found (``--init-op``;
+    :meth:`~amp_rewrite.tools.analysis.Analysis.init_ops`).
 
     When it passes and ``output`` is given, writes the converted model there, the chosen
     overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``) and, if
