@@ -236,13 +236,17 @@ def test_refusal_of_a_saved_model_train_step_fits_the_options_given(tmp_path):
     assert report.to_dict()["loss_scaling"]["mode"] == "dynamic"
 
 
-def test_keras_files_say_how_to_export_a_saved_model(tmp_path, capsys):
+def test_keras_files_say_they_convert_to_a_saved_model_directory(tmp_path, capsys):
+    """A Keras file converts (tests/test_keras_files.py), to a SavedModel directory: a graph
+    file's name for the output is refused before Keras loads anything, naming a directory."""
     import keras
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     for name in ("m.keras", "m.h5"):
         model.save(tmp_path / name)
         assert cli.main([str(tmp_path / name), "-o", str(tmp_path / "out.pb")]) == 2
-        assert "model.export" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "SavedModel directory" in err and f"e.g. {tmp_path / 'out'})" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.h5", "m.keras"]
 
 
 # ----------------------------------------------------------------- quiet output

@@ -157,7 +157,7 @@ def test_grappler_environment_variables_are_honoured():
     ('[painting]\ninfer_follows_allow = 3\n', "infer_follows_allow", 2),
     ('level = "fast"\n', "unknown level", 1),
     ('\n\ncolour = "red"\n', "unknown key 'colour'", 3),
-    ('[[override]]\nglob = "a"\naction = "explode"\n', "action must be", 1),
+    ('[[override]]\nglob = "a"\naction = "explode"\n', "action = 'explode': override action must be", 3),
     ('[allow\n', "not valid TOML", 1),
     ('# typo\nextends = "float61"\n', "neither a built-in rule set (float16, bfloat16)", 2),
 ])

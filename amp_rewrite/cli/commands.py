@@ -8,6 +8,7 @@ one :class:`~amp_rewrite.io.files.OutputSet`: every file, or (on any error) none
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -17,7 +18,8 @@ from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model, convert_path
 from ..core import hardware
 from ..core.errors import InputError
-from ..io.files import OutputSet, atomic_write
+from ..io.files import OutputSet, atomic_write, is_keras_file
+from ..io.keras_files import saved_models
 from ..io.load import load
 from ..io.save import stage
 from ..report import html, tensorboard
@@ -34,13 +36,30 @@ log = logging.getLogger(__name__)
 __all__ = ["init_devices", "run"]
 
 
+#: the arguments of each command that name a model, any of which may be a Keras file (tune
+#: takes one itself, to name it in its rules file)
+_MODEL_ARGS = {"convert": ("input",), "explain": ("input",), "verify": ("original", "converted"),
+               "bench": ("original", "converted"), "kernels": ("model",)}
+
+
 def run(command: str, args) -> int:
-    """Run ``command`` (``"convert"`` or one of the CLI's commands) with parsed ``args``."""
-    return _COMMANDS[command](args)
+    """Run ``command`` (``"convert"`` or one of the CLI's commands) with parsed ``args``; a
+    Keras file among its models runs as the SavedModel of its serving function, exported for
+    the command and removed after it."""
+    keras_args = [name for name in _MODEL_ARGS.get(command, ())
+                  if is_keras_file(getattr(args, name))]
+    if not keras_args:
+        return _COMMANDS[command](args)
+    with saved_models([getattr(args, name) for name in keras_args]) as exports:
+        args = argparse.Namespace(**vars(args))
+        for name, path in zip(keras_args, exports):
+            setattr(args, name, str(path))
+        return _COMMANDS[command](args)
 
 
 def convert(args) -> int:
-    model, report = _convert(args)
+    options = _options(args)
+    model, report = convert_path(args.input, options)
     with OutputSet() as outputs:
         stage(model, args.output, outputs, force=args.force or args.in_place)
         if args.report:
@@ -56,17 +75,19 @@ def convert(args) -> int:
     if not args.quiet:
         print(f"wrote {args.output}")
         print(report.format_summary())
+        if not (options.slower_here() or hardware.gpu_visible()):   # (a warning said that)
+            print(hardware.machine_line(args.target))
     return 0
 
 
-def _convert(args):
-    """The converted model and its report, in memory (the CLI checked the paths)."""
-    return convert_path(args.input, Options(
+def _options(args) -> Options:
+    """The conversion the convert command's arguments ask for (the CLI checked the paths)."""
+    return Options(
         target=args.target, device=args.device, rules=args.rules, keep=args.keep,
         lowp_io=args.lowp_io, fold_constants=args.fold_constants, loss_scale=args.loss_scale,
         loss_scale_options=args.loss_scale_options,
         min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
-        cost_aware=args.cost_aware))
+        cost_aware=args.cost_aware)
 
 
 def explain(args) -> int:
@@ -110,6 +131,8 @@ def verify(args) -> int:
                                checkpoint=args.checkpoint, emulate=args.emulate,
                                init_ops=args.init_op)
     if not args.quiet:
+        if not hardware.gpu_visible():
+            print(hardware.machine_line(_target(result.criteria.dtype)))
         print(verify_mod.format_result(result, args.top))
     if args.html:
         page = html.verify_page(result, args.converted, args.report)
@@ -124,7 +147,7 @@ def kernels(args) -> int:
     if args.json:
         atomic_write(Path(args.json), _json_bytes(report.to_dict()), force=args.force)
     if not args.quiet:
-        print(hardware.machine_line())
+        print(hardware.machine_line(_model_target(args.model) if report.device == "CPU" else None))
         print(kernels_mod.format_report(report))
     return 0
 
@@ -143,7 +166,8 @@ def bench(args) -> int:
             outputs.add_file(args.html, page.encode("utf-8"), force=args.force)
         outputs.commit()
     if not args.quiet:
-        print(hardware.machine_line())
+        print(hardware.machine_line(None if hardware.gpu_visible() else
+                                    _model_target(args.converted)))
         print(bench_mod.format_result(result))
     return 0
 
@@ -170,6 +194,17 @@ def tune(args) -> int:
         print(f"wrote {args.output} and {result.rules_file}")
         print(result.summary())
     return 0
+
+
+def _target(dtype: str) -> str | None:
+    """``"float16"`` or ``"bfloat16"``, else None (float32: no 16-bit target)."""
+    return dtype if dtype in ("float16", "bfloat16") else None
+
+
+def _model_target(path) -> str | None:
+    """The 16-bit dtype a converted model computes in (bfloat16 first), or None."""
+    held = {node["precision"] for node in html.graph_precision(path)}
+    return next((t for t in ("bfloat16", "float16") if t in held), None)
 
 
 def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
-from ..io.files import check_container, is_saved_model, same_file, tune_rules_path
+from ..io.files import check_container, is_keras_file, is_saved_model, same_file, tune_rules_path
 from ..training.config import scale_config
 from ..version import __version__
 
@@ -33,6 +33,8 @@ COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune")
 #: TensorFlow), which is why it is named here instead of imported
 RUNNER_MODULE = "amp_rewrite.cli.commands"
 _LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
+#: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
+QUIET_TF_LOG_LEVEL = "3"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,7 +61,8 @@ def _rule_flags(p: argparse.ArgumentParser) -> None:
 def _convert_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision. "
                 "Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
-    p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta) or SavedModel directory")
+    p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), SavedModel "
+                   "directory, or Keras file (.keras/.h5: converts to a SavedModel directory)")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
     _rule_flags(p)
     p.add_argument("--keep", action="append", default=[], metavar="NAME",
@@ -342,9 +345,9 @@ def _check_convert_outputs(args, inputs: list[str]) -> None:
 
 
 def _check_model_output(src: str, dst: str, *, force: bool, inputs: list[str]) -> None:
-    """A converted model's path: a file, or a directory for a SavedModel (which saving checks
-    further: it replaces only a SavedModel)."""
-    if not is_saved_model(src):
+    """A converted model's path: a file, or a directory for a SavedModel or a Keras file (which
+    saving checks further: it replaces only a SavedModel)."""
+    if not is_saved_model(src) and not is_keras_file(src):
         _check_output(dst, "output", force=force, inputs=inputs)
         return
     check_container(src, dst)
@@ -420,9 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         # TensorFlow's C++ log would bury our one-line messages, its error level included: a
         # float16 graph run on a CPU logs "oneDNN supports DT_HALF only on ..." at that level
-        # and runs fine, and a real failure reaches us as an exception, which we report. -v
-        # shows it all; a level the user set wins.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        # and runs fine, and a real failure reaches us as an exception, which we report. So
+        # the level is 3 (fatal only) whatever the shell set (a common TF_CPP_MIN_LOG_LEVEL=2
+        # lets that line through), for this process and the ones it starts; -v leaves the
+        # variable as the user set it and shows the log.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = QUIET_TF_LOG_LEVEL
     _setup_logging(args)
     try:
         _check_paths(command, args)

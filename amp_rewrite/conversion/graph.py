@@ -21,12 +21,13 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..check import lint
 from ..core import hardware
-from ..core.dtypes import TARGETS
-from ..core.errors import InputError, LintError
+from ..core.dtypes import TARGET_NAMES, TARGETS
+from ..core.errors import InputError, LintError, UnsupportedGraphError
 from ..core.ir import Graph, copy_except
+from ..core.ops import MATRIX_OPS
 from ..report.decisions import Report
 from ..rules.loader import RuleSet, load_rules
-from ..schema.functiondef import check_call_types
+from ..schema.functiondef import check_call_types, reachable, saver_functions
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
@@ -128,6 +129,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     problems = check_call_types(source)
     if problems:  # the input's fault: the same check on the output would call it ours
         raise InputError(f"the input graph is not valid: {problems[0]}")
+    refuse_other_low_precision(meta_graph, options.target)
     interface = signature_tensors(meta)
     if options.fold_constants:
         source = constfold.fold_constants(source, set(options.keep) | interface)
@@ -153,6 +155,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
+    saver = set(saver_functions(meta_graph))
+    report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)
@@ -180,6 +184,32 @@ def _scale_graph(work: Graph, original: Before, meta, library, config, options: 
     if state is not None or add_loss_scaling(work, meta, config, hints, report):
         lint.lint(work, original=original, rules=rules)
     return steps, state
+
+
+def refuse_other_low_precision(meta_graph: meta_graph_pb2.MetaGraphDef, target: str) -> None:
+    """Refuse, with :class:`UnsupportedGraphError`, a graph whose MatMul/Conv-family ops (its
+    own, or in a function it reaches) already compute in the other 16-bit dtype than
+    ``target``: converted before for the other target, or built so. Converting it would leave
+    them as they are and paint the rest in ``target``, two 16-bit dtypes in one model; the FP32
+    original converts right. A graph already in ``target`` converts (it is left as it is), and
+    16-bit values only at an FP32 graph's edges (inputs, Casts, stored Consts) are no reason to
+    refuse: they are left as they are and counted in their dtype."""
+    other = next(d for d in TARGET_NAMES if d != TARGETS[target])
+    graph_def = meta_graph.graph_def
+    by_name = {f.signature.name: f for f in graph_def.library.function}
+    called = reachable(graph_def.node, graph_def.library,
+                       meta_graph.object_graph_def.concrete_functions)
+    bodies = [("", graph_def.node)] + [(f"{name}/", by_name[name].node_def) for name in called]
+    matrix = [(prefix, nd) for prefix, nodes in bodies for nd in nodes if nd.op in MATRIX_OPS]
+    held = [prefix + nd.name for prefix, nd in matrix
+            if any(v.WhichOneof("value") == "type" and v.type == other for v in nd.attr.values())]
+    if held:
+        name = TARGET_NAMES[other]
+        raise UnsupportedGraphError(
+            f"the input already runs {len(held)} of its {len(matrix)} MatMul/Conv-family ops in "
+            f"{name} (e.g. {held[0]!r}): it was converted before, or built so, and converting it "
+            f"to {target} would leave them {name}; convert the FP32 original with --target "
+            f"{target} (docs/convert.md \"Converting a converted model\")")
 
 
 def signature_tensors(meta_graph: meta_graph_pb2.MetaGraphDef) -> set[str]:

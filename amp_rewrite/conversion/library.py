@@ -21,7 +21,7 @@ from ..check import lint
 from ..core.dtypes import TARGETS
 from ..core.errors import InputError, LintError
 from ..core.ir import Graph
-from ..report.decisions import Report
+from ..report.decisions import Report, did_you_mean
 from ..rules.loader import RuleSet
 from ..schema.functiondef import (
     FunctionGraph,
@@ -183,7 +183,9 @@ def split_keep(keep: Collection[str], graph: Graph, library) -> tuple[str, ...]:
             head, _, node = node.partition("/")
             function = f"{function}/{head}"
         if node not in bodies.get(function, ()):
-            raise InputError(f"--keep names no node {name!r}")
+            names = graph.names() + [f"{f}/{n}" for f, body in bodies.items() for n in body]
+            raise InputError(f"--keep names no node {name!r}"
+                             + did_you_mean(name, names, list(bodies)))
     return tuple(mine)
 
 
@@ -211,3 +213,4 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     report.warnings.extend(f"function {prefix!r}: {w}" for w in sub.warnings)
     report.scopes.append(prefix)
     report.scopes.extend(f"{prefix}/{s}" for s in sub.scopes)
+    report.saver_functions.extend(f"{prefix}/{s}" for s in sub.saver_functions)

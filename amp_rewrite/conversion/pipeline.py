@@ -21,6 +21,7 @@ from tensorflow.core.framework import graph_pb2
 from ..core import hardware
 from ..core.errors import InputError, RuleError, UnsupportedGraphError
 from ..io.files import check_container, same_file
+from ..io.keras_files import saved_models
 from ..io.load import Model, load
 from ..io.save import save
 from ..report.decisions import Report
@@ -40,14 +41,19 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     """Load ``input_path``, convert it, and write ``output_path`` atomically.
 
     The input is never overwritten unless ``in_place`` is set; an existing output is only
-    replaced with ``force``. Options are those of :class:`Options`.
+    replaced with ``force``. Options are those of :class:`Options`. A Keras file (``.keras``,
+    ``.h5``) converts as the SavedModel of its serving function, to a SavedModel directory
+    (:mod:`amp_rewrite.io.keras_files`).
     """
     src, dst = Path(input_path), Path(output_path)
     if same_file(src, dst) and not in_place:
         raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
     check_container(src, dst)
-    converted, report = convert_path(src, Options(**options))
-    save(converted, dst, force=force or in_place)
+    opts = Options(**options)
+    opts.check()   # before a Keras file's export, which takes seconds
+    with saved_models([src]) as (saved,):   # a Keras file: its export, for the block
+        converted, report = convert_path(saved, opts)
+        save(converted, dst, force=force or in_place)
     return report
 
 

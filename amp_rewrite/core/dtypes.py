@@ -48,3 +48,17 @@ def dtype_name(dtype: int) -> str:
 def base_dtype(dtype: int) -> int:
     """Strip the reference flag: ``DT_FLOAT_REF`` -> ``DT_FLOAT``."""
     return dtype - _REF_OFFSET if dtype > _REF_OFFSET else dtype
+
+
+#: the largest finite value of each 16-bit target: a float32 value past it becomes ±inf there
+LARGEST = {HALF: 65504.0, BFLOAT16: 3.3895313892515355e38}
+#: the default safety factor of range-aware precision (``--headroom``): a tensor whose observed
+#: magnitude reaches ``LARGEST[target] / HEADROOM`` stays float32. Provisional until calibration
+#: measures it (issue "Range-aware precision"); kept here so convert, ranges and tune agree.
+HEADROOM = 16.0
+
+
+def near_limit(max_abs: float, target: int, headroom: float = HEADROOM) -> bool:
+    """Whether a tensor whose largest observed magnitude is ``max_abs`` comes within
+    ``headroom`` of ``target``'s largest finite value (a non-finite maximum always does)."""
+    return not max_abs < LARGEST[target] / headroom

@@ -6,8 +6,9 @@ two sides:
 * the user's: :class:`InputError` and its subclasses. The input (a file, a flag, a graph, a
   rule file) cannot be used as given; the message names the file, node, op and dtypes involved
   and what the user can do. The CLI prints it in one line and exits with 2.
-* ours: :class:`IRError` (an IR primitive misused) and :class:`LintError` (a converted graph
-  that fails the lint). Both mean a bug in amp-rewrite. They are never caught as a user error
+* ours: :class:`IRError` (an IR primitive misused), :class:`LintError` (a converted graph
+  that fails the lint) and :class:`ReplayError` (our replay of a model fails where TensorFlow
+  runs it). Each means a bug in amp-rewrite. They are never caught as a user error
   nor turned into a warning; the CLI reports them, like any unexpected exception, as an
   internal error with exit code :data:`INTERNAL_EXIT`.
 """
@@ -42,9 +43,26 @@ class UnsupportedGraphError(InputError):
     """A valid graph that amp-rewrite cannot convert as asked (e.g. loss scaling without a seed)."""
 
 
+class RunError(InputError):
+    """TensorFlow refused to run a model on the inputs given (shapes that do not fit, a failed
+    assertion ...): the input's problem, as long as it is TensorFlow's own run that refuses.
+    Where TensorFlow ran the same model on the same inputs and only our replay of it fails, it
+    becomes a :class:`ReplayError`. ``reason``: TensorFlow's own words, without the advice."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
 class IRError(AmpRewriteError):
     """An IR primitive was misused (a missing node or port, removing a node still read): a bug
     in amp-rewrite, never the user's input."""
+
+
+class ReplayError(AmpRewriteError):
+    """Our replay of a model (a SavedModel signature's function bodies run one at a time, for
+    ``verify --per-node`` and ``tune``) failed on inputs on which TensorFlow ran the model
+    itself: a bug in amp-rewrite, never the user's inputs."""
 
 
 class LintError(AmpRewriteError):

@@ -48,15 +48,59 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or "unknown CPU"
 
 
-def machine_line() -> str:
-    """The first line of ``kernels`` and ``bench``: the CPU and its 16-bit matrix units, since
-    what a converted model gains depends on them."""
-    flags = cpu_flags()
-    units = [flag.upper().replace("_", "-") for flag in BF16_MATRIX_FLAGS + FP16_MATRIX_FLAGS
-             if flag in flags]   # amx_bf16 -> AMX-BF16
-    held = ", ".join(units) if units else ("none: bfloat16 and float16 matrix work runs slower "
-                                           "than float32 on this CPU")
-    return f"CPU: {cpu_model()}; 16-bit matrix units: {held}"
+def machine_line(target: str | None = None, flags: frozenset[str] | None = None,
+                 model: str | None = None) -> str:
+    """The CPU line of ``verify``, ``kernels`` and ``bench`` (and of ``convert`` where TensorFlow
+    sees no GPU): the CPU, its 16-bit matrix units and, for a model in ``target``
+    (``"float16"``, ``"bfloat16"``; None: float32), what that target means on it
+    (:func:`target_note`), since what a converted model gains depends on them. ``flags`` and
+    ``model`` describe another CPU (default this one's)."""
+    flags = cpu_flags() if flags is None else flags
+    units = [_unit_name(flag) for flag in BF16_MATRIX_FLAGS + FP16_MATRIX_FLAGS if flag in flags]
+    note = target_note(target, flags)
+    if units:
+        held = ", ".join(units) + (f"; {note}" if note else "")
+    else:
+        held = "none: " + (note or "bfloat16 and float16 matrix work runs slower than float32 "
+                                   "on this CPU")
+    return f"CPU: {model or cpu_model()}; 16-bit matrix units: {held}"
+
+
+def target_note(target: str | None, flags: frozenset[str] | None = None) -> str:
+    """What a model in ``target`` does on a CPU with ``flags`` (default this one's); empty for
+    float32 (None).
+
+    float16 runs through oneDNN only where TensorFlow lets it (AVX512-BW with AVX512-FP16 or
+    AMX-FP16, :data:`FP16_MATRIX_FLAGS`); elsewhere TensorFlow's float16 CPU kernels are Eigen's
+    (slower than float32, and it logs "oneDNN supports DT_HALF only on platforms with
+    AVX-512"), so such a model checks numbers only here, and bfloat16 is the target that runs
+    faster where the CPU has a bfloat16 unit. bfloat16 names the unit that runs it, or that
+    there is none (then it runs slower than float32)."""
+    flags = cpu_flags() if flags is None else flags
+    bf16 = next((_unit_name(f) for f in BF16_MATRIX_FLAGS if f in flags), None)
+    fp16 = next((_unit_name(f) for f in FP16_MATRIX_FLAGS if f in flags), None)
+    if target == "float16":
+        if fp16 and "avx512bw" in flags:
+            text = f"float16 runs on {fp16} here (oneDNN)"
+            if bf16 == "AMX-BF16" and fp16 != "AMX-FP16":
+                text += "; --target bfloat16 --device cpu runs on AMX-BF16, faster"
+            return text
+        text = ("float16 on this CPU checks numbers only (TensorFlow's float16 CPU kernels are "
+                "slow)")
+        if bf16:
+            return text + f"; --target bfloat16 --device cpu runs faster here (on {bf16})"
+        return text + ("; no bfloat16 matrix unit either (AMX-BF16 or AVX512-BF16): float32 "
+                       "runs fastest on this CPU")
+    if target == "bfloat16":
+        if bf16:
+            return f"bfloat16 runs on {bf16} here (oneDNN)"
+        return ("bfloat16 has no matrix unit on this CPU (AMX-BF16 or AVX512-BF16): it runs "
+                "slower than float32 here, and is for CPUs that have one")
+    return ""
+
+
+def _unit_name(flag: str) -> str:
+    return flag.upper().replace("_", "-")   # amx_bf16 -> AMX-BF16
 
 
 def bf16_matrix_unit() -> str | None:
@@ -67,6 +111,12 @@ def bf16_matrix_unit() -> str | None:
 def onednn_on_by_default() -> bool:
     """Whether TensorFlow turns its oneDNN ops on without ``TF_ENABLE_ONEDNN_OPTS`` on this CPU."""
     return any(f in cpu_flags() for f in ONEDNN_DEFAULT_FLAGS)
+
+
+def gpu_visible() -> bool:
+    """Whether TensorFlow sees a GPU in this process (models then run there, not on the CPU)."""
+    import tensorflow as tf
+    return bool(tf.config.list_physical_devices("GPU"))
 
 
 def onednn_enabled() -> bool:

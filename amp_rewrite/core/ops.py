@@ -80,6 +80,13 @@ ALL_REDUCE_OPS = frozenset({
     "HorovodAllreduce", "HorovodAllgather", "_ScopedAllocatorConcat",
 })
 
+#: ops that fill a lookup table from its keys and values or a vocabulary file: what
+#: ``tables_initializer`` and a SavedModel's main op run before the first lookup (a
+#: ``KeyValueTensorInitializer`` imports its tensors; a saver's import restores a mutable table)
+TABLE_INITIALIZERS = frozenset({"InitializeTable", "InitializeTableV2", "InitializeTableFromTextFile",
+                                "InitializeTableFromTextFileV2", "InitializeTableFromDataset",
+                                "LookupTableImportV2"})
+
 #: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})
 
@@ -87,13 +94,6 @@ SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "
 #: op that (re)starts an initializable iterator on its dataset (its ``initializer``)
 ITERATOR_GET_NEXT_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
 ITERATOR_INIT_OPS = frozenset({"MakeIterator"})
-#: ops that fill a lookup table: a table is empty (its lookups fail) until they run. TF 2's
-#: KeyValueTensorInitializer fills by LookupTableImportV2, which a Saver's restore of a mutable
-#: table also runs (so one reached from a saver op is no initializer)
-TABLE_INIT_OPS = frozenset({"InitializeTable", "InitializeTableV2", "InitializeTableFromTextFile",
-                            "InitializeTableFromTextFileV2", "InitializeTableFromDataset",
-                            "LookupTableImport", "LookupTableImportV2"})
-
 #: ops whose outputs nothing reads but that are not results a user wants compared
 NOT_OUTPUTS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
                          "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"})

@@ -27,6 +27,10 @@ TEXT_SUFFIXES = (".pbtxt", ".pbtext", ".txt", ".prototxt")
 GRAPH_FILE_SUFFIXES = (".pb", ".meta") + TEXT_SUFFIXES
 # first bytes of model files that are not TensorFlow graphs
 _KERAS_MAGIC = {b"PK\x03\x04": "a Keras .keras archive", b"\x89HDF\r\n\x1a\n": "an HDF5 (.h5) file"}
+#: the names Keras loads a model file under, by kind (``keras.models.load_model`` picks its
+#: reader by the name, not by the bytes)
+KERAS_SUFFIXES = {".keras": "a Keras .keras archive", ".h5": "an HDF5 (.h5) file",
+                  ".hdf5": "an HDF5 (.h5) file"}
 
 
 def is_saved_model(path: str | os.PathLike) -> bool:
@@ -37,10 +41,32 @@ def is_saved_model(path: str | os.PathLike) -> bool:
     return path.is_dir() and any((path / name).is_file() for name in SAVED_MODEL_FILES)
 
 
+def is_keras_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a regular file named like a Keras model file (``.keras``, ``.h5``,
+    ``.hdf5``) or starting with the bytes of one (a zip archive, HDF5)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    if path.suffix.lower() in KERAS_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return keras_file(fh.read(8)) is not None
+    except OSError:
+        return False   # loading says why it cannot be read
+
+
 def check_container(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """A SavedModel converts to a SavedModel directory: refuse an output named like a graph file
-    (``model_dir/saved_model.pb -o model.pb`` would write a directory called model.pb)."""
+    """A SavedModel, and a Keras file (its serving function exported), convert to a SavedModel
+    directory: refuse an output named like a graph file (``model_dir/saved_model.pb -o
+    model.pb`` would write a directory called model.pb), and for a Keras file an output named
+    like one or that is a file."""
     dst = Path(dst)
+    if is_keras_file(src) and (dst.suffix.lower() in GRAPH_FILE_SUFFIXES + tuple(KERAS_SUFFIXES)
+                               or (dst.exists() and not dst.is_dir())):
+        raise InputError(f"{dst}: the input is a Keras file, which converts to a SavedModel "
+                         f"directory (its serving function); name the output as a directory "
+                         f"(e.g. {dst.with_suffix('') if dst.suffix else dst.name + '_amp'})")
     if is_saved_model(src) and dst.suffix.lower() in GRAPH_FILE_SUFFIXES and not dst.is_dir():
         raise InputError(f"{dst}: the input is a SavedModel, which converts to a SavedModel "
                          f"directory; name the output as a directory (e.g. {dst.with_suffix('')}), "

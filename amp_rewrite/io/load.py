@@ -36,6 +36,8 @@ class Model:
     the parsed ``saved_model.pb``); ``text`` tells whether the file was protobuf text format.
     ``added_variables`` (a converted SavedModel) maps an object of the root (``amp_loss_scale``)
     to the variables it holds and their starting values, which saving adds to the checkpoint.
+    ``source`` is the file the user named where that is not ``path``: a Keras file, whose
+    export (:mod:`amp_rewrite.io.keras_files`) ``path`` is.
     """
 
     path: Path
@@ -44,6 +46,7 @@ class Model:
     meta_graphs: tuple[meta_graph_pb2.MetaGraphDef, ...]
     saved_model: saved_model_pb2.SavedModel | None = field(default=None, compare=False)
     added_variables: dict = field(default_factory=dict, compare=False)
+    source: Path | None = field(default=None, compare=False)
 
     @classmethod
     def of_graph_def(cls, graph_def: graph_pb2.GraphDef, path: str | os.PathLike = "<graph_def>",
@@ -171,9 +174,10 @@ def parse(data: bytes, path: Path) -> Model:
     if not data:
         raise InputError(f"{path}: file is empty")
     kind = keras_file(data)
-    if kind is not None:  # never deserialized: a Keras file can carry code
-        raise InputError(f"{path}: {kind}, not a TensorFlow graph; export a SavedModel from "
-                         "Keras and convert that: model = keras.models.load_model(...); "
+    if kind is not None:  # never deserialized here: a Keras file can carry code
+        raise InputError(f"{path}: {kind}, not a TensorFlow graph; convert_file and the "
+                         "amp-rewrite commands take it directly, elsewhere export a SavedModel "
+                         "from Keras and use that: model = keras.models.load_model(...); "
                          "model.export('model_dir')")
     if _looks_text(data) and (path.suffix in TEXT_SUFFIXES or not _binary_model(data)):
         return _parse_text(data, path)

@@ -2,14 +2,17 @@
 
 Decisions and reasons are read off what painting recorded; nothing is recomputed. Precisions
 and counts are read off the converted graph: what the output holds, whoever put it there (a
-graph converted before counts as low precision). The JSON schema (``Report.to_dict``) is
-documented in README.md and versioned by ``schema_version``.
+node converted before counts in the dtype it holds, never as the target unless it is). The
+functions only a SavedModel's saver runs are reported node by node, not counted. The JSON
+schema (``Report.to_dict``) is documented in docs/report.md and versioned by
+``schema_version``.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -22,6 +25,8 @@ from ..schema.snapshot import Before
 
 SCHEMA_VERSION = 1
 _LOWP_NAMES = {HALF: "float16", BFLOAT16: "bfloat16"}
+# the same, as NodeReport.attrs spells the dtypes (TensorFlow's short names)
+_ATTR_LOWP = {dtype_name(d): name for d, name in _LOWP_NAMES.items()}
 
 # How explain shows a decision's ``via`` nodes, by code: what they are to the node. A deny
 # path is a real data path (deny spreads along data edges); the others are not paths.
@@ -60,6 +65,8 @@ class Report:
     consts_converted: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     scopes: list[str] = field(default_factory=list)   # prefixes of merged nodes: functions, [tags]
+    # the scopes of functions only a SavedModel's saver runs: their nodes are reported, not counted
+    saver_functions: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)   # sections added by later passes (loss scaling ...)
 
     # ------------------------------------------------------------- nodes by name
@@ -84,17 +91,7 @@ class Report:
         raise LookupError(f"no node named {name!r}" + self._suggest(name))
 
     def _suggest(self, name: str) -> str:
-        names = list(self._by_name())
-        short = {self._unscoped(n): n for n in names}
-        close = difflib.get_close_matches(name, list(short), n=3, cutoff=0.6)
-        close = [short[c] for c in close] or difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-        return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-
-    def _unscoped(self, name: str) -> str:
-        for scope in sorted(self.scopes, key=len, reverse=True):
-            if name.startswith(scope + "/"):
-                return name[len(scope) + 1:]
-        return name
+        return did_you_mean(name, list(self._by_name()), self.scopes)
 
     def _by_name(self) -> dict[str, NodeReport]:
         # passes append nodes; rebuild the index when the list grew
@@ -106,28 +103,47 @@ class Report:
 
     # ------------------------------------------------------------- counts
     def summary(self) -> dict:
-        lowp = [n for n in self.nodes if n.precision not in ("float32", "none")]
-        matrix = [n for n in self.nodes if n.op in MATRIX_OPS]
-        floats = [n for n in self.nodes if n.op not in MATRIX_OPS and n.precision != "none"]
-        kept = Counter(n.code for n in self.nodes if n.precision == "float32")
+        """Counts of what the output holds, leaving out the nodes of the saver's functions
+        (counted apart as ``saver_functions`` and ``saver_nodes``). ``*_converted`` count the
+        nodes that compute in the target dtype; ``*_by_dtype`` count the nodes by the dtype
+        they compute in (:func:`computes_in`), so a node in the other 16-bit dtype is never
+        counted as the target."""
+        counted, saver = self._counted()
+        matrix = [n for n in counted if n.op in MATRIX_OPS]
+        floats = [n for n in counted if n.op not in MATRIX_OPS and n.precision != "none"]
+        kept = Counter(n.code for n in counted if n.precision == "float32")
         return {
-            "nodes_converted": len(lowp),
-            "nodes_total": len(self.nodes),
-            "matrix_converted": sum(1 for n in matrix if n.precision not in ("float32", "none")),
+            "nodes_converted": sum(1 for n in counted if computes_in(n) == self.target),
+            "nodes_total": len(counted),
+            "matrix_converted": sum(1 for n in matrix if computes_in(n) == self.target),
             "matrix_total": len(matrix),
-            "float_ops_converted": sum(1 for n in floats if n.precision != "float32"),
+            "matrix_by_dtype": _by_dtype(matrix),
+            "float_ops_converted": sum(1 for n in floats if computes_in(n) == self.target),
             "float_ops_total": len(floats),
-            "plumbing": sum(1 for n in self.nodes if n.precision == "none"),
+            "float_ops_by_dtype": _by_dtype(floats),
+            "plumbing": sum(1 for n in counted if n.precision == "none"),
             "casts_added": len(self.casts_added),
             "casts_removed": len(self.casts_removed),
             "consts_converted": len(self.consts_converted),
             "functions": len(self.functions()),
+            "saver_functions": len(self.saver_functions),
+            "saver_nodes": saver,
             "kept_float32_by_reason": dict(sorted(kept.items())),
         }
 
+    def _counted(self) -> tuple[list[NodeReport], int]:
+        """The nodes the counts take, and how many nodes of the saver's functions they leave out."""
+        if not self.saver_functions:
+            return self.nodes, 0
+        prefixes = tuple(f"{scope}/" for scope in self.saver_functions)
+        counted = [n for n in self.nodes if not n.name.startswith(prefixes)]
+        return counted, len(self.nodes) - len(counted)
+
     def functions(self) -> list[str]:
-        """The function bodies whose nodes the report holds (scopes that are not [tags])."""
-        return [s for s in self.scopes if not s.startswith("[")]
+        """The function bodies painted whose nodes the report counts: scopes that are neither
+        [tags] nor functions only the saver runs (:attr:`saver_functions`)."""
+        saver = set(self.saver_functions)
+        return [s for s in self.scopes if not s.startswith("[") and s not in saver]
 
     def to_dict(self) -> dict:
         return {
@@ -140,6 +156,7 @@ class Report:
             "summary": self.summary(),
             "warnings": self.warnings,
             "functions": self.functions(),
+            "saver_functions": self.saver_functions,
             "casts_added": self.casts_added,
             "casts_removed": self.casts_removed,
             "consts_converted": self.consts_converted,
@@ -151,13 +168,14 @@ class Report:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
 
     def format_summary(self) -> str:
-        """What the CLI prints: the matrix ops first, then the other float ops, plumbing apart."""
+        """What the CLI prints: the matrix ops first, then the other float ops, plumbing apart;
+        each count names the dtype it counts, and any op in another precision beside it."""
         s, t = self.summary(), self.target
         lines = [f"target {t} on {self.device.lower()}: {s['matrix_converted']}/{s['matrix_total']} "
-                 f"MatMul/Conv-family ops in low precision",
-                 f"other float ops: {s['float_ops_converted']}/{s['float_ops_total']} in low "
-                 f"precision; {s['plumbing']} nodes without a float type (variables, shapes, "
-                 "control) are plumbing",
+                 f"MatMul/Conv-family ops in {t}" + _besides(s["matrix_by_dtype"], t),
+                 f"other float ops: {s['float_ops_converted']}/{s['float_ops_total']} in {t}"
+                 + _besides(s["float_ops_by_dtype"], t) + f"; {s['plumbing']} nodes without "
+                 "a float type (variables, shapes, control) are plumbing",
                  f"casts added: {s['casts_added']}"
                  + (f", original casts removed: {s['casts_removed']}" if s["casts_removed"] else "")
                  + (f", Consts stored in {t}: {s['consts_converted']}" if s["consts_converted"] else "")]
@@ -169,6 +187,9 @@ class Report:
             shown = ", ".join(functions[:4]) + (f" and {len(functions) - 4} more" if len(functions) > 4 else "")
             lines.append(f"functions painted: {len(functions)} ({shown}); explain takes their "
                          "nodes as function/node, or without the function where unique")
+        if self.saver_functions:
+            lines.append(f"saver functions: {s['saver_functions']} ({s['saver_nodes']} nodes), not "
+                         "counted above: they only save and restore the variables")
         if self.env:
             lines.append("grappler variables honoured: " + ", ".join(self.env))
         for key, value in self.extra.items():
@@ -187,6 +208,96 @@ class Report:
         if node.via:
             text += "\n  " + _via(self, node)
         return text
+
+
+def computes_in(node: NodeReport) -> str:
+    """The dtype the summary counts ``node`` in: its precision, except that a node holding
+    float32 and one 16-bit dtype (a Cast to it) counts in that 16-bit dtype; ``mixed`` is left
+    for a node holding both 16-bit dtypes."""
+    if node.precision != "mixed":
+        return node.precision
+    low = {_ATTR_LOWP[d] for d in node.attrs.values() if d in _ATTR_LOWP}
+    return low.pop() if len(low) == 1 else "mixed"
+
+
+def _by_dtype(nodes: list[NodeReport]) -> dict[str, int]:
+    return dict(sorted(Counter(computes_in(n) for n in nodes).items()))
+
+
+def _besides(by_dtype: dict[str, int], target: str) -> str:
+    """``"; 3 in float16"``: the ops of a count in the other 16-bit dtype or in both, if any."""
+    others = [f"{n} {'in both 16-bit dtypes' if d == 'mixed' else 'in ' + d}"
+              for d, n in by_dtype.items() if d not in ("float32", "none", target)]
+    return "; " + ", ".join(others) if others else ""
+
+
+_KERAS_SUFFIX = re.compile(r"_\d+$")
+_TENSOR_SUFFIX = re.compile(r":\d+$")
+
+
+def _key(parts) -> tuple[str, ...]:
+    # Keras numbers the scopes of a traced model (tiny_1/predictions_1) but not its layers
+    return tuple(_KERAS_SUFFIX.sub("", p) for p in parts)
+
+
+def near_names(name: str, names: list[str], scopes=(), most: int = 5) -> tuple[list[str], int]:
+    """The node names nearest ``name`` (at most ``most``, shortest first) and how many more
+    there were, for a name that is no node's.
+
+    A user types the layer path Keras showed (``predictions/Softmax``, ``tiny/predictions``);
+    the graph holds it under a prefix (``StatefulPartitionedCall/tiny_1/predictions_1/Softmax``
+    in a frozen TF2 graph, ``__inference_serving_default_90/...`` in a SavedModel's functions),
+    with Keras's ``_1`` scope suffixes. So path components are matched before spelling, the
+    first kind that finds any wins: names ending in the typed path; ending in it with the
+    ``_N`` suffixes ignored; sharing its last components with them ignored, the most first
+    and at least two (a prefix in the typed name that the graph lacks); holding it as consecutive
+    components anywhere (a layer named without its op). Only when none of these finds a name,
+    the closest spellings of as many trailing components, of the name inside its function or
+    MetaGraph, and of the whole name."""
+    parts = tuple(p for p in _TENSOR_SUFFIX.sub("", name).split("/") if p)
+    if not parts:
+        return [], 0
+    split = {n: tuple(n.split("/")) for n in names}
+    keyed = {n: _key(s) for n, s in split.items()}
+    want, k = _key(parts), len(parts)
+    shared = max(1, min(2, k))
+    kinds = [lambda n: split[n][-k:] == parts, lambda n: keyed[n][-k:] == want]
+    kinds += [lambda n, j=j: keyed[n][-j:] == want[-j:] for j in range(k - 1, shared - 1, -1)]
+    kinds.append(lambda n: any(keyed[n][i:i + k] == want for i in range(len(keyed[n]) - k + 1)))
+    for matches in kinds:
+        found = [n for n in names if matches(n)]
+        if found:
+            found.sort(key=lambda n: (len(split[n]), n))
+            return found[:most], max(0, len(found) - most)
+    return _spelled_like(name, parts, names, split, scopes, most), 0
+
+
+def did_you_mean(name: str, names: list[str], scopes=()) -> str:
+    """``; did you mean 'a', 'b' or 'c'?`` (one line) for the nodes :func:`near_names` finds
+    for ``name`` among ``names``, else nothing."""
+    close, more = near_names(name, names, scopes)
+    if not close:
+        return ""
+    shown = [repr(c) for c in close]
+    listed = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+    return f"; did you mean {listed}" + (f" ({more} more match)" if more else "") + "?"
+
+
+def _spelled_like(name, parts, names, split, scopes, most) -> list[str]:
+    """The names whose last components, own name inside a scope, or whole name are spelt
+    nearest ``name`` (difflib's ratio, at least 0.6)."""
+    by_text: dict[str, list[str]] = {}
+    tail = len(parts)
+    for n in names:
+        by_text.setdefault("/".join(split[n][-tail:]), []).append(n)
+        for scope in scopes:
+            if n.startswith(scope + "/"):
+                by_text.setdefault(n[len(scope) + 1:], []).append(n)
+        by_text.setdefault(n, []).append(n)
+    found: list[str] = []
+    for text in difflib.get_close_matches("/".join(parts), list(by_text), n=most, cutoff=0.6):
+        found.extend(n for n in sorted(by_text[text], key=len) if n not in found)
+    return found[:most]
 
 
 def _via(report: Report, node: NodeReport) -> str:

@@ -17,6 +17,7 @@ from ..core.errors import InputError
 from ..core.ir import Node
 from ..core.ops import MATRIX_OPS, VARIABLE_OPS
 from ..io.load import load
+from ..schema.functiondef import saver_functions
 from .decisions import precision_of
 
 PRECISIONS = ("float32", "float16", "bfloat16", "mixed", "none")
@@ -58,13 +59,16 @@ def _read_report(path) -> dict:
 
 def graph_precision(path) -> list[dict]:
     """Each node of a converted model with the precision its dtypes show (no reasons): the
-    graph's nodes and those of every function in its library (``function/node``), for every
-    MetaGraph of a SavedModel (the second and later as ``[tags]/...``)."""
+    graph's nodes and those of every function in its library (``function/node``) but the
+    functions only a SavedModel's saver runs, for every MetaGraph of a SavedModel (the second
+    and later as ``[tags]/...``)."""
     out = []
     for i, meta in enumerate(load(path).meta_graphs):
         scope = "" if i == 0 else "[" + ",".join(meta.meta_info_def.tags) + "]/"
+        saver = set(saver_functions(meta))
         bodies = [("", meta.graph_def.node)] + [(f.signature.name + "/", f.node_def)
-                                                for f in meta.graph_def.library.function]
+                                                for f in meta.graph_def.library.function
+                                                if f.signature.name not in saver]
         for prefix, nodes in bodies:
             out.extend({"name": scope + prefix + nd.name, "op": nd.op,
                         "precision": precision_of(Node(nd))} for nd in nodes)
@@ -77,7 +81,7 @@ def render(title: str, *, report: dict | None = None, precision: list[dict] | No
            verify: dict | None = None, bench: dict | None = None) -> str:
     """The whole page. ``report`` (a convert report dict) or ``precision`` (nodes with their
     precision) gives the graph sections; ``verify`` and ``bench`` add their results."""
-    nodes = report["nodes"] if report else (precision or [])
+    nodes = _counted(report) if report else (precision or [])
     parts = [f"<h1>{escape(title)}</h1>"]
     if report:
         parts.append(_summary(report))
@@ -108,13 +112,23 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _counted(report: dict) -> list[dict]:
+    """The report's nodes the page counts: those of the saver's functions left out, as in the
+    summary (a report written before they were named has none)."""
+    prefixes = tuple(f"{scope}/" for scope in report.get("saver_functions", []))
+    return [n for n in report["nodes"] if not (prefixes and n["name"].startswith(prefixes))]
+
+
 def _summary(report: dict) -> str:
-    s = report["summary"]
-    rows = [("MatMul/Conv-family ops in low precision", f"{s['matrix_converted']} of {s['matrix_total']}"),
-            ("other float ops in low precision", f"{s['float_ops_converted']} of {s['float_ops_total']}"),
+    s, target = report["summary"], report["target"]
+    rows = [(f"MatMul/Conv-family ops in {target}", f"{s['matrix_converted']} of {s['matrix_total']}"),
+            *_other_dtypes("MatMul/Conv-family ops", s.get("matrix_by_dtype", {}), target),
+            (f"other float ops in {target}", f"{s['float_ops_converted']} of {s['float_ops_total']}"),
+            *_other_dtypes("other float ops", s.get("float_ops_by_dtype", {}), target),
             ("plumbing (no float type: variables, shapes, control)", s["plumbing"]),
             ("target", report["target"]), ("device", report["device"]), ("level", report["level"]),
             ("functions painted", s["functions"]),
+            ("saver functions (not counted)", s.get("saver_functions", 0)),
             ("casts added", s["casts_added"]), ("original casts removed", s["casts_removed"]),
             (f"Consts stored in {report['target']}", s["consts_converted"]),
             ("rule files", ", ".join(report.get("rules", [])) or "defaults")]
@@ -122,6 +136,12 @@ def _summary(report: dict) -> str:
     rows += [(key, value["summary"]) for key, value in report.items()
              if isinstance(value, dict) and "summary" in value and key != "summary"]
     return "<h2>Summary</h2>" + _table(("what", "value"), rows, "summary")
+
+
+def _other_dtypes(what: str, by_dtype: dict, target: str) -> list[tuple[str, int]]:
+    """Rows for the ops of a count in a 16-bit dtype other than the target, or in both."""
+    return [(f"{what} in {'both 16-bit dtypes' if d == 'mixed' else d}", n)
+            for d, n in by_dtype.items() if d not in ("float32", "none", target)]
 
 
 def _by_op_type(nodes: list[dict]) -> str:
@@ -170,7 +190,7 @@ def _chart(ops, counts, present) -> str:
 
 def _kept(report: dict) -> str:
     rows = [(n["name"], n["op"], n["code"], n["reason"], ", ".join(n.get("via", [])))
-            for n in report["nodes"] if n["precision"] == "float32" and n["op"] not in VARIABLE_OPS]
+            for n in _counted(report) if n["precision"] == "float32" and n["op"] not in VARIABLE_OPS]
     if not rows:
         return "<h2>Nodes kept float32</h2><p>none</p>"
     return (f"<h2>Nodes kept float32 ({len(rows)})</h2>"

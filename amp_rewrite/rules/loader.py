@@ -21,7 +21,7 @@ Rule sets are data. The defaults live in ``rules/float16.toml`` and ``rules/bflo
 Files given with ``--rules`` stack in order. Grappler's environment variables
 (``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``) are applied last, so users of grappler keep
 their settings. Every op name is checked against TensorFlow's registry; a bad file is a
-:class:`RuleError` naming the file and line.
+:class:`RuleError` naming the file and the line of the bad key or value, and quoting it.
 """
 
 from __future__ import annotations
@@ -118,16 +118,76 @@ def builtin_rules_dir() -> Path:
     return Path(str(importlib.resources.files("amp_rewrite.rules.defaults")))
 
 
-def _line_of(text: str, needle: str, section: str | None = None) -> int:
-    """The first line holding ``needle`` (after the ``[section]`` header when one is given)."""
-    lines = text.splitlines()
-    start = 0
-    if section is not None:
-        start = next((i for i, line in enumerate(lines) if line.strip() == f"[{section}]"), 0)
-    for i, line in enumerate(lines[start:], start + 1):
-        if needle in line:
-            return i
-    return 1
+# a TOML table header ([name] or [[name]]) and a key's first line (bare or quoted key)
+_HEADER = re.compile(r'^\s*(\[\[?)\s*("?)([^\]"]+)\2\s*\]\]?\s*(#.*)?$')
+_KEY = re.compile(r'^\s*(["\']?)([A-Za-z0-9_.-]+)\1\s*=')
+
+
+def _key_line(text: str, key: str, table: str | None = None, index: int = 0) -> int | None:
+    """The line (1-based) where ``key`` is set in ``[table]`` (its ``index``-th occurrence for
+    ``[[table]]``; ``table`` None: the top level), or None. tomllib gives no positions, so the
+    text is scanned: headers switch tables, ``key =`` (or ``key.sub =``) starts a key."""
+    current: tuple[str, int] | None = None
+    seen: dict[str, int] = {}
+    wanted = None if table is None else (table, index)
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        if header:
+            name = header.group(3).strip()
+            seen[name] = seen.get(name, -1) + 1 if header.group(1) == "[[" else 0
+            current = (name, seen[name])
+            continue
+        found = _KEY.match(line)
+        if found and current == wanted and found.group(2).split(".")[0] == key:
+            return number
+    return None
+
+
+def _header_line(text: str, table: str, index: int = 0) -> int | None:
+    """The line of the ``index``-th ``[table]`` or ``[[table]]`` header, or None."""
+    count = -1
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        if header and header.group(3).strip() == table:
+            count += 1
+            if count == index:
+                return number
+    return None
+
+
+def _line_after(text: str, start: int, *needles: str) -> int:
+    """The first line from ``start`` on holding one of ``needles`` (an op in a list written
+    over several lines), else ``start``."""
+    for number, line in enumerate(text.splitlines()[start - 1:], start):
+        if any(needle in line for needle in needles):
+            return number
+    return start
+
+
+def _shown(value, most: int = 60) -> str:
+    """A value as an error quotes it, cut at ``most`` characters: strings as the other
+    messages quote names (``'keep_f32'``), the rest as TOML writes them (``true``, ``[1, 2]``,
+    ``{ a = 1 }``, ``1979-05-27``)."""
+    if isinstance(value, str):
+        text = repr(value)
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, list):
+        text = "[" + ", ".join(_shown(v, most) for v in value) + "]"
+    elif isinstance(value, dict):
+        text = "{ " + ", ".join(f"{k} = {_shown(v, most)}" for k, v in value.items()) + " }" \
+            if value else "{}"
+    elif hasattr(value, "isoformat"):
+        text = value.isoformat()
+    else:
+        text = str(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def _toml_error_line(exc: tomllib.TOMLDecodeError) -> int | None:
+    # Python 3.11's TOMLDecodeError carries the position only in its message
+    found = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+    return int(found.group(1)) if found else None
 
 
 def _suggest(op: str) -> str:
@@ -141,14 +201,27 @@ def _suggest(op: str) -> str:
 
 @dataclass(frozen=True)
 class _Source:
-    """A rule file being read: errors name its path and the line of what they are about."""
+    """A rule file being read: every error names its path and the line of what it is about."""
 
     path: Path
     text: str
 
-    def fail(self, message: str, needle: str | None = None, section: str | None = None) -> RuleError:
-        line = _line_of(self.text, needle, section) if needle else 1
-        return RuleError(f"{self.path}:{line}: {message}")
+    def line(self, key: str | None = None, table: str | None = None, index: int = 0) -> int:
+        """The line where ``key`` is set in ``table`` (see :func:`_key_line`); else the
+        table's header; else where the table is set as a key of the top level (``allow =
+        "x"``, ``override = [...]``, or an unknown key); else 1."""
+        for found in (_key_line(self.text, key, table, index) if key else None,
+                      _header_line(self.text, table, index) if table else None,
+                      _key_line(self.text, table) if table else None):
+            if found is not None:
+                return found
+        return 1
+
+    def fail(self, message: str, key: str | None = None, table: str | None = None,
+             index: int = 0, line: int | None = None) -> RuleError:
+        """A :class:`RuleError` for ``message`` at ``line``, or at ``key`` of ``table``."""
+        where = self.line(key, table, index) if line is None else line
+        return RuleError(f"{self.path}:{where}: {message}")
 
 
 class _Loader:
@@ -171,11 +244,12 @@ class _Loader:
         src, data = _read(Path(path), stack)
         for key in data:
             if key not in _TOP_KEYS:
-                raise src.fail(f"unknown key {key!r} (known: {', '.join(sorted(_TOP_KEYS))})", key)
+                raise src.fail(f"unknown key {key!r}{_close(key, _TOP_KEYS)} (known: "
+                               f"{', '.join(sorted(_TOP_KEYS))})", table=key)
         target = data.get("target")
         if target is not None and target != self.target:
-            raise src.fail(f"this rule file is for target {target!r}, but the conversion targets "
-                           f"{self.target!r}", "target")
+            raise src.fail(f"this rule file is for target {_shown(target)}, but the conversion "
+                           f"targets {self.target!r}", "target")
         rules = self._start(src, data, base, stack + (src.path.resolve(),))
         rules.sources.append(str(src.path))
         self._lists(src, data, rules)
@@ -194,7 +268,8 @@ class _Loader:
                                        node_rules=list(base.node_rules), sources=list(base.sources))
         ext = data["extends"]
         if not isinstance(ext, str):
-            raise src.fail("'extends' must be a string: a built-in name or a path", "extends")
+            raise src.fail(f"extends = {_shown(ext)}: must be a string, a built-in name "
+                           f"({', '.join(TARGETS)}) or a path", "extends")
         if ext in TARGETS:
             if ext != self.target:
                 raise src.fail(f"extends {ext!r}, but the conversion targets {self.target!r}",
@@ -215,10 +290,13 @@ class _Loader:
             if section is None:
                 continue
             if not isinstance(section, dict):
-                raise src.fail(f"[{list_name}] must be a table with ops / add / remove", list_name)
+                raise src.fail(f"{list_name} = {_shown(section)}: [{list_name}] must be a "
+                               "table with ops / add / remove", list_name)
             for key in section:
                 if key not in ("ops", "add", "remove"):
-                    raise src.fail(f"unknown key {key!r} in [{list_name}] (use ops, add, remove)", key)
+                    raise src.fail(f"unknown key {key!r} in [{list_name}]"
+                                   f"{_close(key, ('ops', 'add', 'remove'))} (use ops, add, remove)",
+                                   key, list_name)
             for key in ("ops", "add", "remove"):
                 self._check_ops(src, list_name, key, section.get(key, []), seen)
             current = set(rules.lists[list_name])
@@ -234,15 +312,17 @@ class _Loader:
 
     def _check_ops(self, src: _Source, list_name: str, key: str, ops, seen: dict[str, str]) -> None:
         if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
-            raise src.fail(f"[{list_name}] {key} must be a list of op names", key, list_name)
+            raise src.fail(f"[{list_name}] {key} = {_shown(ops)}: must be a list of op names "
+                           "(strings)", key, list_name)
+        start = src.line(key, list_name)
         for op in ops:
+            at = _line_after(src.text, start, f'"{op}"', f"'{op}'")
             if op not in self.known:
                 raise src.fail(f"[{list_name}] {key}: TensorFlow has no op {op!r}{_suggest(op)}",
-                               f'"{op}"', list_name)
+                               line=at)
             if key != "remove":
                 if op in seen and seen[op] != list_name:
-                    raise src.fail(f"op {op!r} is in both [{seen[op]}] and [{list_name}]",
-                                   f'"{op}"', list_name)
+                    raise src.fail(f"op {op!r} is in both [{seen[op]}] and [{list_name}]", line=at)
                 seen[op] = list_name
 
 
@@ -258,14 +338,18 @@ def _read(path: Path, stack: tuple[Path, ...]) -> tuple[_Source, dict]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise RuleError(f"{path}: not valid TOML: {exc}") from None
+        line = _toml_error_line(exc)
+        lines = text.splitlines()
+        quoted = f": {lines[line - 1].strip()[:80]!r}" if line and line <= len(lines) else ""
+        raise RuleError(f"{path}:{line or 1}: not valid TOML: {exc}{quoted}") from None
     return _Source(path, text), data
 
 
 def _level(src: _Source, data: dict, rules: RuleSet) -> None:
     if "level" in data:
         if data["level"] not in LEVELS:
-            raise src.fail(f"unknown level {data['level']!r} (known: {', '.join(LEVELS)})", "level")
+            raise src.fail(f"unknown level {_shown(data['level'])}"
+                           f"{_close(data['level'], LEVELS)} (known: {', '.join(LEVELS)})", "level")
         rules.level = data["level"]
 
 
@@ -274,11 +358,14 @@ def _painting(src: _Source, data: dict, rules: RuleSet) -> None:
     grappler pass does for this target, see :func:`grappler_default`)."""
     painting = data.get("painting", {})
     if not isinstance(painting, dict):
-        raise src.fail("[painting] must be a table", "painting")
+        raise src.fail(f"painting = {_shown(painting)}: [painting] must be a table", "painting")
     for key, value in painting.items():
-        if key not in _PAINTING_KEYS or not (isinstance(value, bool) or value == "tensorflow"):
-            raise src.fail(f"[painting] {key} is not a known setting (true, false or "
-                           "\"tensorflow\")", key)
+        if key not in _PAINTING_KEYS:
+            raise src.fail(f"unknown key {key!r} in [painting]{_close(key, _PAINTING_KEYS)} "
+                           f"(known: {', '.join(sorted(_PAINTING_KEYS))})", key, "painting")
+        if not (isinstance(value, bool) or value == "tensorflow"):
+            raise src.fail(f"[painting] {key} = {_shown(value)}: must be true, false or "
+                           "\"tensorflow\"", key, "painting")
         setattr(rules, key, grappler_default(key, rules.target) if value == "tensorflow" else value)
 
 
@@ -297,44 +384,61 @@ def grappler_default(key: str, target: str) -> bool:
 
 
 def _overrides(src: _Source, data: dict) -> list[NodeRule]:
-    """The ``[[override]]`` tables: each a glob or a regex (a string) and an action."""
+    """The ``[[override]]`` tables: each a glob or a regex (a string) and an action. An error
+    quotes the bad value and points at its line (the table's header for what is missing)."""
     overrides = data.get("override", [])
     if not isinstance(overrides, list):
-        raise src.fail("use [[override]] tables for node overrides", "override")
+        raise src.fail(f"override = {_shown(overrides)}: use [[override]] tables for node "
+                       "overrides", table="override")
     out = []
     for i, item in enumerate(overrides):
         if not isinstance(item, dict):
             # override = ["head/*"]: a list of strings, not of tables
-            raise src.fail("each override is a table: write [[override]] with glob or regex, "
-                           "and action", "override")
-        where = f"{src.path}:{_occurrence_line(src.text, '[[override]]', i)}"
-        if set(item) - {"glob", "regex", "action"}:
-            needle = f"{item.get('glob') or item.get('regex') or 'override'}"
-            raise src.fail("an [[override]] takes glob or regex, and action", needle)
-        if ("glob" in item) == ("regex" in item):
-            raise RuleError(f"{where}: an [[override]] needs exactly one of glob or regex")
-        pattern = item.get("glob", item.get("regex"))
-        if not isinstance(pattern, str):
-            raise RuleError(f"{where}: an override's glob or regex must be a string")
-        if item.get("action") not in ACTIONS:
-            raise RuleError(f"{where}: override action must be one of {', '.join(ACTIONS)}")
-        if "regex" in item:
-            try:
-                re.compile(item["regex"])
-            except re.error as exc:
-                raise RuleError(f"{where}: bad regex {item['regex']!r}: {exc}") from None
-        out.append(NodeRule(item["action"], item.get("glob"), item.get("regex"), where))
+            raise src.fail(f"override = {_shown(overrides)}: each override is a table: write "
+                           "[[override]] with glob or regex, and action", table="override")
+        out.append(_override(src, item, i))
     return out
 
 
-def _occurrence_line(text: str, needle: str, index: int) -> int:
-    count = -1
-    for i, line in enumerate(text.splitlines(), 1):
-        if line.strip().startswith(needle):
-            count += 1
-            if count == index:
-                return i
-    return 1
+def _override(src: _Source, item: dict, i: int) -> NodeRule:
+    """The ``i``-th ``[[override]]`` table, checked."""
+    def fail(message: str, key: str | None = None) -> RuleError:
+        return src.fail(message, key, "override", i)
+
+    for key in item:
+        if key not in ("glob", "regex", "action"):
+            raise fail(f"unknown key {key!r} in [[override]]"
+                       f"{_close(key, ('glob', 'regex', 'action'))} (use glob or regex, and "
+                       "action)", key)
+    if "glob" in item and "regex" in item:
+        raise fail(f"an [[override]] needs exactly one of glob or regex, not both (glob = "
+                   f"{_shown(item['glob'])}, regex = {_shown(item['regex'])})", "regex")
+    if "glob" not in item and "regex" not in item:
+        raise fail("an [[override]] needs exactly one of glob or regex (the node names it "
+                   "matches)")
+    kind = "glob" if "glob" in item else "regex"
+    if not isinstance(item[kind], str):
+        raise fail(f"{kind} = {_shown(item[kind])}: an override's {kind} must be a string", kind)
+    if "action" not in item:
+        raise fail(f"an [[override]] needs an action ({' or '.join(ACTIONS)})")
+    action = item["action"]
+    if action not in ACTIONS:
+        raise fail(f"action = {_shown(action)}: override action must be one of "
+                   f"{', '.join(ACTIONS)}" + (_close(action, ACTIONS) if isinstance(action, str)
+                                              else ""), "action")
+    if kind == "regex":
+        try:
+            re.compile(item["regex"])
+        except re.error as exc:
+            raise fail(f"bad regex {_shown(item['regex'])}: {exc}", "regex") from None
+    return NodeRule(action, item.get("glob"), item.get("regex"),
+                    f"{src.path}:{src.line(table='override', index=i)}")
+
+
+def _close(value: str, known) -> str:
+    """``; did you mean 'x'?`` for the known name nearest a misspelt one, else nothing."""
+    close = difflib.get_close_matches(str(value), sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _apply_env(rules: RuleSet, env: Mapping[str, str], known: set[str]) -> None:

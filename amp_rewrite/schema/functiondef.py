@@ -12,6 +12,7 @@ and sentinels are the body's interface, a body is painted with float32 arguments
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2
@@ -79,6 +80,40 @@ def reachable(nodes, library: function_pb2.FunctionDefLibrary, extra_roots=()) -
         for nd in by_name[name].node_def:
             stack.extend(reversed(called_functions(nd, names)))
     return order
+
+
+# what tf.saved_model.save names the functions behind its saver: the fallback when the
+# MetaGraph's saver_def names no node that calls them
+_SAVER_FUNCTION = re.compile(r"__inference__traced_(save|restore)_\d+$")
+
+
+def saver_functions(meta_graph) -> list[str]:
+    """The library functions only a SavedModel's saver reaches (``__inference__traced_save_N``,
+    ``__inference__traced_restore_N`` and what they call), in reach order.
+
+    The saver's nodes are those the MetaGraph's ``saver_def`` names (the save tensor's node and
+    the restore op), or, when it names none that exists, the graph nodes that call a function
+    named as ``tf.saved_model.save`` names the saver's. A function also reached from another
+    graph node or from a concrete function the object graph restores is not the saver's: it
+    runs when the model runs. Empty for a graph whose saver is made of graph nodes (TF1)."""
+    graph_def = meta_graph.graph_def
+    library = graph_def.library
+    if not library.function:
+        return []
+    saver = meta_graph.saver_def
+    named = {ref.split(":")[0].lstrip("^") for ref in (saver.save_tensor_name,
+                                                       saver.restore_op_name) if ref}
+    functions = {f.signature.name for f in library.function}
+    ends = [nd for nd in graph_def.node if nd.name in named and called_functions(nd, functions)]
+    if not ends:
+        ends = [nd for nd in graph_def.node
+                if any(_SAVER_FUNCTION.match(f) for f in called_functions(nd, functions))]
+    if not ends:
+        return []
+    mine = {nd.name for nd in ends}
+    elsewhere = set(reachable([nd for nd in graph_def.node if nd.name not in mine], library,
+                              meta_graph.object_graph_def.concrete_functions))
+    return [f for f in reachable(ends, library) if f not in elsewhere]
 
 
 # ----------------------------------------------------------------- FunctionDef <-> IR

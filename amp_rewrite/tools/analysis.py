@@ -20,7 +20,7 @@
   branches, and everything after a variable write (fetching it would train);
 * the ops that only set variables up (:attr:`~Analysis.setup`): initializers, the saver, and
   whatever feeds those alone; the initializers a run needs once, after the variables
-  (:attr:`~Analysis.initializers`: lookup tables' and initializable iterators');
+  (:attr:`~Analysis.initializers`: initializable iterators');
 * the training parts: the gradients the converter finds, the tensors a loss-scaled graph holds
   scaled, the unscaled gradient of each scaled one;
 * the tensors a trace compares, in the order TensorFlow imports the graph (the IR's
@@ -49,7 +49,6 @@ from ..core.ops import (
     NOT_OUTPUTS,
     SAVER_OPS,
     SWITCH_OPS,
-    TABLE_INIT_OPS,
     VARIABLE_CREATORS,
     is_variable_write,
 )
@@ -234,22 +233,13 @@ class Analysis:
 
     @functools.cached_property
     def initializers(self) -> list[str]:
-        """The ops a run needs once, after the variables and before the first batch, found
-        by their op: those that fill lookup tables (and, in a MetaGraph, the
-        ``table_initializer`` collection; not a saver's restore), then those that start
-        initializable iterators (``MakeIterator``, an iterator's ``initializer``): tables
-        first, as a dataset may look one up; each group in graph order. None that a fetch
-        cannot reach."""
-        g, meta = self.graph, self.model.meta_graph
-        listed = set()
-        if meta is not None and "table_initializer" in meta.collection_def:
-            listed = {n.split(":")[0].lstrip("^")
-                      for n in meta.collection_def["table_initializer"].node_list.value}
-        saver = g.descendants([n.name for n in g.nodes() if n.op in SAVER_OPS], control=True)
-        tables = [n for n in self.names if n in listed or (
-            g.node(n).op in TABLE_INIT_OPS and n not in saver)]
-        iterators = [n for n in self.names if g.node(n).op in ITERATOR_INIT_OPS]
-        return [n for n in dict.fromkeys(tables + iterators) if n not in self.hidden]
+        """The ops that start initializable iterators (``MakeIterator``, what an iterator's
+        ``initializer`` runs), found by their op, in graph order, none that a fetch cannot
+        reach: a run needs them once, after the variables and the lookup tables (which the
+        runner fills as it sets the variables up; a dataset may look one up), before the
+        first batch."""
+        return [n for n in self.names
+                if self.graph.node(n).op in ITERATOR_INIT_OPS and n not in self.hidden]
 
     def init_ops(self, named: Sequence[str] = ()) -> list[str]:
         """:attr:`initializers`, then the ops ``named`` (``--init-op``), each once. A name

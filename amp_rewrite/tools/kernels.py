@@ -41,14 +41,7 @@ from ..core import hardware
 from ..core.errors import AmpRewriteError, InputError
 from ..io.load import load
 from .analysis import Analysis
-from .runner import (
-    GraphRunner,
-    concrete_shape,
-    load_inputs,
-    open_model,
-    parse_shapes,
-    random_inputs,
-)
+from .runner import GraphRunner, fill_iterator_inputs, input_feeds, open_model, parse_shapes
 
 log = logging.getLogger(__name__)
 
@@ -201,11 +194,15 @@ def onednn_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = 
         cmd += ["--inputs", str(inputs)]
     if signature:
         cmd += ["--signature", signature]
-    env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    # TensorFlow's log level is ours (the CLI's: quiet unless -v); the child's stderr is
+    # read for its failure report, and shown with -v, where it holds TensorFlow's log
+    env = dict(os.environ, ONEDNN_VERBOSE="1")
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise InputError(f"{path}: one run took over {_CHILD_TIMEOUT} s") from None
+    if proc.stderr.strip():
+        log.debug("the kernels run's stderr:\n%s", proc.stderr.rstrip())
     if proc.returncode != 0:
         raise _child_failure(path, proc.returncode, proc.stderr)
     out = proc.stdout
@@ -294,8 +291,8 @@ def _run_child(argv: Sequence[str]) -> int:
     libc = ctypes.CDLL(None)
     os.write(1, f"{_ONEDNN}{int(hardware.onednn_enabled())}\n".encode())
     with open_model(args.model, signature=args.signature) as runner:
-        feeds = (load_inputs(args.inputs, runner.inputs) if args.inputs else
-                 random_inputs(runner.inputs, parse_shapes(args.shape)))
+        (feeds,) = fill_iterator_inputs(
+            runner, input_feeds(runner.inputs, args.inputs, 1, parse_shapes(args.shape)))
         call = runner.callable()
         call(feeds)
         for marker in (_BEGIN, None, _END):
@@ -320,7 +317,7 @@ def gpu_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = Non
     if not isinstance(runner, GraphRunner):
         raise InputError(f"{path}: the GPU kernel trace needs a graph file (GraphDef or MetaGraph)")
     with runner:
-        feeds = load_inputs(inputs, runner.inputs) if inputs else random_inputs(runner.inputs, shapes)
+        (feeds,) = fill_iterator_inputs(runner, input_feeds(runner.inputs, inputs, 1, shapes))
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         metadata = tf.compat.v1.RunMetadata()
         feed_dict = {s.tensor: feeds[s.name] for s in runner.inputs}
@@ -348,15 +345,18 @@ def classify_gpu_kernels(step_stats) -> list[Kernel]:
 _CHANNEL_FILTER_OPS = {"Conv2D": 1, "Conv3D": 1, "DepthwiseConv2dNative": 1, "Conv2DBackpropInput": 1}
 
 
-def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | None = None) -> list[dict]:
-    """float16 MatMul/Conv nodes with a dimension that is not a multiple of 8, by node.
+def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | None = None,
+                    inputs: str | None = None) -> list[dict]:
+    """float16 MatMul/Conv nodes with a dimension that is not a multiple of 8, by node, on the
+    inputs the run was given (the ``.npz`` file's arrays, else ``--shape``).
 
     Checked: a MatMul's K and N (its M is the batch, decided at run time), a batched matmul's
     K and N, and a convolution's input and output channels.
     """
     model = load(path)
     with GraphRunner(Analysis(model, signature)) as runner:
-        fixed = {s.tensor.split(":")[0]: concrete_shape(s, shapes or {}) for s in runner.inputs}
+        (feeds,) = fill_iterator_inputs(runner, input_feeds(runner.inputs, inputs, 1, shapes))
+        fixed = {s.tensor.split(":")[0]: feeds[s.name].shape for s in runner.inputs}
     for node in model.graph_def.node:
         if node.op == "Placeholder" and node.name in fixed:
             node.attr["shape"].shape.Clear()
@@ -366,7 +366,7 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
     with GraphRunner(Analysis(model, signature)) as runner:
         ops = [op for op in runner.graph.get_operations()
                if "T" in op.node_def.attr and op.get_attr("T") == _half() and _is_matrix(op)]
-        sampled = _sample_shapes(runner, ops, shapes)
+        sampled = _sample_shapes(runner, ops, feeds)
         for op in ops:
             dims = _matrix_dims(op, lambda t: sampled.get(t.name, _static(t)))
             if dims is None:
@@ -378,13 +378,14 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
     return found
 
 
-def _sample_shapes(runner: GraphRunner, ops, shapes) -> dict[str, list[int]]:
-    """Shapes of matrix-op inputs that shape inference left open, from one run (where fetchable)."""
+def _sample_shapes(runner: GraphRunner, ops, feeds) -> dict[str, list[int]]:
+    """Shapes of matrix-op inputs that shape inference left open, from one run on ``feeds``
+    (where fetchable)."""
     wanted = sorted({t.name for op in ops for t in op.inputs[:2] if not t.shape.is_fully_defined()}
                     & set(runner.analysis.fetchable()))
     if not wanted:
         return {}
-    values = runner.fetch(random_inputs(runner.inputs, shapes), wanted)
+    values = runner.fetch(feeds, wanted)
     return {name: list(v.shape) for name, v in zip(wanted, values)}
 
 
@@ -443,7 +444,8 @@ def kernel_report(path, *, device: str = "auto", shapes: Mapping | None = None,
     else:
         report = onednn_kernels(path, shapes=shapes, inputs=inputs, signature=signature)
     if not Path(path).is_dir():
-        report.misaligned = misaligned_dims(path, shapes=shapes, signature=signature)
+        report.misaligned = misaligned_dims(path, shapes=shapes, signature=signature,
+                                            inputs=inputs)
     return report
 
 

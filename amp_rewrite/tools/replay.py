@@ -15,11 +15,11 @@ import numpy as np
 from tensorflow.core.framework import graph_pb2
 
 from ..core.dtypes import FLOATING, VARIANT
-from ..core.errors import InputError
+from ..core.errors import InputError, ReplayError
 from ..core.ops import CALL_OPS, CASE_OPS, FUNCTIONAL_OPS, IF_OPS, WHILE_OPS, is_variable_write
 from ..io.load import Model
 from ..schema.functiondef import reachable
-from .traces import TensorInfo, Trace, run_errors, tensor_name
+from .traces import TensorInfo, Trace, tensor_name
 
 #: a function the conversion specialized for one call site (``f_amp1``) is ``f`` to verify
 _SPECIALIZED = re.compile(r"_amp\d+$")
@@ -51,8 +51,10 @@ class SignatureReplay:
         user = [by_tensor.get(tensor_name(i)) for i in data[:len(data) - len(captured)]]
         fdef = self.functions.defs.get(self.top)
         if fdef is None or None in user or len(fdef.signature.input_arg) != len(data):
-            raise InputError(f"{self.path}: signature {runner.key!r}: cannot match its call of "
-                             f"{self.top!r} to the signature's inputs; --per-node cannot run it")
+            # TensorFlow runs the signature: a call we cannot read is our replay's failure
+            raise ReplayError(f"{self.path}: signature {runner.key!r}: cannot match its call of "
+                              f"{self.top!r} to the signature's inputs, so our replay cannot "
+                              "run it")
         self.user_keys, self.captured = user, captured
         self.functions.refuse_writes(self.top)
         self.last_outputs: list[np.ndarray] = []
@@ -60,11 +62,13 @@ class SignatureReplay:
         self._output_ports = [int(sig.outputs[k].name.split(":")[1]) for k in self._output_keys]
 
     def run(self, feeds) -> Trace:
+        """The signature's function run body by body on ``feeds``; TensorFlow's errors pass
+        through (the caller ran the signature itself on them: see
+        :func:`~amp_rewrite.tools.traces.replay_errors`)."""
         import tensorflow as tf
         args = [tf.constant(feeds[k]) for k in self.user_keys] + self.captured
         trace = Trace({}, {})
-        with run_errors(self.path):
-            results = self.functions.run(self.top, args, trace)
+        results = self.functions.run(self.top, args, trace)
         self.last_outputs = [results[p].numpy() for p in self._output_ports]
         return trace
 
@@ -207,6 +211,34 @@ class FunctionReplay:
                 trace.info[name].sources |= set(found)
 
 
+_COLOCATION = b"loc:@"
+
+
+def drop_foreign_colocation(graph_def) -> None:
+    """Drop the ``_class`` colocation entries that name no node of ``graph_def``.
+
+    A function body keeps the colocation its ops had in the graph it was traced in: an
+    ``embedding_lookup`` (ResourceGather) is colocated with ``loc:@embedding_lookup/19``, the
+    variable's handle there, which the body receives as the argument ``embedding_lookup_19``.
+    TensorFlow's function runtime ignores such entries; importing the body as a graph
+    (``import_graph_def``) refuses every one whose node is missing. A replay runs on one
+    device, so dropping them changes nothing it computes; entries naming a node of the body
+    stay."""
+    names = {nd.name.encode() for nd in graph_def.node}
+    for nd in graph_def.node:
+        if "_class" not in nd.attr or not nd.attr["_class"].list.s:
+            continue
+        entries = list(nd.attr["_class"].list.s)
+        kept = [e for e in entries if not e.startswith(_COLOCATION) or e[len(_COLOCATION):] in names]
+        if len(kept) == len(entries):
+            continue
+        if kept:
+            del nd.attr["_class"].list.s[:]
+            nd.attr["_class"].list.s.extend(kept)
+        else:
+            del nd.attr["_class"]
+
+
 class Body:
     """One function body made runnable: a pruned function of its arguments that returns its
     results, every float tensor inside, and the inputs of each call op inside."""
@@ -222,6 +254,7 @@ class Body:
             tf.graph_util.import_graph_def(holder, name="")
             graph_def, flat = function_def_to_graph_def(renamed)
         graph_def.library.CopyFrom(library)
+        drop_foreign_colocation(graph_def)
 
         def _import():
             tf.graph_util.import_graph_def(graph_def, name="")

@@ -15,9 +15,9 @@ A graph fed by tf.data iterators takes their outputs as inputs too, named by ten
 own iterator yields (:func:`fill_iterator_inputs`: sample *i* is its *i*-th batch), fed to
 both models alike, so an original and its conversion compute on the same batch whatever
 their own iterators would give (a one-shot iterator starts again in every session). The
-graph's initializers (lookup tables', initializable iterators', and those named with
-``--init-op``) run once per session, before its first run, fed with the first sample's
-values of the inputs they read (a dataset built from a placeholder).
+initializable iterators' initializers, and the ops named with ``--init-op``, run once per
+session after the variables and the lookup tables, before its first run, fed with the first
+sample's values of the inputs they read (a dataset built from a placeholder).
 
 A runner never writes a variable, and it knows a graph only through its
 :class:`~amp_rewrite.tools.analysis.Analysis`: the copy it imports (the control edges that would
@@ -31,24 +31,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import functools
 import logging
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..core.dtypes import BOOL, FLOATING
 from ..core.errors import InputError
 from ..core.ir import copy_except
-from ..core.ops import CALL_OPS
+from ..core.ops import CALL_OPS, TABLE_INITIALIZERS
 from ..io.load import SAVED_MODEL_FILES, Model, load
 from ..transforms.emulate import emulate_float16
 from .analysis import UNSCALED_SUFFIX, Analysis, own_variables
 from .replay import SignatureReplay, serving_meta_graph
-from .traces import TensorInfo, Trace, reason, run_errors, tensor_name
+from .traces import TensorInfo, Trace, reason, replay_errors, run_errors, tensor_name
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +125,84 @@ def _shape_text(shape) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def match_inputs(names: Iterable[str], specs: Sequence[InputSpec], what: str) -> dict[str, InputSpec]:
+    """Each of ``names`` (the keys of an ``.npz`` file, the names of ``--shape``) with the input
+    it names: its name (a signature key, a placeholder), its tensor (``x:0``) or its tensor's
+    node. The one rule for input names: a name that names no input is an InputError (``what``
+    says whose name it is) listing the model's inputs, with the closest names; never ignored,
+    as a name mistyped would leave its input fed with made-up data."""
+    by_name: dict[str, InputSpec] = {}
+    for spec in specs:
+        for key in input_keys(spec):
+            by_name.setdefault(key, spec)
+    matched = {}
+    for name in names:
+        if name not in by_name:
+            close = difflib.get_close_matches(name, [s.name for s in specs], n=3, cutoff=0.5)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            listing = ", ".join(f"{s.name} ({_dtype_text(s.dtype)} {_shape_text(s.shape)})"
+                                for s in specs) or "none"
+            raise InputError(f"{what} {name!r} names no input of the model{hint}; its inputs: "
+                             f"{listing}")
+        matched[name] = by_name[name]
+    twice = _named_twice(matched)
+    if twice:
+        raise InputError(f"{what} {' and '.join(map(repr, twice[1]))} name the same input "
+                         f"{twice[0]!r}: give one")
+    return matched
+
+
+def _named_twice(matched: Mapping[str, InputSpec]):
+    seen: dict[str, list[str]] = {}
+    for name, spec in matched.items():
+        seen.setdefault(spec.name, []).append(name)
+    return next(((spec, names) for spec, names in seen.items() if len(names) > 1), None)
+
+
+def _dtype_text(dtype: int) -> str:
+    import tensorflow as tf
+    return tf.dtypes.as_dtype(dtype).name
+
+
+def input_shapes(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]] | None
+                 ) -> dict[str, tuple[int, ...]]:
+    """``--shape`` keyed by input name, each name checked by :func:`match_inputs`."""
+    return {spec.name: tuple(shapes[key])
+            for key, spec in match_inputs(shapes or {}, specs, "--shape").items()}
+
+
+def input_feeds(specs: Sequence[InputSpec], inputs: str | os.PathLike | None = None,
+                samples: int = 1, shapes: Mapping[str, tuple[int, ...]] | None = None,
+                seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Where ``--inputs`` and ``--shape`` become feeds, for every command that runs a model:
+    the ``.npz`` file's arrays once (:func:`load_inputs`), or ``samples`` random sets
+    (:func:`random_inputs`, seeds ``seed``, ``seed + 1`` ...). Every ``--shape`` name must name
+    an input, with or without ``--inputs``; with it, an array must have the shape given. An
+    iterator's output is never random: without an array it is left out, for
+    :func:`fill_iterator_inputs` (and a ``--shape`` cannot set its batches' shape)."""
+    shapes = input_shapes(specs, shapes)
+    feeds = load_inputs(inputs, specs) if inputs else None
+    made = [spec for spec in specs if not spec.iterator]
+    for name, given in shapes.items():
+        if name not in (feeds if inputs else {spec.name for spec in made}):
+            raise InputError(f"--shape {name}: its batches come from the model's iterator, "
+                             "in the dataset's shape; feed them from --inputs to choose")
+        if inputs and feeds[name].shape != given:
+            raise InputError(f"--shape {name}={','.join(map(str, given))}: {inputs} holds "
+                             f"{name} with shape {_shape_text(feeds[name].shape)}")
+    if inputs:
+        return [feeds]
+    fixed = {spec.name: concrete_shape(spec, shapes) for spec in made}  # warns once
+    return [random_inputs(made, fixed, seed + i) for i in range(samples)]
+
+
 def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]] | None = None,
                   seed: int = 0) -> dict[str, np.ndarray]:
-    """Random feeds, one per input: normal floats, small non-negative ints, random bools."""
+    """Random feeds, one per input: normal floats, small non-negative ints, random bools
+    (``shapes``: ``--shape``, checked by :func:`input_shapes`)."""
     import tensorflow as tf
     rng = np.random.default_rng(seed)
+    shapes = input_shapes(specs, shapes)
     feeds = {}
     for spec in specs:
         shape = concrete_shape(spec, shapes or {})
@@ -146,23 +222,39 @@ def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ..
 
 
 def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
-    """Feeds from an ``.npz`` file whose keys are input names (or tensor names); an
-    iterator's output it lacks is left for :func:`fill_iterator_inputs`."""
+    """Feeds from an ``.npz`` file whose keys are input names (or tensor names): one array for
+    every input, and every key names one (:func:`match_inputs`); an iterator's output it lacks
+    is left for :func:`fill_iterator_inputs`. Each input fed is logged with the shape of its
+    array."""
     try:
         data = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read as .npz: {exc}") from None
-    feeds = {}
+    if not isinstance(data, np.lib.npyio.NpzFile):   # a .npy file: one array, no names
+        raise InputError(f"{path}: not an .npz archive of arrays named by input (np.savez)")
+    with data:
+        matched = match_inputs(data.files, specs, f"{path}: array")
+        feeds = {spec.name: _array(data, key, path) for key, spec in matched.items()}
     for spec in specs:
-        for key in input_keys(spec):
-            if key in data.files:
-                feeds[spec.name] = data[key]
-                break
-        else:
+        if spec.name not in feeds:
             if spec.iterator:
                 continue
-            raise InputError(f"{path}: no array for input {spec.name!r} (keys: {', '.join(data.files)})")
-    return feeds
+            raise InputError(f"{path}: no array for input {spec.name!r} (keys: "
+                             f"{', '.join(data.files) or 'none'})")
+        log.info("input %s: %s %s from %s", spec.name, feeds[spec.name].dtype,
+                 _shape_text(feeds[spec.name].shape), path)
+    return {spec.name: feeds[spec.name] for spec in specs if spec.name in feeds}
+
+
+def _array(data, key: str, path) -> np.ndarray:
+    try:
+        return data[key]
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        if "allow_pickle" in str(exc):   # an object array (Python strings): never unpickled
+            raise InputError(f"{path}: array {key!r} holds Python objects, which are not read "
+                             "(no pickle); save strings as a NumPy string array, "
+                             "np.array(words, dtype=str)") from None
+        raise InputError(f"{path}: cannot read array {key!r}: {exc}") from None
 
 
 def fill_iterator_inputs(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]]
@@ -275,9 +367,9 @@ class GraphRunner(Runner):
     Variables (MetaGraphs) are restored from ``checkpoint`` when one is given, else run through
     their initializers (``initialize=False`` leaves that to :func:`share_weights`);
     :meth:`variable_values` / :meth:`load_variables` copy them between two runners so an
-    original and its conversion compute with the same weights. The graph's other initializers
-    (tables', iterators', ``init_ops`` named by the user: :meth:`Analysis.init_ops`) run once,
-    before the first run (:meth:`start`).
+    original and its conversion compute with the same weights; the lookup tables are filled
+    then too. The iterators' initializers, and ``init_ops`` named by the user
+    (:meth:`Analysis.init_ops`), run once, before the first run (:meth:`start`).
     """
 
     def __init__(self, analysis: Analysis, outputs: Sequence[str] = (),
@@ -296,6 +388,7 @@ class GraphRunner(Runner):
         #: the initializers to run (:meth:`start`), and those of them the user named
         self.init_ops, self.named_init_ops = analysis.init_ops(init_ops), tuple(init_ops)
         self._started, self._batches = False, 0
+        self._unfetched: dict[str, str] = {}    # what trace() could not fetch, and why
         self.inputs = [self._spec(name, tensor) for name, tensor in analysis.inputs]
         if not (outputs or analysis.outputs):
             raise InputError(f"{self.path}: no graph outputs found; name them with --output")
@@ -356,7 +449,9 @@ class GraphRunner(Runner):
         return self.analysis.comparable()
 
     def uncomparable(self) -> dict[str, str]:
-        return self.analysis.uncomparable()
+        """The analysis's (:meth:`Analysis.uncomparable`), and the tensors a :meth:`trace` could
+        not fetch (``fetch_failed``), so that a tensor left out is counted, never dropped."""
+        return {**self._unfetched, **self.analysis.uncomparable()}
 
     # -- variables ---------------------------------------------------------------------------
     def _variables(self):
@@ -387,6 +482,36 @@ class GraphRunner(Runner):
                 init = tf.compat.v1.variables_initializer(variables)
             with run_errors(self.path):
                 self.session.run(init)
+        self._fill_tables()
+
+    def _fill_tables(self) -> None:
+        """Run the graph's lookup-table initializers, as ``tables_initializer`` and a
+        SavedModel's main op do before the first lookup (a table is no variable: neither a
+        checkpoint nor the variables' initializers fill it). A SavedModel's vocabulary files
+        are fed from its ``assets/`` folder, as its loader feeds them. The saver's own
+        imports (restoring a mutable table) are left to a checkpoint's restore."""
+        setup = self.setup_ops()
+        ops = [op for op in self.graph.get_operations()
+               if op.type in TABLE_INITIALIZERS and op.name not in setup]
+        if ops:
+            with run_errors(self.path):
+                self.session.run(ops, self._asset_feeds())
+
+    def _asset_feeds(self) -> dict[str, str]:
+        """Asset tensor -> its file in ``assets/``, read where TensorFlow's loader reads them:
+        the MetaGraph's ``asset_file_def``, else (a TF1 builder's) its ``saved_model_assets``
+        collection."""
+        meta, folder = self.model.meta_graph, Path(self.path) / "assets"
+        if meta is None or not folder.is_dir():
+            return {}
+        assets = list(meta.asset_file_def)
+        if not assets and "saved_model_assets" in meta.collection_def:
+            for packed in meta.collection_def["saved_model_assets"].any_list.value:
+                assets.append(meta_graph_pb2.AssetFileDef())
+                packed.Unpack(assets[-1])
+        names = {op.name for op in self.graph.get_operations()}
+        return {a.tensor_info.name: str(folder / a.filename) for a in assets
+                if a.tensor_info.name.split(":")[0] in names}
 
     def variable_values(self) -> dict[str, np.ndarray]:
         variables = self._variables()
@@ -469,6 +594,7 @@ class GraphRunner(Runner):
         scaled, scale = self.analysis.loss_scaled
         wanted = names + ([scale] if scale and scaled.intersection(names) else [])
         fetched = self._fetch_what_runs(feeds, wanted)
+        self._unfetched.update((n, "fetch_failed") for n in names if n not in fetched)
         values, info = {}, {}
         for name in names:
             if name not in fetched:
@@ -541,13 +667,18 @@ class SavedModelRunner(Runner):
         function: its body, and the bodies of the functions it calls (While and If bodies,
         PartitionedCalls), are run one at a time with the values their callers pass, and their
         tensors are named ``function/node:port`` as the conversion report names nodes. A TF1
-        signature reads the MetaGraph's own nodes: they are fetched as in a graph file."""
-        if self._tracer is None:
-            self._tracer = self._make_tracer()
-        if isinstance(self._tracer, GraphRunner):
-            return self._tracer.trace(feeds)
-        trace = self._tracer.run(feeds)
-        self._check_replay(feeds, trace)
+        signature reads the MetaGraph's own nodes: they are fetched as in a graph file.
+
+        The signature itself runs first: inputs it refuses are the user's (exit 2); once it has
+        run, a failure of the replay is ours (:func:`~amp_rewrite.tools.traces.replay_errors`)."""
+        expected = self.callable()(feeds)
+        with replay_errors(self.path, f"signature {self.key!r}"):
+            if self._tracer is None:
+                self._tracer = self._make_tracer()
+            if isinstance(self._tracer, GraphRunner):
+                return self._tracer.trace(feeds)
+            trace = self._tracer.run(feeds)
+        self._check_replay(expected, trace)
         return trace
 
     def uncomparable(self) -> dict[str, str]:
@@ -570,10 +701,9 @@ class SavedModelRunner(Runner):
                                checkpoint=str(prefix) if saved else None)
         return SignatureReplay(self, meta, sig, call)
 
-    def _check_replay(self, feeds, trace: Trace) -> None:
+    def _check_replay(self, expected: list[np.ndarray], trace: Trace) -> None:
         # a body run on its own must give what the whole signature gives, or the tensors
         # recorded are not the ones the signature computes (a random or stateful op inside)
-        expected = self.callable()(feeds)
         for name, want, got in zip(self.outputs, expected, self._tracer.last_outputs):
             numeric = want.dtype.kind in "biuf" or want.dtype.name == "bfloat16"
             if want.shape != got.shape or (

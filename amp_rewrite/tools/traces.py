@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import ReplayError, RunError
 
 
 @dataclass
@@ -60,13 +60,34 @@ def upstream(name: str, sources: Callable[[str], Iterable[str]], wanted: Callabl
 @contextlib.contextmanager
 def run_errors(path):
     """A run that TensorFlow refuses (shapes that do not fit, a failed assertion ...) is the
-    input's problem: one line naming the model and TensorFlow's reason."""
+    input's problem: one line naming the model and TensorFlow's reason (a
+    :class:`~amp_rewrite.core.errors.RunError`)."""
     import tensorflow as tf
     try:
         yield
     except (tf.errors.OpError, ValueError, TypeError) as exc:
-        raise InputError(f"{path}: TensorFlow could not run the model: {reason(exc)} "
-                         "(check --shape / --inputs)") from None
+        why = reason(exc)
+        raise RunError(f"{path}: TensorFlow could not run the model: {why} "
+                       "(check --shape / --inputs)", why) from None
+
+
+@contextlib.contextmanager
+def replay_errors(path, what: str):
+    """Inside, TensorFlow has already run the model on the same inputs (``what``: the run
+    replayed, e.g. ``signature 'serving_default'``), so a failure of our replay of it is our
+    bug: a :class:`~amp_rewrite.core.errors.ReplayError` (exit 70) with TensorFlow's reason,
+    chained to the error itself (``-v`` shows it), never the "check --shape / --inputs" of
+    :func:`run_errors`. Deliberate refusals (an :class:`InputError` other than a run
+    TensorFlow refused) pass through."""
+    import tensorflow as tf
+    head = (f"{path}: TensorFlow runs {what} on these inputs, but our replay of it (which "
+            "records its tensors for verify --per-node and tune) failed")
+    try:
+        yield
+    except RunError as exc:
+        raise ReplayError(f"{head}: {exc.reason}") from exc
+    except (tf.errors.OpError, ValueError, TypeError) as exc:
+        raise ReplayError(f"{head}: {reason(exc)}") from exc
 
 
 _NOISE = ("Graph execution error", "Detected at node", "Node:", "Original stack trace", "File ",

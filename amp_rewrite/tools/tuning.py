@@ -21,7 +21,9 @@ starts from the painted graph and searches with the error attribution of ``verif
    the largest added error is taken in one trial; of overflows (inf), the earliest only, as
    later ones are mostly its consequences. When the attribution names nothing new,
    every node still in low precision is kept at once; if even that fails, the tolerance
-   cannot be met (nothing is written).
+   cannot be met (nothing is written). The metrics and the attribution compare as ``verify``
+   does: a value past the target's range that it holds as the infinity of its sign (a -1e9
+   attention mask) agrees, so no keep is spent on it unless a consumer turns it into an error.
 3. Once a trial passes, the kept nodes are released again, last kept first, in halves
    (a released group that fails is split and its halves tried on their own), so a node stays
    float32 only when releasing it alone fails the tolerance. A set already tried is not run
@@ -44,6 +46,7 @@ each with the op and the error that chose it; ``force_lowp`` from ``relax``), wh
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -58,25 +61,34 @@ import numpy as np
 
 from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model
-from ..core.dtypes import BFLOAT16, HALF, TARGET_NAMES
+from ..core.dtypes import BFLOAT16, HALF, TARGET_NAMES, TARGETS
 from ..core.errors import InputError, UnsupportedGraphError
 from ..core.ops import FUNCTIONAL_OPS
 from ..io.files import (
     OutputSet,
     check_container,
     check_file_destination,
+    is_keras_file,
     same_file,
     tune_rules_path,
 )
+from ..io.keras_files import saved_models
 from ..io.load import Model, load
 from ..io.save import check_destination, save, stage
 from ..report.decisions import Report
 from ..rules.loader import NodeRule
 from ..training.detect import training_parts
-from .runner import Runner, fill_iterator_inputs, load_inputs, open_converted, open_model
+from .runner import (
+    Runner,
+    fill_iterator_inputs,
+    load_inputs,
+    match_inputs,
+    open_converted,
+    open_model,
+)
 from .traces import upstream
-from .verify import (REL_L2, TOP1, Attribution, ErrorStats, attribute, compare_outputs,
-                     criteria, lowest_dtype)
+from .verify import (BEYOND, REL_L2, TOP1, Attribution, ErrorStats, attribute,
+                     compare_outputs, criteria, lowest_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -96,25 +108,26 @@ Metric = Callable[[Outputs, Outputs], float]
 
 
 # ----------------------------------------------------------------- metrics
-def _stats(ref: Outputs, out: Outputs, top1: bool = False):
-    """Each output's :class:`~amp_rewrite.tools.verify.ErrorStats`."""
+def _stats(ref: Outputs, out: Outputs, limit: float, top1: bool = False):
+    """Each output's :class:`~amp_rewrite.tools.verify.ErrorStats`; ``limit``: the target's
+    largest finite value, past which the original agrees with an inf of its sign."""
     for name, a in ref.items():
-        s = ErrorStats(0.0, 0.0)
+        s = ErrorStats(0.0, 0.0, limit=limit)
         s.update(a, out[name], top1=top1)
         yield s
 
 
-def _rel_l2(ref: Outputs, out: Outputs) -> float:
-    return max((s.rel_l2 for s in _stats(ref, out)), default=0.0)
+def _rel_l2(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
+    return max((s.rel_l2 for s in _stats(ref, out, limit)), default=0.0)
 
 
-def _max_abs(ref: Outputs, out: Outputs) -> float:
-    return max((s.max_abs_error for s in _stats(ref, out)), default=0.0)
+def _max_abs(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
+    return max((s.max_abs_error for s in _stats(ref, out, limit)), default=0.0)
 
 
-def _top1(ref: Outputs, out: Outputs) -> float:
+def _top1(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
     """The share of rows whose argmax moved, on the outputs that are batches of scores."""
-    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, top1=True)
+    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, limit, top1=True)
              if s.top1 is not None]
     if not moved:
         raise InputError("metric top1: no output is a batch of scores (a rank-2 float output "
@@ -240,7 +253,8 @@ class _Tuner:
         self.progress, self.workdir = progress, workdir
         self.base = options.rule_set()
         self.ref_outputs = [self._outputs(ref, f) for f in feeds]
-        self.crit = criteria()
+        # the target's range: past it the original agrees with an inf of its sign (verify)
+        self.crit = criteria(TARGETS[options.target])
         self.trials = self.folders = 0
         # every trial made, by its (keep, force) sets: none is run twice, and each is closed
         # at the end (closing one twice is harmless)
@@ -284,7 +298,8 @@ class _Tuner:
             ok = not t.verify_failed
         t.ok = ok
         self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
-                         "forced": len(force), "metric": t.score, "ok": ok})
+                         "forced": len(force), "metric": t.score, "ok": ok,
+                         "keep": sorted(keep)})
         log.info("trial %d (%s): %d kept, %d forced, metric %.3g %s", self.trials - 1, why,
                  len(keep), len(force), t.score, "ok" if ok else "over")
         if self.progress is not None:
@@ -470,7 +485,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
 
-    ``model``: a path (GraphDef, MetaGraph, SavedModel directory) or a loaded
+    ``model``: a path (GraphDef, MetaGraph, SavedModel directory, Keras file) or a loaded
     :class:`~amp_rewrite.io.load.Model` (``Model.of_graph_def(graph_def)``). ``feeds``: feed
     dicts keyed by input name (signature keys, or placeholder names), or ``.npz`` paths, one
     sample each; a graph fed by tf.data iterators takes the iterators' outputs by tensor name
@@ -498,7 +513,9 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     if isinstance(metric, str):
         if metric not in METRICS:
             raise InputError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
-        name, metric_fn = metric, _BUILTIN[metric]
+        # scored as verify compares: a value past the target's range agrees with its inf
+        name = metric
+        metric_fn = functools.partial(_BUILTIN[metric], limit=BEYOND[opts.target])
         tolerance = default_tolerance(metric, opts.target) if tolerance is None else tolerance
     else:
         name, metric_fn = getattr(metric, "__name__", "custom"), metric
@@ -508,6 +525,13 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
         raise InputError(f"--tolerance {tolerance!r}: must be a finite number >= 0")
     if max_trials < 1:
         raise InputError("--max-trials must be at least 1")
+    if not isinstance(model, Model) and is_keras_file(model):
+        with saved_models([model]) as (saved,):   # tuned as its export, which lives for the call
+            return tune(dataclasses.replace(load(saved), source=Path(model)), output,
+                        feeds=feeds, metric=metric, tolerance=tolerance, max_trials=max_trials,
+                        holdout=holdout, rules_out=rules_out, signature=signature,
+                        outputs=outputs, force=force, relax=relax, progress=progress,
+                        report=report, **options)
     if not isinstance(model, Model):
         model = load(model)
     out_paths = _check_outputs(model, output, rules_out, force, report)
@@ -582,11 +606,13 @@ def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
         if isinstance(feed, (str, os.PathLike)):
             out.append(load_inputs(feed, ref.inputs))
             continue
-        missing = [s.name for s in ref.inputs if s.name not in feed and not s.iterator]
+        named = {spec.name: feed[key] for key, spec in
+                 match_inputs(feed, ref.inputs, f"{what}: a feed dict's key").items()}
+        missing = [s.name for s in ref.inputs if s.name not in named and not s.iterator]
         if missing:
             raise InputError(f"{what}: a feed dict has no array for input(s) "
                              f"{', '.join(map(repr, missing))} (has: {', '.join(map(str, feed))})")
-        out.append({s.name: np.asarray(feed[s.name]) for s in ref.inputs if s.name in feed})
+        out.append({s.name: np.asarray(named[s.name]) for s in ref.inputs if s.name in named})
     if what == "feeds" and not out:
         if not ref.inputs or any(not s.iterator for s in ref.inputs):
             raise InputError("tune needs at least one sample (--inputs DATA.npz)")
@@ -630,7 +656,8 @@ def rules_text(result: TuneResult, model: Model, options: Options) -> str:
     if options.min_matrix_intensity is not None:
         flags += ["--min-matrix-intensity", f"{options.min_matrix_intensity:g}"]
     flags += ["--cost-aware"] if options.cost_aware else []
-    lines = [f"# Written by amp-rewrite tune for {model.path}: the overrides with which",
+    source = model.source or model.path     # a Keras file's name, not its export's folder
+    lines = [f"# Written by amp-rewrite tune for {source}: the overrides with which",
              f"# every one of {result.samples} sample(s) meets {result.metric} <= "
              f"{result.tolerance:g} ({options.target}, device {options.device}).",
              f"# Painted graph {result.before:.3g} -> tuned {result.after:.3g}; {result.trials} "

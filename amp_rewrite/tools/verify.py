@@ -4,7 +4,10 @@ Both models run on the same inputs (an ``.npz`` file, or random data from the in
 and shapes, ``--samples`` sets of it). Each output is measured (largest absolute error,
 relative L2 error, share of elements outside ``|conv - orig| <= atol + rtol*|orig|``, and for
 a classifier-shaped output the top-1 agreement; a non-finite value where the original is finite
-counts as an infinite error) and judged by the checks in force, each with its threshold:
+counts as an infinite error, except the 16-bit dtype's own rounding of a value past its range:
+±inf where the original holds a finite value beyond it (65504 for float16) of the same sign,
+such as a -1e9 attention mask, agrees) and judged by the checks in force, each with its
+threshold:
 
 * ``rel_l2``: ``||conv - orig||_2 / ||orig||_2`` at most ``--rel-l2`` (default by the
   converted graph's lowest float dtype: float16 1e-2, bfloat16 5e-2, float32 1e-5); for the
@@ -28,6 +31,11 @@ given. The result names, for each output, which check failed.
 ``--per-node`` compares the tensors inside both models and ranks them by the error each
 *adds* over the tensors it is computed from (its relative L2 error minus the largest of
 theirs), so the first tensor that diverges, such as an op overflowing float16, comes first.
+A tensor past the range held as ±inf (see above) agrees while what its consumers compute
+from it agrees (a softmax turns the masked scores into the same zeros); once a consumer gives a
+non-finite value the original does not have, those infinities are its cause and count as
+errors again, in the tensors that carry them down to it, so the tensor where they start comes
+first (:func:`attribute`).
 Graph files compare every float tensor a fetch reaches without running a variable write;
 SavedModels the tensors of their signature's function bodies (see
 :meth:`amp_rewrite.tools.runner.SavedModelRunner.trace`). A tensor it cannot compare (its shape
@@ -44,17 +52,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..core.dtypes import BFLOAT16, FLOAT, HALF, TARGET_NAMES
+from ..core.dtypes import BFLOAT16, FLOAT, HALF, LARGEST, TARGET_NAMES, TARGETS
 from ..core.errors import InputError
 from .runner import (
     GraphRunner,
     Runner,
     check_same_interface,
-    concrete_shape,
     fill_iterator_inputs,
-    load_inputs,
+    input_feeds,
     open_pair,
-    random_inputs,
 )
 from .traces import upstream
 
@@ -75,6 +81,9 @@ REL_L2 = {BFLOAT16: 5e-2, HALF: 1e-2, FLOAT: 1e-5}
 # measure up to 2.6e-2 (float16) and 2.8e-2 (bfloat16); a broken one gives about 1 (gradients
 # flushed to zero, a scale not undone) or inf.
 GRAD_REL_L2 = {BFLOAT16: 1e-1, HALF: 1e-1, FLOAT: 1e-5}
+#: the largest finite value of each 16-bit dtype: rounding a float32 value past it (on either
+#: side) to that dtype gives ±inf, so such an infinity in a converted tensor is no error of its own
+BEYOND = {name: LARGEST[dtype] for name, dtype in TARGETS.items()}
 #: (rtol, atol) of the allclose check
 ALLCLOSE = {BFLOAT16: (5e-2, 1e-2), HALF: (1e-2, 1e-3), FLOAT: (1e-5, 1e-6)}
 TOP1 = 0.99
@@ -96,6 +105,12 @@ class Criteria:
     atol: float
     max_abs: float | None = None
     chosen: bool = False
+
+    @property
+    def limit(self) -> float:
+        """The largest finite value of ``dtype`` (inf for float32): past it an original value
+        agrees with the ±inf of the same sign (:data:`BEYOND`)."""
+        return BEYOND.get(self.dtype, math.inf)
 
     def thresholds(self) -> list[dict]:
         """One entry per check in force: its name and threshold(s)."""
@@ -164,12 +179,17 @@ class ErrorStats:
     """Errors of one tensor accumulated over samples (relative L2 over all of them together),
     and for a batch of scores (rank 2, last dimension over 1) the top-1 agreement, where a row
     is a near-tie when the original's scores of the two classes differ by at most ``tie``
-    times the row's L2 norm."""
+    times the row's L2 norm.
 
-    def __init__(self, rtol: float, atol: float, tie: float = 0.0):
-        self.rtol, self.atol, self.tie = rtol, atol, tie
+    A converted ±inf where the original holds a finite value beyond ``limit`` (the largest
+    finite value of the converted dtype, :attr:`Criteria.limit`) of the same sign is that
+    dtype's rounding of it: it agrees, as two equal infinities do, and is counted in
+    ``beyond``. The default limit (inf) accepts no such value."""
+
+    def __init__(self, rtol: float, atol: float, tie: float = 0.0, limit: float = math.inf):
+        self.rtol, self.atol, self.tie, self.limit = rtol, atol, tie, limit
         self.diff_sq = self.ref_sq = self.max_abs = 0.0
-        self.out_of_tol = self.total = self.nonfinite = 0
+        self.out_of_tol = self.total = self.nonfinite = self.beyond = 0
         self.rows = self.agree = self.ties = 0
         self.classifier = True
         self.decisions = False   # a share of yes/no decisions (see the module docstring)
@@ -179,11 +199,19 @@ class ErrorStats:
         out = np.asarray(out, np.float64)
         if ref.shape != out.shape:
             raise ValueError(f"shape {list(out.shape)} where the original has {list(ref.shape)}")
+        # float16 holds a float32 value past its range as the infinity of its sign: compare it
+        # as the original rounded to float16 (an inf on both sides); the other sign, a NaN or
+        # an inf from a value within the range stay errors
+        beyond = (np.isinf(out) & np.isfinite(ref) & (np.abs(ref) > self.limit)
+                  & (np.sign(ref) == np.sign(out)))
+        if beyond.any():
+            self.beyond += int(np.count_nonzero(beyond))
+            ref = np.where(beyond, out, ref)
         finite = np.isfinite(ref) & np.isfinite(out)
         # a non-finite value on either side counts unless both sides hold the same one
         same_special = (ref == out) | (np.isnan(ref) & np.isnan(out))
         self.nonfinite += int(np.count_nonzero(~finite & ~same_special))
-        diff = np.abs(np.where(finite, out - ref, 0.0))
+        diff = np.abs(np.where(finite, out, 0.0) - np.where(finite, ref, 0.0))
         self.diff_sq += float(np.sum(diff * diff))
         self.ref_sq += float(np.sum(np.where(finite, ref * ref, 0.0)))
         if diff.size:
@@ -193,13 +221,14 @@ class ErrorStats:
         self.total += ref.size
         self.classifier = self.classifier and top1 and ref.ndim == 2 and ref.shape[1] > 1
         if self.classifier:
-            self._top1(ref, out)
+            self._top1(ref, out, np.isfinite(out) | same_special)
 
-    def _top1(self, ref: np.ndarray, out: np.ndarray) -> None:
+    def _top1(self, ref: np.ndarray, out: np.ndarray, agreed: np.ndarray) -> None:
         rows = np.arange(ref.shape[0])
         want = np.argmax(np.where(np.isnan(ref), -np.inf, ref), axis=1)
         got = np.argmax(np.where(np.isnan(out), -np.inf, out), axis=1)
-        usable = np.isfinite(out).all(axis=1)   # a row gone non-finite never agrees
+        # a row with a non-finite value the original does not share never agrees
+        usable = agreed.all(axis=1)
         agree = usable & (want == got)
         norm = np.sqrt(np.sum(np.where(np.isfinite(ref), ref * ref, 0.0), axis=1))
         gap = ref[rows, want] - ref[rows, got]
@@ -260,6 +289,7 @@ class OutputError:
     checks: list[CheckResult] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     decisions: bool = False     # a share of yes/no decisions (an accuracy): top1 bounds its move
+    beyond_range: int = 0       # elements past the dtype's range held as ±inf: agree (ErrorStats)
 
 
 @dataclass
@@ -269,6 +299,8 @@ class NodeError:
     dtype: str                  # the converted graph's dtype of this tensor
     rel_l2: float
     added: float                # rel_l2 minus the largest rel_l2 among its compared inputs
+    beyond_range: int = 0       # elements past the dtype's range held as ±inf (ErrorStats)
+    harmless: bool = True       # ... which agree: no consumer turns them into an error
 
 
 #: why ``--per-node`` could not compare a tensor (:class:`Uncompared`), by reason code
@@ -368,15 +400,11 @@ def _dtypes_in(runner: Runner) -> set[int]:
 
 def feed_sets(runner: Runner, inputs: str | None, samples: int, shapes: Mapping,
               seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """The feeds to run: the ``.npz`` file's arrays once, or ``samples`` random sets; the
-    outputs of tf.data iterators they lack are batches of ``runner``'s own iterators, one per
-    set (:func:`~amp_rewrite.tools.runner.fill_iterator_inputs`), never random data."""
-    if inputs:
-        return fill_iterator_inputs(runner, [load_inputs(inputs, runner.inputs)])
-    specs = [spec for spec in runner.inputs if not spec.iterator]
-    fixed = {spec.name: concrete_shape(spec, shapes) for spec in specs}  # warns once
-    return fill_iterator_inputs(runner, [random_inputs(specs, fixed, seed + i)
-                                         for i in range(samples)])
+    """The feeds to run: the ``.npz`` file's arrays once, or ``samples`` random sets, every
+    name checked (:func:`~amp_rewrite.tools.runner.input_feeds`); the outputs of tf.data
+    iterators they lack are batches of ``runner``'s own iterators, one per set
+    (:func:`~amp_rewrite.tools.runner.fill_iterator_inputs`), never random data."""
+    return fill_iterator_inputs(runner, input_feeds(runner.inputs, inputs, samples, shapes, seed))
 
 
 def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping],
@@ -385,7 +413,7 @@ def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping
     judge each by the checks in force."""
     check_same_interface(original, converted)
     run_a, run_b = original.callable(), converted.callable()
-    stats = [ErrorStats(crit.rtol, crit.atol, crit.rel_l2) for _ in original.outputs]
+    stats = [ErrorStats(crit.rtol, crit.atol, crit.rel_l2, crit.limit) for _ in original.outputs]
     gradients = [name in original.gradients for name in original.outputs]
     shares = original.decision_shares()
     for name, s in zip(original.outputs, stats):
@@ -431,7 +459,7 @@ def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria)
                        s.rows - s.agree - s.ties if s.top1 is not None else 0,
                        s.ties if s.top1 is not None else 0,
                        "gradient" if gradient else "output", other if other != name else "",
-                       checks, failed, s.decisions)
+                       checks, failed, s.decisions, s.beyond)
 
 
 @dataclass
@@ -499,7 +527,7 @@ def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
             if any(np.shape(a) != np.shape(b) for a, b in zip(va, vb)):
                 skipped[name] = "shape_changed"
                 continue
-            s = stats.setdefault(name, ErrorStats(crit.rtol, crit.atol, crit.rel_l2))
+            s = stats.setdefault(name, ErrorStats(crit.rtol, crit.atol, crit.rel_l2, crit.limit))
             for a, b in zip(va, vb):
                 s.update(a, b, top1=False)
         info.update(ta.info)
@@ -513,11 +541,14 @@ def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
             skipped.setdefault(name, reason)
     for name in skipped:
         stats.pop(name, None)
+    harmful = _harmful_infinities(info, stats)
+    errors = {name: math.inf if name in harmful else s.rel_l2 for name, s in stats.items()}
     ranked = []
     for name, s in stats.items():
-        inherited = [stats[i].rel_l2 for i in _float_sources(name, info, stats)]
+        inherited = [errors[i] for i in _float_sources(name, info, stats)]
         ranked.append(NodeError(name, info[name].op, dtypes.get(name, info[name].dtype),
-                                s.rel_l2, _added(s.rel_l2, max(inherited, default=0.0))))
+                                errors[name], _added(errors[name], max(inherited, default=0.0)),
+                                s.beyond, name not in harmful))
     ranked.sort(key=lambda n: (-n.added, info[n.tensor].order))
     compared = {n.tensor: n.dtype for n in ranked}
     return Attribution(ranked, info, compared, skipped)
@@ -546,6 +577,23 @@ def _has_tensor(runner: GraphRunner, name: str) -> bool:
     except InputError:
         return False
     return True
+
+
+def _harmful_infinities(info: Mapping, stats: Mapping[str, ErrorStats]) -> set[str]:
+    """The tensors whose ±inf past the dtype's range (``ErrorStats.beyond``, agreeing) reach a
+    tensor holding a non-finite value the original does not: every such tensor on an unbroken
+    path of them up from that tensor. Their infinities are its cause (``1e6 * 1e-4`` is 100 in
+    the original, inf converted), so they count as errors again; those no consumer turns into
+    an error (a -1e9 mask a softmax turns into zeros) keep agreeing."""
+    carrying = {name for name, s in stats.items() if s.beyond}
+    harmful: set[str] = set()
+    todo = [name for name, s in stats.items() if s.nonfinite and carrying]
+    while todo:
+        for source in _float_sources(todo.pop(), info, stats):
+            if source in carrying and source not in harmful:
+                harmful.add(source)
+                todo.append(source)
+    return harmful
 
 
 def _float_sources(name: str, info: Mapping, stats: Mapping) -> set[str]:
@@ -606,6 +654,8 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
                          f"{o.top1_ties} near-ties)")
         if "allclose" in c.checks:
             parts.append(f"outside atol+rtol*|orig| {100 * o.out_of_tolerance:.2f}% of {o.elements}")
+        if o.beyond_range:
+            parts.append(f"{o.beyond_range} past {c.dtype}'s range, ±inf as rounding gives (agree)")
         verdict = "ok" if o.ok else "FAIL: " + ", ".join(o.failed)
         lines.append(f"{label:<{width}}  " + "  ".join(parts) + f"  {verdict}")
     if result.per_node:
@@ -626,8 +676,11 @@ def _format_nodes(result: VerifyResult, top: int) -> list[str]:
              "their inputs (relative L2)"]
     w = max((len(n.tensor) for n in shown), default=0)
     for i, n in enumerate(shown, 1):
+        beyond = "" if not n.beyond_range else (
+            f"  ({n.beyond_range} past {result.criteria.dtype}'s range as ±inf: "
+            + ("no consumer's result changes)" if n.harmless else "a consumer's result differs)"))
         lines.append(f"{i:>3}. {n.tensor:<{w}}  {n.op:<16} {n.dtype:<9} added {n.added:.3g}  "
-                     f"total {n.rel_l2:.3g}")
+                     f"total {n.rel_l2:.3g}{beyond}")
     if result.uncompared:
         total = sum(u.count for u in result.uncompared)
         lines.append(f"not compared: {total} tensor(s)")
