@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
-from ..io.files import check_container, is_keras_file, is_saved_model, same_file, tune_rules_path
+from ..io.files import (
+    check_container,
+    is_keras_file,
+    is_saved_model,
+    refuse_graph_file_options,
+    same_file,
+    tune_rules_path,
+)
 from ..training.config import scale_config
 from ..version import __version__
 
@@ -299,6 +306,10 @@ def _check_paths(command: str, args) -> None:
     if command == "convert":
         _check_convert_outputs(args, inputs)
         scale_config(args.loss_scale, args.target, args.loss_scale_options)  # conflicts, ranges
+        if is_saved_model(args.input) or is_keras_file(args.input):   # before a Keras export
+            refuse_graph_file_options(args.input, {"lowp_io": args.lowp_io,
+                                                   "fold_constants": args.fold_constants,
+                                                   **args.loss_scale_options})
     written = []
     for flag in ("html", "json"):
         path = getattr(args, flag, None)

@@ -113,13 +113,15 @@ def _hint_folding(report: Report) -> None:
 
 
 def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
-                  rules: RuleSet | None = None,
-                  loss_scaling: bool = True) -> tuple[meta_graph_pb2.MetaGraphDef, Report]:
+                  rules: RuleSet | None = None, loss_scaling: bool = True,
+                  leave: Sequence[str] = ()) -> tuple[meta_graph_pb2.MetaGraphDef, Report]:
     """Convert ``meta_graph``'s graph and the functions it reaches; returns a new MetaGraphDef
     (the input is not changed) and the report.
 
     ``rules`` defaults to ``options.rule_set()``; ``loss_scaling=False`` leaves a graph that
-    trains unscaled whatever ``options`` ask (SavedModels, see README).
+    trains unscaled whatever ``options`` ask (SavedModels, see README); ``leave`` names library
+    functions left unpainted (a SavedModel's train steps no signature reaches:
+    :func:`~amp_rewrite.training.in_functions.unreached_train_functions`).
     """
     options.check()
     rules = rules or options.rule_set()
@@ -154,7 +156,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     out = graph.to_graph_def(source, into=meta.graph_def)
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
-                  roots=sorted(meta.object_graph_def.concrete_functions), interface=interface)
+                  roots=sorted(meta.object_graph_def.concrete_functions), interface=interface,
+                  leave=leave)
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if state is not None:   # a train step in a library function: scaled once painted

@@ -42,10 +42,14 @@ log = logging.getLogger(__name__)
 
 def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report, target: Target,
                   *, keep: Collection[str] = (), roots: Collection[str] = (),
-                  interface: Collection[str] = (), lower: bool = True) -> None:
+                  interface: Collection[str] = (), lower: bool = True,
+                  leave: Collection[str] = ()) -> None:
     """Paint, in place, every library function reachable from ``graph_def``'s nodes or ``roots``.
 
-    ``roots`` (a SavedModel's concrete functions) keep their signatures; ``interface`` names the
+    ``roots`` (a SavedModel's concrete functions) keep their signatures; ``leave`` names
+    functions kept as they are, unpainted (train steps no signature reaches, when loss scaling
+    is asked for: docs/training.md): a function they call is painted only where something else
+    reaches it, and keeps its signature, so their calls still fit; ``interface`` names the
     graph's nodes whose outputs are fetched (signature tensors), and ``keep`` the ``--keep``
     names: their dtypes never change, nor those of graph outputs nothing reads. Function nodes
     are added to ``report`` as ``function/node``. ``lower=False`` keeps every boundary float32
@@ -53,7 +57,7 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     and its callee's signature disagree afterwards.
     """
     library = graph_def.library
-    names = reachable(graph_def.node, library, roots)
+    names = reachable(graph_def.node, library, set(roots) - set(leave))
     if not names:
         return
     signatures = {f.signature.name: f.signature for f in library.function}
@@ -63,7 +67,7 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
         fg = _convert_function(by_name[name], library, signatures, rules, report, target, keep)
         if fg is not None:
             graphs[name] = fg
-    kept_signatures = set(roots) | gradient_linked(library)
+    kept_signatures = set(roots) | gradient_linked(library) | set(reachable((), library, leave))
     lowering = _lower(graph_def, graphs, kept_signatures, signatures, TARGETS[target.dtype], report,
                       set(interface) | set(keep), rounds=8 if lower else 0)
     for name in names:

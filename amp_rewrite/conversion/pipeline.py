@@ -20,7 +20,13 @@ from tensorflow.core.framework import graph_pb2
 
 from ..core import hardware
 from ..core.errors import InputError, RuleError, UnsupportedGraphError
-from ..io.files import check_container, same_file
+from ..io.files import (
+    check_container,
+    is_keras_file,
+    is_saved_model,
+    refuse_graph_file_options,
+    same_file,
+)
 from ..io.keras_files import saved_models
 from ..io.load import Model, load
 from ..io.save import save
@@ -28,7 +34,10 @@ from ..report.decisions import Report
 from ..rules.loader import RuleSet
 from ..training.config import scale_config
 from ..training.detect import training_parts
-from ..training.in_functions import add_saved_model_loss_scaling
+from ..training.in_functions import (
+    add_saved_model_loss_scaling,
+    unreached_train_functions,
+)
 from ..training.state import SCOPE
 from .graph import Options, convert_graph
 from .library import merge_report, warn_unmatched
@@ -51,6 +60,8 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     check_container(src, dst)
     opts = Options(**options)
     opts.check()   # before a Keras file's export, which takes seconds
+    if is_saved_model(src) or is_keras_file(src):
+        refuse_graph_file_options(src, _graph_file_options(opts))
     with saved_models([src]) as (saved,):   # a Keras file: its export, for the block
         converted, report = convert_path(saved, opts)
         save(converted, dst, force=force or in_place)
@@ -105,16 +116,18 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     saved = model.kind == "savedmodel"
     config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
     if saved:
+        refuse_graph_file_options(model.path, _graph_file_options(options))
         if options.emulate:
             raise UnsupportedGraphError(f"{model.path}: --emulate applies to graph files (a "
                                         "SavedModel's ops live in functions); freeze a signature "
                                         "first (docs/savedmodels.md \"Frozen graphs from a SavedModel\")")
         if config is not None:
             _refuse_saved_model_training(model, options)
-        options = _without_folding(options)
     converted, report, added = [], None, {}
     for meta in model.meta_graphs:
-        new, sub = convert_graph(meta, options, rules=rules, loss_scaling=not saved)
+        # a train step no signature reaches is left alone: neither painted nor scaled
+        leave = unreached_train_functions(meta) if saved and config is not None else []
+        new, sub = convert_graph(meta, options, rules=rules, loss_scaling=not saved, leave=leave)
         if saved and config is not None:
             state = add_saved_model_loss_scaling(new, config, sub)
             if state is not None and added:
@@ -194,10 +207,10 @@ def _refuse_saved_model_training(model: Model, options: Options) -> None:
             "or --loss-scale none (small gradients may underflow to zero)")
 
 
-def _without_folding(options: Options) -> Options:
-    if options.fold_constants:
-        log.warning("--fold-constants: a SavedModel's weights are variables; nothing to fold")
-    return dataclasses.replace(options, fold_constants=False)
+def _graph_file_options(options: Options) -> dict:
+    """The options :func:`refuse_graph_file_options` looks at, by their names."""
+    return {"lowp_io": options.lowp_io, "fold_constants": options.fold_constants,
+            **(options.loss_scale_options or {})}
 
 
 __all__ = ["Options", "convert", "convert_file", "convert_graph", "convert_model",

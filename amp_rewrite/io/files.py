@@ -74,6 +74,32 @@ def check_container(src: str | os.PathLike, dst: str | os.PathLike) -> None:
                          "from a SavedModel\") and convert that")
 
 
+# why --loss and --grad do not apply to a SavedModel
+_FOUND_ITSELF = ("it names a node of the graph, and a SavedModel's train steps are functions "
+                 "whose seeds amp-rewrite finds itself")
+#: convert options only a graph file (GraphDef, MetaGraph) takes, by the name
+#: ``conversion.graph.Options`` gives each (``loss``, ``grads``: its ``loss_scale_options``
+#: hints): the flag, and why a SavedModel (or a Keras file, converted as one) has no use for it.
+#: Given there, they would be ignored: they are refused instead
+GRAPH_FILE_OPTIONS = {
+    "loss": ("--loss", _FOUND_ITSELF),
+    "grads": ("--grad", _FOUND_ITSELF),
+    "fold_constants": ("--fold-constants",
+                       "a SavedModel's weights are variables, and there is nothing to fold"),
+    "lowp_io": ("--lowp-io", "a SavedModel's signatures keep their dtypes"),
+}
+
+
+def refuse_graph_file_options(path: str | os.PathLike, given: dict) -> None:
+    """Refuse, as an :class:`InputError`, the first option of ``given`` (``Options`` names ->
+    values; set when truthy) that :data:`GRAPH_FILE_OPTIONS` lists, for ``path``, a SavedModel
+    or a Keras file."""
+    for name, (flag, why) in GRAPH_FILE_OPTIONS.items():
+        if given.get(name):
+            raise InputError(f"{path}: {flag} applies to graph files (.pb, .pbtxt, .meta), not "
+                             f"to a SavedModel or Keras file: {why}; drop it")
+
+
 def keras_file(data: bytes) -> str | None:
     """What kind of Keras model file ``data`` starts like, or None."""
     return next((kind for magic, kind in _KERAS_MAGIC.items() if data.startswith(magic)), None)

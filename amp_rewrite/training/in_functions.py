@@ -10,19 +10,29 @@ SavedModel's object graph, and its state lives in ``variables/``. Loss scaling t
   checkpoint with TensorFlow's own writer (the original tensors keep their bytes);
 * each train function captures them as three more resource inputs (and so does every function
   or graph node that calls it, up the call graph);
-* in its body the tape's seed is multiplied by the scale, each gradient is divided by it in
+* in its body each tape's seed is multiplied by the scale, each gradient is divided by it in
   float32 where it leaves the tape's scope, one ``IsFinite``/``All`` checks them all, and every
   variable write of the step becomes an ``If(all_finite)`` of the same name whose then-branch is
   the write: a skipped step writes nothing, so every variable, slot and counter keeps its bits
   (but a write the check itself waits on, such as a running input mean used before the tape,
   which cannot wait for it: the report names those in a warning);
+* a step with several tapes (a GAN's generator and discriminator, two optimizers) is one step:
+  one scale for every seed, one check over every gradient, every write gated, so an overflow in
+  either part skips the whole step and the parts keep updating in lockstep (docs/training.md
+  "Several tapes in one step" gives the reasons); a step that applies one tape's gradients
+  before another tape's gradients are computed (they read what it wrote) cannot be checked
+  whole, and is refused with the split into one function per tape that converts;
+* only the train functions a signature reaches (or the graph's own nodes, for a graph file)
+  are scaled: a train function nothing calls (a method saved beside the signatures) is left
+  alone, float32 and unscaled, with a warning (:func:`unreached_train_functions`);
 * the scale and counters are updated as in TF1 graphs (docs/training.md "Training graphs and loss
   scaling").
 
 The body is edited as the FunctionDef TensorFlow wrote (``node:output:index`` references), in
 place: every node keeps its name, so control edges, ``control_ret`` and the automatic control
-dependencies TensorFlow recorded still hold. What cannot be found without doubt (no seed or
-several, writes inside nested calls, a model converted before) is refused.
+dependencies TensorFlow recorded still hold. What cannot be found without doubt (no seed,
+writes inside nested calls, writes a later tape's gradients wait on, a model converted before)
+is refused.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from ..schema.functiondef import (
     function_to_graph,
     graph_to_function,
     output_layout,
+    reachable,
 )
 from ..schema.opdefs import (
     fill_defaults,
@@ -179,15 +190,16 @@ def _types(dtypes) -> attr_value_pb2.AttrValue:
 @dataclass
 class _Found:
     function: str
-    seed: str
+    seeds: list[str]
     gradients: list[str]
     gated: list[str]
     ungated: list[str] = field(default_factory=list)   # writes the check waits on
 
 
-def _seed(body: _Body) -> str:
-    """The tape's backprop seed: a float Const of ones outside the tape scope, read only by it
-    (``tape.gradient(loss, ...)`` without ``output_gradients``)."""
+def _seeds(body: _Body) -> list[str]:
+    """The tapes' backprop seeds, in body order: each a float Const of ones outside the tape
+    scope, read only by it (``tape.gradient(loss, ...)`` without ``output_gradients``; one per
+    ``tape.gradient`` call, so a GAN step has two)."""
     seeds = []
     for node in body.nodes():
         if node.op != "Const" or _in_tape(node.name):
@@ -197,25 +209,24 @@ def _seed(body: _Body) -> str:
             value = tensor_util.MakeNdarray(node.attr["value"].tensor)
             if value.dtype.kind == "f" and value.size and np.all(value == 1):
                 seeds.append(node.name)
-    if len(seeds) != 1:
+    if not seeds:
         raise UnsupportedGraphError(
-            f"function {body.name!r} trains, but amp-rewrite finds "
-            f"{'no backprop seed' if not seeds else 'several backprop seeds: ' + ', '.join(seeds)} "
-            "(a Const of ones read only by the gradient tape); convert with --loss-scale none, "
-            "or --target bfloat16")
-    return seeds[0]
+            f"function {body.name!r} trains, but amp-rewrite finds no backprop seed (a Const of "
+            "ones read only by the gradient tape; tape.gradient(..., output_gradients=...) has "
+            "none); convert with --loss-scale none, or --target bfloat16")
+    return seeds
 
 
-def _gradients(body: _Body, seed: str) -> list[TensorRef]:
-    """Float tensors made in the backward pass and read outside it, in body order. The
-    backward pass is the tape's scope and what lies between its nodes on the seed's side: the
+def _gradients(body: _Body, seeds: list[str]) -> list[TensorRef]:
+    """Float tensors made in the backward passes and read outside them, in body order. The
+    backward pass is the tapes' scope and what lies between its nodes on the seeds' side: a
     tape sums a tensor's gradient contributions with an ``AddN`` outside the scope, whose result
     the scope reads again (taking that sum for a gradient would unscale part of the backward
-    pass). Only what the seed computes counts: a forward ``While`` also reads the scope (its
+    pass). Only what the seeds compute counts: a forward ``While`` also reads the scope (its
     gradient's accumulators) and is read by it, but is no gradient."""
     graph = body.graph
-    scoped = {n.name for n in body.nodes() if _in_tape(n.name)} | {seed}
-    inside = scoped | (graph.descendants([seed]) & graph.ancestors(scoped))
+    scoped = {n.name for n in body.nodes() if _in_tape(n.name)} | set(seeds)
+    inside = scoped | (graph.descendants(seeds) & graph.ancestors(scoped))
     found: list[TensorRef] = []
     for node in body.nodes():
         if node.name in inside:
@@ -301,17 +312,27 @@ def _write_attrs(body: _Body, name: str) -> dict:
     return {k: v for k, v in body.attr(name).items() if not k.startswith("_") and k not in filled}
 
 
-def _gate_writes(body: _Body, library, finite: TensorRef,
+def _gate_writes(body: _Body, library, finite: TensorRef, seeds: list[str],
                  branches: dict) -> tuple[list[str], list[str]]:
     """Every variable write of the step becomes an ``If`` of the same name whose then-branch is
     the write and whose else-branch does nothing; returns those and the writes the check itself
-    waits on (gating them would make a cycle), which run on every step."""
+    waits on (gating them would make a cycle), which run on every step. A write the check waits
+    on that reads gradients (one tape's update, which a later tape's forward pass reads) would
+    write a non-finite step's gradients: refused, with the split that converts."""
     graph = body.graph
     before_check = graph.ancestors([finite.node])
+    from_gradients = graph.descendants(seeds)
     gated, ungated = [], []
     for node in body.nodes():
         if not is_variable_write(node.op):
             continue
+        if node.name in before_check and node.name in from_gradients:
+            raise UnsupportedGraphError(
+                f"function {body.name!r} applies gradients ({node.name!r}, {node.op}) before "
+                "the gradients of another tape are computed, which wait on that write: one "
+                "finiteness check over the step cannot skip it. Split the step into one "
+                "tf.function per tape, called from the step: each is then scaled and checked on "
+                "its own (docs/training.md \"Several tapes in one step\")")
         if node.name in before_check:
             ungated.append(f"{node.name} ({node.op})")
             continue
@@ -415,22 +436,16 @@ def _next_state(body: _Body, config: ScaleConfig, finite: TensorRef, handles: li
 
 def _scale_function(body: _Body, library, config: ScaleConfig, branches: dict) -> _Found:
     """Loss scaling in one train function's body; its three new inputs come last."""
-    seed = _seed(body)
-    gradients = _gradients(body, seed)
+    seeds = _seeds(body)
+    gradients = _gradients(body, seeds)
     handles = [body.add_resource_arg(f"{SCOPE}_{name}_resource", dtype) for name, dtype in STATE]
     reads = [body.add("ReadVariableOp", f"{SCOPE}/{name}/read", [handle], dtype=dtype)
              for (name, dtype), handle in zip(STATE, handles)]
     scale = reads[0]
-    seed_ref = TensorRef(seed)
-    seed_dtype = body.dtype(seed_ref)
-    factor = scale if seed_dtype == FLOAT else body.add("Cast", f"{seed}/amp_scale_cast", [scale],
-                                                        SrcT=FLOAT, DstT=seed_dtype)
-    seed_readers = body.readers(seed_ref)
-    scaled = body.add("Mul", f"{seed}/amp_scaled", [seed_ref, factor], T=seed_dtype)
-    for reader, index in seed_readers:
-        body.graph.set_input(reader, index, scaled)
+    for seed in seeds:   # one scale for every tape: one step, one check (module docstring)
+        _scale_seed(body, seed, scale)
     finite, gradients = _unscale_and_check(body, gradients, scale)
-    gated, ungated = _gate_writes(body, library, finite, branches)
+    gated, ungated = _gate_writes(body, library, finite, seeds, branches)
     updates = _next_state(body, config, finite, handles, reads)
     # the step runs them, and its results wait on them, as TF2's automatic control
     # dependencies make every result wait on every stateful op
@@ -442,7 +457,19 @@ def _scale_function(body: _Body, library, config: ScaleConfig, branches: dict) -
         producer = body.graph.input(ret, 0).node
         if producer not in body.fg.args:
             body.graph.add_control_edge(group, producer)
-    return _Found(body.name, seed, [_function_ref(body, g) for g in gradients], gated, ungated)
+    return _Found(body.name, seeds, [_function_ref(body, g) for g in gradients], gated, ungated)
+
+
+def _scale_seed(body: _Body, seed: str, scale: TensorRef) -> None:
+    """Every reader of ``seed`` reads it times ``scale`` (cast to the seed's dtype)."""
+    seed_ref = TensorRef(seed)
+    seed_dtype = body.dtype(seed_ref)
+    factor = scale if seed_dtype == FLOAT else body.add("Cast", f"{seed}/amp_scale_cast", [scale],
+                                                        SrcT=FLOAT, DstT=seed_dtype)
+    seed_readers = body.readers(seed_ref)
+    scaled = body.add("Mul", f"{seed}/amp_scaled", [seed_ref, factor], T=seed_dtype)
+    for reader, index in seed_readers:
+        body.graph.set_input(reader, index, scaled)
 
 
 def _function_ref(body: _Body, ref: TensorRef) -> str:
@@ -454,18 +481,31 @@ def _function_ref(body: _Body, ref: TensorRef) -> str:
 
 
 # ----------------------------------------------------------------- the model around them
+def unreached_train_functions(meta: meta_graph_pb2.MetaGraphDef) -> list[str]:
+    """The library functions of ``meta`` that train but that nothing the graph runs reaches:
+    no signature calls them (a tf.function method saved beside the signatures, a trace kept
+    with its method). Loss scaling leaves them alone, neither scaled nor painted: they keep
+    their float32 bytes and train as before, and nothing in them is refused."""
+    library = meta.graph_def.library
+    reached = set(reachable(meta.graph_def.node, library))
+    return [name for name in training_functions(library) if name not in reached]
+
+
 def add_saved_model_loss_scaling(meta: meta_graph_pb2.MetaGraphDef, config: ScaleConfig,
                                  report) -> dict[str, np.ndarray] | None:
-    """Loss scaling in every train function ``meta`` restores (in place); returns the variables
-    to add to the checkpoint under ``root.amp_loss_scale`` (local name -> starting value), or
-    None when nothing trains.
+    """Loss scaling in every train function a signature of ``meta`` reaches (in place); returns
+    the variables to add to the checkpoint under ``root.amp_loss_scale`` (local name ->
+    starting value), or None when nothing it reaches trains. Train functions no signature
+    reaches are left alone, with a warning (:func:`unreached_train_functions`).
 
     Raises :class:`UnsupportedGraphError` for a graph whose own nodes train (a TF1 SavedModel),
-    a train step whose writes sit in functions it calls, and a model converted before.
+    a train step whose writes sit in functions it calls, one that applies a tape's gradients
+    before another tape's are computed, and a model converted before.
     """
     library = meta.graph_def.library
     og = meta.object_graph_def
-    train = training_functions(library)
+    _warn_left_alone(unreached_train_functions(meta), report)
+    train = training_functions(library, reachable(meta.graph_def.node, library))
     if not train:
         return None
     if not og.nodes:
@@ -482,6 +522,18 @@ def add_saved_model_loss_scaling(meta: meta_graph_pb2.MetaGraphDef, config: Scal
              SCOPE, config.start)
     return {"scale": np.float32(config.start), "skipped_steps": np.int64(0),
             "good_steps": np.int64(0)}
+
+
+def _warn_left_alone(names: list[str], report) -> None:
+    if not names:
+        return
+    text = (f"{len(names)} train function(s) that no signature reaches left as they are, "
+            f"float32 and without loss scaling: {', '.join(names[:3])}"
+            + (" ..." if len(names) > 3 else "")
+            + " (a method saved beside the signatures trains as before; to train it in float16, "
+              "save it as a signature too)")
+    report.warnings.append(text)
+    log.warning(text)
 
 
 def scale_train_functions(meta: meta_graph_pb2.MetaGraphDef, train: list[str],
@@ -553,7 +605,7 @@ def _record(config: ScaleConfig, found: list[_Found], saved: bool) -> dict:
     return {
         "mode": config.mode, "start": config.start,
         **({"interval": config.interval, "factor": config.factor} if config.mode == "dynamic" else {}),
-        "functions": [f.function for f in found], "seeds": [f"{f.function}/{f.seed}" for f in found],
+        "functions": [f.function for f in found], "seeds": [f"{f.function}/{s}" for f in found for s in f.seeds],
         "gradients": [f"{f.function}/{g}" for f in found for g in f.gradients],
         "gated_writes": sum(len(f.gated) for f in found),
         "ungated_writes": [f"{f.function}/{w}" for f in found for w in f.ungated],
