@@ -232,6 +232,69 @@ def test_a_step_applying_one_tape_before_the_next_is_refused_and_its_split_conve
     assert state(loaded) == (2.0 ** 15, 0, 2)   # one good step counted by each function
 
 
+class PenaltyGAN(AlternatingGAN):
+    """A WGAN-GP critic step: the penalty on the gradient of the critic's scores with respect to
+    the images comes from an inner tape inside the critic's tape. With a batch of scores the
+    inner tape's seed is ``ones_like`` of them, no Const: only the critic's tape is scaled, and
+    the penalty's gradient is a forward value, not to unscale; with ``scalar`` scores both
+    seeds are Consts of ones and the critic's tape differentiates what the inner one computes."""
+
+    scalar = False
+
+    @tf.function(input_signature=SIGNATURE)
+    def train_step(self, images, noise):
+        real = tf.reshape(images, [-1, 64])
+        with tf.GradientTape() as tape:
+            with tf.GradientTape() as inner:
+                inner.watch(real)
+                scores = self.discriminated(real)
+                if self.scalar:
+                    scores = tf.reduce_sum(scores)
+            penalty = tf.reduce_mean(tf.square(inner.gradient(scores, real)))
+            if self.scalar:   # the seed then feeds a float16 and a float32 gradient op: a Cast
+                loss = scores + 10.0 * penalty
+            else:
+                loss = (tf.reduce_mean(self.discriminated(self.generated(noise)))
+                        - tf.reduce_mean(scores) + 10.0 * penalty)
+        self.d_opt.apply_gradients([(tape.gradient(loss, self.d), self.d)])
+        return {"disc_loss": loss, "penalty": penalty}
+
+
+class ScalarPenaltyGAN(PenaltyGAN):
+    scalar = True
+
+
+@pytest.mark.parametrize("model", ["GAN", "PenaltyGAN"])
+def test_scaling_alone_trains_bit_for_bit_like_the_original(model, tmp_path):
+    """Every op kept float32 (a keep_fp32 override of every node), loss scaling still added:
+    scaling by a power of two is exact, so the converted step trains exactly as the original:
+    both of the GAN's seeds are scaled and all its gradients unscaled by the same factor, and
+    the gradient penalty's inner gradient, which no scaled seed computes, is left as it is
+    (it was divided by the scale once: found with this test)."""
+    save(GAN(0) if model == "GAN" else PenaltyGAN(), tmp_path / "fp32")
+    keep_all = tmp_path / "keep_all.toml"
+    keep_all.write_text('[[override]]\nglob = "*"\naction = "keep_fp32"\n')
+    report = convert_file(tmp_path / "fp32", tmp_path / "f16", target="float16", rules=[str(keep_all)])
+    assert len(report.to_dict()["loss_scaling"]["seeds"]) == (2 if model == "GAN" else 1)
+    original, ours = (tf.saved_model.load(str(tmp_path / n)) for n in ("fp32", "f16"))
+    for x, z in batches(3, seed=0):
+        theirs, mine = original.train_step(x, z), ours.train_step(x, z)
+        assert {k: v.numpy() for k, v in theirs.items()} == {k: v.numpy() for k, v in mine.items()}
+    assert model_bits(ours) == model_bits(original)
+    assert state(ours) == (2.0 ** 15, 0, 3)
+
+
+def test_a_tape_differentiating_another_tapes_gradients_is_refused(tmp_path):
+    """Both seeds Consts of ones, the critic's tape differentiating the inner tape's gradient:
+    one scale would scale that tape's gradients twice. Refused, nothing written. (Painting
+    puts a Cast between the critic's seed and one of its readers: the seed is found through
+    it, else only the inner seed was scaled and the penalty came out divided by the scale.)"""
+    save(ScalarPenaltyGAN(), tmp_path / "fp32")
+    with pytest.raises(UnsupportedGraphError, match="one tape differentiates what another tape's"):
+        convert_file(tmp_path / "fp32", tmp_path / "f16", target="float16")
+    assert not (tmp_path / "f16").exists()
+
+
 def test_a_train_function_no_signature_reaches_is_left_alone(tmp_path, caplog):
     """The step above, which a signature would have refused, saved only as the module's
     method (the serving signature is ``generate``): no refusal, its body keeps its bytes, it

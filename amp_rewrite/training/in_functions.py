@@ -31,8 +31,8 @@ SavedModel's object graph, and its state lives in ``variables/``. Loss scaling t
 The body is edited as the FunctionDef TensorFlow wrote (``node:output:index`` references), in
 place: every node keeps its name, so control edges, ``control_ret`` and the automatic control
 dependencies TensorFlow recorded still hold. What cannot be found without doubt (no seed,
-writes inside nested calls, writes a later tape's gradients wait on, a model converted before)
-is refused.
+writes inside nested calls, writes a later tape's gradients wait on, a tape that differentiates
+another's gradients, a model converted before) is refused.
 """
 
 from __future__ import annotations
@@ -199,13 +199,14 @@ class _Found:
 def _seeds(body: _Body) -> list[str]:
     """The tapes' backprop seeds, in body order: each a float Const of ones outside the tape
     scope, read only by it (``tape.gradient(loss, ...)`` without ``output_gradients``; one per
-    ``tape.gradient`` call, so a GAN step has two)."""
+    ``tape.gradient`` call, so a GAN step has two), directly or through painting's Cast of it
+    (a seed read by a 16-bit and a float32 gradient op)."""
     seeds = []
     for node in body.nodes():
         if node.op != "Const" or _in_tape(node.name):
             continue
         readers = body.readers(TensorRef(node.name))
-        if readers and all(_in_tape(r) for r, _ in readers):
+        if readers and all(_in_tape(r) or _cast_for_tape(body, r) for r, _ in readers):
             value = tensor_util.MakeNdarray(node.attr["value"].tensor)
             if value.dtype.kind == "f" and value.size and np.all(value == 1):
                 seeds.append(node.name)
@@ -217,24 +218,56 @@ def _seeds(body: _Body) -> list[str]:
     return seeds
 
 
+def _cast_for_tape(body: _Body, name: str) -> bool:
+    """Whether ``name`` is a Cast read only by the tape (painting's, between a seed and a
+    gradient op of the other dtype)."""
+    readers = body.readers(TensorRef(name))
+    return body.op(name) == "Cast" and bool(readers) and all(_in_tape(r) for r, _ in readers)
+
+
 def _gradients(body: _Body, seeds: list[str]) -> list[TensorRef]:
-    """Float tensors made in the backward passes and read outside them, in body order. The
-    backward pass is the tapes' scope and what lies between its nodes on the seeds' side: a
-    tape sums a tensor's gradient contributions with an ``AddN`` outside the scope, whose result
-    the scope reads again (taking that sum for a gradient would unscale part of the backward
-    pass). Only what the seeds compute counts: a forward ``While`` also reads the scope (its
-    gradient's accumulators) and is read by it, but is no gradient."""
+    """Float tensors the seeds compute in the backward passes and read outside them, in body
+    order. The backward pass is the tapes' scope and what lies between its nodes on the seeds'
+    side: a tape sums a tensor's gradient contributions with an ``AddN`` outside the scope, whose
+    result the scope reads again (taking that sum for a gradient would unscale part of the
+    backward pass). Only what the seeds compute counts: a forward ``While`` also reads the scope
+    (its gradient's accumulators) and is read by it, and a tape whose seed is not a Const of
+    ones (``ones_like`` of a critic's batch of scores, in a gradient penalty) computes under the
+    same scope, unscaled: neither is a gradient to unscale.
+
+    Raises :class:`UnsupportedGraphError` when one tape differentiates what another's gradients
+    compute (a gradient penalty whose inner tape's seed is a Const of ones too, higher-order
+    gradients): scaling both seeds would leave that tape's gradients scaled twice."""
     graph = body.graph
     scoped = {n.name for n in body.nodes() if _in_tape(n.name)} | set(seeds)
-    inside = scoped | (graph.descendants(seeds) & graph.ancestors(scoped))
+    computed = graph.descendants(seeds)
+    inside = scoped | (computed & graph.ancestors(scoped))
+    _refuse_tapes_through_gradients(body, seeds, inside)
     found: list[TensorRef] = []
     for node in body.nodes():
         if node.name in inside:
             continue
         for ref in graph.inputs(node.name):
-            if ref.node in inside and ref not in found and body.dtype(ref) in CONVERTIBLE:
+            if ref.node in inside and ref.node in computed and ref not in found \
+                    and body.dtype(ref) in CONVERTIBLE:
                 found.append(ref)
     return found
+
+
+def _refuse_tapes_through_gradients(body: _Body, seeds: list[str], inside: set[str]) -> None:
+    """Two seeds' backward passes meet in a node of the backward pass only when one tape
+    differentiates what the other's gradients compute: refused."""
+    seen: dict[str, str] = {}
+    for seed in seeds:
+        for name in body.graph.descendants([seed]) & inside:
+            if name in seen and name != seed:
+                raise UnsupportedGraphError(
+                    f"function {body.name!r} trains, and the backward pass from seed {seed!r} "
+                    f"meets the one from seed {seen[name]!r} at {name!r}: one tape "
+                    "differentiates what another tape's gradients compute (a gradient "
+                    "penalty, higher-order gradients), which one loss scale would scale twice; "
+                    "convert with --loss-scale none, or --target bfloat16")
+            seen.setdefault(name, seed)
 
 
 def _widen_pass_through(body: _Body, reader: str, index: int, value: TensorRef) -> bool:
