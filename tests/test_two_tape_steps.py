@@ -87,11 +87,11 @@ def test_the_two_tape_step_is_scaled_as_one_step(converted):
 
 
 @pytest.mark.parametrize("side", ["generator", "discriminator", "discriminator forward"])
-def test_an_overflow_on_either_side_skips_the_whole_step(converted, side):
+def test_an_overflow_on_either_side_skips_the_whole_step(converted, side, tmp_path):
     """Only one side's gradients overflow (its loss weight at 1e30, which the other tape never
     sees; or a batch of images times 1e30, which only the discriminator reads): no variable of
     either side, no optimizer slot or counter, no batch-norm statistic changes a bit; the scale
-    halves and the skipped step is counted once."""
+    halves and the skipped step is counted once, in state a checkpoint of the model keeps."""
     folder, _ = converted
     loaded = tf.saved_model.load(str(folder / "f16"))
     data = list(batches(3, seed=0))
@@ -108,6 +108,11 @@ def test_an_overflow_on_either_side_skips_the_whole_step(converted, side):
     assert np.isfinite(float(out[other]))       # the other side's loss was fine
     assert model_bits(loaded) == before
     assert state(loaded) == (scale / 2, skipped + 1, 0)
+    # the state is the model's: a checkpoint of it restores the skipped step's count
+    path = tf.train.Checkpoint(loaded).write(str(tmp_path / "ckpt"))
+    fresh = tf.saved_model.load(str(folder / "f16"))
+    tf.train.Checkpoint(fresh).read(path).assert_consumed()
+    assert state(fresh) == state(loaded) and model_bits(fresh) == before
     for name in WEIGHTS:
         getattr(loaded, name).assign(1.0)
     loaded.train_step(*data[2])
