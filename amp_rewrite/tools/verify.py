@@ -312,6 +312,10 @@ UNCOMPARED = {
     "not_float": "a float in one model, of another dtype in the other",
     "only_original": "only in the original (the conversion removed or renamed it)",
     "only_converted": "only in the converted model (casts and nodes the conversion added)",
+    "skipped_step": ("computed from the scaled gradients of a converted train step that "
+                     "skipped its update, as it does when they are not all finite (at too high "
+                     "a loss scale, which dynamic loss scaling lowers)"),
+    "loss_scaled": "holds the loss-scaled value, at a scale not known for every run",
 }
 #: tensor names an :class:`Uncompared` group keeps as examples
 _EXAMPLES = 5
