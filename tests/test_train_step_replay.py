@@ -14,7 +14,9 @@ import tensorflow as tf
 
 from amp_rewrite import cli, convert_file
 from amp_rewrite.core.errors import InputError
+from amp_rewrite.tools.replay import unscale
 from amp_rewrite.tools.runner import open_model
+from amp_rewrite.tools.traces import Trace
 from amp_rewrite.tools.tuning import tune
 from amp_rewrite.tools.verify import verify
 
@@ -136,6 +138,26 @@ def test_a_step_the_loss_scale_skips_leaves_its_backward_pass_out(trained):
     reads = [n for n in result.nodes if n.op == "ReadVariableOp"]
     assert len(reads) > 10 and all(n.rel_l2 == 0 for n in reads)
     assert any(n.op == "MatMul" and n.dtype == "float16" and n.rel_l2 > 0 for n in result.nodes)
+
+
+def test_a_scaled_tensor_recorded_at_two_scales_is_left_out(trained):
+    """The converted step's trace read its scale once (256). Recorded twice, at two scales (as
+    a loop of steps whose scale changed would be), its backward pass cannot be divided by
+    either: it is left out as loss_scaled; the gradients unscaled by the step stay."""
+    root, _ = trained
+    feed = dict(np.load(root / "data.npz"))
+    with open_model(root / "f16", signature="train_step") as runner:
+        trace = runner.trace(feed)
+    (seed,) = [name for name in trace.info if name.endswith("/amp_scaled:0")]
+    function = seed.split("/", 1)[0]
+    grad, scale = (f"{function}/gradient_tape/MatMul_1/MatMul_1:0",
+                   f"{function}/amp_loss_scale/scale/read:0")
+    assert trace.values[scale] == [256] and grad in trace.values
+    twice = Trace({name: values * 2 for name, values in trace.values.items()}, trace.info)
+    twice.values[scale] = [np.float32(256), np.float32(128)]
+    left_out = unscale(twice)
+    assert left_out[grad] == "loss_scaled" and set(left_out.values()) == {"loss_scaled"}
+    assert seed in left_out and not any(t.endswith("/amp_unscaled:0") for t in left_out)
 
 
 def test_a_float16_overflow_seeded_in_the_train_step_comes_first(trained, capsys):
