@@ -56,7 +56,10 @@ VARIANT_PASSTHROUGH = frozenset({
 
 
 def is_tensorlist_op(op: str) -> bool:
-    return op.startswith("TensorList")
+    """Whether ``op`` works on a TensorList: its name holds ``TensorList`` anywhere, as
+    grappler's ``IsTensorListOp`` asks, so the creator ``EmptyTensorList`` (the accumulator of
+    TF2 while-loop gradients) counts with ``TensorListReserve``, the pushes and the pops."""
+    return "TensorList" in op
 
 
 #: control flow v1: a loop's back edge runs NextIteration -> Merge
