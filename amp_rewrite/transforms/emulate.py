@@ -52,6 +52,9 @@ def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, 
             continue
         ports = [p for p in range(len(types.outputs)) if output_dtype(node, p) == HALF]
         casts = cast_types(node)
+        if casts == (HALF, FLOAT):
+            _to_identity(node)      # its input is now float32, rounded already
+            continue
         if casts is not None and casts[0] == HALF:
             node.attr["SrcT"].type = FLOAT      # its input is now float32, rounded already
             invalidate(node)
@@ -87,6 +90,19 @@ def _refuse_half_functions(library) -> None:
                 raise UnsupportedGraphError(
                     f"function {sig.name!r} holds float16 ops ({node.name}); "
                     "emulation covers a graph's own nodes only")
+
+
+def _to_identity(node) -> None:
+    """An existing half-to-float Cast (one the conversion put at a boundary, or the model's
+    own) now reads float32 values already rounded to float16: it becomes an Identity, not a
+    float32-to-float32 Cast. The node stays, under its name, because a fetch, a control edge
+    or ``verify --per-node`` may name it."""
+    for key in ("SrcT", "DstT", "Truncate"):
+        if key in node.attr:
+            del node.attr[key]
+    node.set_op("Identity")
+    node.attr["T"].type = FLOAT
+    invalidate(node)
 
 
 def _widen_outputs(graph: Graph, name: str, ports: list[int], round_first: bool) -> None:
