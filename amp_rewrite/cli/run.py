@@ -209,7 +209,16 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
                    help="a sample: input arrays keyed by input name (repeatable; every sample "
                    "must meet the tolerance)")
     p.add_argument("--holdout", action="append", default=[], metavar="DATA.npz",
-                   help="a held-out sample, scored before and after but never tuned on")
+                   help="a held-out sample, never tuned on: the result must pass on it too, "
+                   "else exit 1 and nothing written")
+    p.add_argument("--allow-holdout-failure", action="store_true",
+                   help="write the result even where it fails on --holdout samples (warned)")
+    # the default is core.dtypes.HEADROOM, which tune applies: importing it here would
+    # import TensorFlow before a usage error could answer
+    p.add_argument("--headroom", type=float, metavar="H",
+                   help="keep float32 every tensor whose largest magnitude on the samples "
+                   "comes within a factor H of the target's largest value (default: "
+                   "HEADROOM in amp_rewrite/core/dtypes.py, as convert; 1: only those past it)")
     p.add_argument("--metric", choices=["rel_l2", "max_abs", "top1"], default="rel_l2",
                    help="worst over the outputs: relative L2 error, largest absolute error, or "
                    "share of rows whose argmax moved (default rel_l2)")

@@ -193,8 +193,9 @@ class Kept:
             top = LARGEST[TARGETS[target]]
             where = (f"past {target}'s largest value {top:g}" if self.largest > top else
                      f"within headroom {headroom:g} of {target}'s largest value {top:g}")
-            reads = "" if self.tensor.rsplit(":", 1)[0] == self.node else "reads "
-            return f"{reads}{self.tensor}: {self.largest:.3g} on the tuning samples, {where}"
+            tensor = (self.tensor if self.tensor.rsplit(":", 1)[0] == self.node
+                      else f"reads {self.tensor}, which")
+            return f"{tensor} reaches {self.largest:.3g} on the tuning samples, {where}"
         if self.tensor:
             return f"{self.tensor} added {self.added:.3g}"
         return "kept with every low-precision node"
@@ -251,8 +252,8 @@ class TuneResult:
             lines.append(f"  keep_fp32 {k.node} ({k.op}): {k.why(self.target, self.headroom)}")
         for name in self.forced:
             lines.append(f"  force_lowp {name}: the tolerance holds with it in low precision")
-        if self.message:
-            lines.append(self.message)
+        if self.message and not (self.holdout_failure and self.message.startswith("held-out")):
+            lines.append(self.message)      # (a held-out failure is said in its line above)
         return "\n".join(lines)
 
 
@@ -706,9 +707,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                                                                          wanted)
                 if ok and result.holdout_failure and not allow_holdout_failure:
                     result.ok = False
-                    result.message = (f"held-out samples: {result.holdout_failure}; nothing "
-                                      "written (--allow-holdout-failure writes it)"
-                                      + (f"; {note}" if note else ""))
+                    result.message = (f"held-out samples: {result.holdout_failure} "
+                                      "(--allow-holdout-failure writes it anyway)")
         finally:
             for t in tuner.seen.values():
                 t.close()
