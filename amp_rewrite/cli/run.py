@@ -120,6 +120,14 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", metavar="PREFIX",
                    help="restore the original MetaGraph's variables from this checkpoint "
                    "(default: run its initializers); the converted graph gets the same values")
+    _init_op_flag(p)
+
+
+def _init_op_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--init-op", action="append", default=[], metavar="NAME",
+                   help="an op to run once in each model before the first run, after the "
+                   "variables and the table and iterator initializers found by themselves "
+                   "(repeatable; graph files)")
 
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
@@ -205,9 +213,10 @@ def _force_flag(p: argparse.ArgumentParser) -> None:
 def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
     p.add_argument("-o", "--output", required=True, help="where to write the tuned conversion")
-    p.add_argument("--inputs", action="append", required=True, metavar="DATA.npz",
+    p.add_argument("--inputs", action="append", default=[], metavar="DATA.npz",
                    help="a sample: input arrays keyed by input name (repeatable; every sample "
-                   "must meet the tolerance)")
+                   "must meet the tolerance; required unless tf.data iterators alone feed the "
+                   "model, whose first batch is then the sample)")
     p.add_argument("--holdout", action="append", default=[], metavar="DATA.npz",
                    help="a held-out sample, never tuned on: the result must pass on it too, "
                    "else exit 1 and nothing written")
@@ -241,6 +250,7 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-tensor", action="append", default=[], metavar="TENSOR",
                    help="graph output to score (repeatable; default the signature's outputs, "
                    "else the nodes nothing reads)")
+    _init_op_flag(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
 

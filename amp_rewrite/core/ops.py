@@ -90,6 +90,10 @@ TABLE_INITIALIZERS = frozenset({"InitializeTable", "InitializeTableV2", "Initial
 #: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})
 
+#: tf.data: the op that reads one batch out of an iterator (an input a run can feed), and the
+#: op that (re)starts an initializable iterator on its dataset (its ``initializer``)
+ITERATOR_GET_NEXT_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
+ITERATOR_INIT_OPS = frozenset({"MakeIterator"})
 #: ops whose outputs nothing reads but that are not results a user wants compared
 NOT_OUTPUTS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
                          "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"})

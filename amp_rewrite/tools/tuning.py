@@ -94,7 +94,14 @@ from ..io.save import check_destination, save, stage
 from ..report.decisions import Report
 from ..rules.loader import NodeRule
 from ..training.detect import training_parts
-from .runner import Runner, load_inputs, match_inputs, open_converted, open_model
+from .runner import (
+    Runner,
+    fill_iterator_inputs,
+    load_inputs,
+    match_inputs,
+    open_converted,
+    open_model,
+)
 from .traces import upstream
 from .verify import (BEYOND, REL_L2, TOP1, Attribution, ErrorStats, attribute,
                      compare_outputs, criteria, lowest_dtype)
@@ -605,42 +612,50 @@ def _largest(values: Iterable[np.ndarray]) -> float:
     return out
 
 
-def _open(model: Model, signature: str | None, outputs: Sequence[str]) -> Runner:
+def _open(model: Model, signature: str | None, outputs: Sequence[str],
+          init_ops: Sequence[str] = ()) -> Runner:
     """The float32 model opened as ``verify`` opens the original (its variables drawn by their
-    initializers, once: every trial gets their values)."""
+    initializers, once: every trial gets their values; ``init_ops`` run in it and in every
+    trial)."""
     if model.kind == "savedmodel" and outputs:
         raise InputError(f"{model.path}: output tensors (--output-tensor) apply to graph "
                          "files; a SavedModel's signature names its outputs")
-    return open_model(model, signature=signature, outputs=outputs)
+    return open_model(model, signature=signature, outputs=outputs, init_ops=init_ops)
 
 
 # ----------------------------------------------------------------- the entry point
 def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = None, *,
-         feeds: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike,
+         feeds: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike = (),
          metric: str | Metric = "rel_l2", tolerance: float | None = None,
          max_trials: int = DEFAULT_MAX_TRIALS,
          holdout: Iterable[Mapping[str, np.ndarray]] | Sequence[str] = (),
          rules_out: str | os.PathLike | None = None, signature: str | None = None,
          outputs: Sequence[str] = (), force: bool = False, relax: bool = False,
          progress: Callable[[int, int, float, int], None] | None = None,
-         report: str | os.PathLike | None = None, headroom: float = HEADROOM,
-         allow_holdout_failure: bool = False, **options) -> TuneResult:
+         report: str | os.PathLike | None = None, init_ops: Sequence[str] = (),
+         headroom: float = HEADROOM, allow_holdout_failure: bool = False,
+         **options) -> TuneResult:
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
 
     ``model``: a path (GraphDef, MetaGraph, SavedModel directory, Keras file) or a loaded
     :class:`~amp_rewrite.io.load.Model` (``Model.of_graph_def(graph_def)``). ``feeds``: feed
     dicts keyed by input name (signature keys, or placeholder names), or ``.npz`` paths, one
-    sample each. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst over the outputs),
-    or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output name -> array,
-    lower is better. ``tolerance`` defaults to what ``verify`` accepts
+    sample each; a graph fed by tf.data iterators takes the iterators' outputs by tensor name
+    (``IteratorGetNext:0``) or, where a sample lacks them, the next batch of the float32
+    model's own iterator (sample *i*, then the held-out ones, in order), and without feeds its
+    first batch is the one sample. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst
+    over the outputs), or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output
+    name -> array, lower is better. ``tolerance`` defaults to what ``verify`` accepts
     (:func:`default_tolerance`). ``holdout``: samples never tuned on; the result must pass
     on them as on ``feeds`` (``result.holdout_failure`` says which output fails and by how
     much), else it is a failure, unless ``allow_holdout_failure``. ``headroom``: the range
     margin's safety factor (module docstring, step 1; at least 1, where only tensors past the
     range on ``feeds`` are kept up front). ``relax``: also move nodes the lists kept float32
     into low precision where the tolerance holds (module docstring, step 4). ``options``:
-    those of :class:`~amp_rewrite.conversion.graph.Options`.
+    those of :class:`~amp_rewrite.conversion.graph.Options`. ``init_ops``: ops to run once
+    per session after the initializers found (``--init-op``;
+    :meth:`~amp_rewrite.tools.analysis.Analysis.init_ops`).
 
     When it passes and ``output`` is given, writes the converted model there, the chosen
     overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``) and, if
@@ -685,7 +700,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
         raise UnsupportedGraphError(f"{model.path}: the graph trains; tune compares inference "
                                     "outputs: freeze or export the inference graph first")
     with tempfile.TemporaryDirectory(prefix="amp-tune.") as workdir, \
-            _open(model, signature, outputs) as ref:
+            _open(model, signature, outputs, init_ops) as ref:
         tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
                        max_trials, signature, outputs, progress, Path(workdir),
                        verify_checks=name == "rel_l2", headroom=headroom,
@@ -774,6 +789,9 @@ def _lowp(report: Report) -> int:
 
 
 def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
+    """The samples as feed dicts by input name; the iterator outputs a sample lacks are the
+    next batches of ``ref``'s iterators (:func:`~amp_rewrite.tools.runner.fill_iterator_inputs`);
+    no samples at all, for a model that only iterators feed, is one sample: their first batch."""
     if isinstance(feeds, (str, os.PathLike)):
         feeds = [feeds]
     out = []
@@ -783,14 +801,16 @@ def _feed_list(feeds, ref: Runner, what: str) -> list[dict]:
             continue
         named = {spec.name: feed[key] for key, spec in
                  match_inputs(feed, ref.inputs, f"{what}: a feed dict's key").items()}
-        missing = [s.name for s in ref.inputs if s.name not in named]
+        missing = [s.name for s in ref.inputs if s.name not in named and not s.iterator]
         if missing:
             raise InputError(f"{what}: a feed dict has no array for input(s) "
                              f"{', '.join(map(repr, missing))} (has: {', '.join(map(str, feed))})")
-        out.append({s.name: np.asarray(named[s.name]) for s in ref.inputs})
+        out.append({s.name: np.asarray(named[s.name]) for s in ref.inputs if s.name in named})
     if what == "feeds" and not out:
-        raise InputError("tune needs at least one sample (--inputs DATA.npz)")
-    return out
+        if not ref.inputs or any(not s.iterator for s in ref.inputs):
+            raise InputError("tune needs at least one sample (--inputs DATA.npz)")
+        out = [{}]
+    return fill_iterator_inputs(ref, out)
 
 
 def _check_outputs(model: Model, output, rules_out, force: bool, report=None):
