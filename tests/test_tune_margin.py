@@ -137,3 +137,29 @@ def test_an_input_past_float16s_range_is_fixed_in_at_most_3_trials(tmp_path):
     want = tf.saved_model.load(str(KERAS_EXPORT)).signatures["serving_default"](keras_tensor=x)
     got, want = got["output_0"].numpy(), want["output_0"].numpy()
     assert np.isfinite(got).all() and graphs.rel_l2(got, want) <= TOL
+
+
+def test_a_model_verify_cannot_trace_is_tuned_without_the_margin_and_says_so(tmp_path):
+    """A SavedModel whose signature writes a variable (a call counter) cannot be replayed body
+    by body (the write would run twice): tune still runs its trials, as it did before the
+    margin, and says the margin was skipped and why."""
+    class Counted(tf.Module):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(0)
+            self.w = tf.Variable(rng.standard_normal((8, 4)).astype(np.float32))
+            self.calls = tf.Variable(0.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def __call__(self, x):
+            self.calls.assign_add(1.0)
+            return {"y": tf.nn.relu(tf.matmul(x, self.w))}
+
+    model = Counted()
+    tf.saved_model.save(model, str(tmp_path / "counted"), signatures=model.__call__)
+    feed = {"x": np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)}
+    result = tune(tmp_path / "counted", tmp_path / "tuned", feeds=[feed])
+    assert result.ok and result.trials == 1 and (tmp_path / "tuned" / "saved_model.pb").is_file()
+    assert result.message.startswith("range margin skipped: ")
+    assert "writes variables" in result.message
+    assert "range margin skipped" in result.summary()

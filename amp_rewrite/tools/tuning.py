@@ -15,15 +15,18 @@ starts from the painted graph and searches with the error attribution of ``verif
    session), so a tuned model passes ``verify`` on the same samples and tolerance.
    *The range margin* (trial 1, when it keeps anything): the float32 model is traced on every
    sample (the trace ``verify --per-node`` takes), and each tensor whose largest magnitude
-   comes within ``headroom`` of the target's largest value (:func:`~amp_rewrite.core.dtypes.near_limit`,
-   default :data:`~amp_rewrite.core.dtypes.HEADROOM`) is held in float32: the node computing
+   comes within ``headroom`` of the target's largest value
+   (:func:`~amp_rewrite.core.dtypes.near_limit`, default
+   :data:`~amp_rewrite.core.dtypes.HEADROOM`) is held in float32: the node computing
    it and the nodes reading it (which would read it through a cast to the target: an input
    cast), wherever the painted graph puts them in low precision. The tuning samples are a few
    batches of a distribution the model then meets millions of times: a tensor that reaches
    a quarter of 65504 on them overflows on the next batch. Tensors already past the range on
    the samples are kept too, unless the painted graph shows their infinities harmless (a
    -1e9 attention mask: every tensor computed from it agrees, as ``verify`` compares). These
-   keeps are never released: the samples cannot show that they are not needed.
+   keeps are never released: the samples cannot show that they are not needed. A model the
+   trace refuses (a signature that writes variables) is tuned without them, and the result's
+   message says so.
 2. While a trial fails, the worst sample is traced through both models
    (:func:`amp_rewrite.tools.verify.attribute`) and the nodes where the error starts are kept in
    float32: the low-precision tensors that add the most error over their inputs (an overflow
@@ -305,6 +308,7 @@ class _Tuner:
         self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
         self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
         self.headroom, self.metric_name = headroom, metric_name
+        self.skipped = ""       # why the range margin could not be taken, if it could not
         # the built-in metric applied to one output (None: a metric function, which scores
         # the outputs together): names the output a held-out sample fails on
         self.per_output = per_output
@@ -419,11 +423,18 @@ class _Tuner:
         target = TARGETS[self.options.target]
         largest: dict[str, float] = {}
         info: dict = {}
-        for feed in self.feeds:
-            trace = self.ref.trace(feed)
-            for name, values in trace.values.items():
-                largest[name] = max(largest.get(name, 0.0), _largest(values))
-            info.update(trace.info)
+        try:
+            for feed in self.feeds:
+                trace = self.ref.trace(feed)
+                for name, values in trace.values.items():
+                    largest[name] = max(largest.get(name, 0.0), _largest(values))
+                info.update(trace.info)
+        except InputError as exc:
+            # a model verify --per-node refuses to trace (a signature writing variables, a
+            # random op inside) is still tuned, as before the margin: said, not silent
+            self.skipped = f"range margin skipped: {exc}"
+            log.warning("%s", self.skipped)
+            return {}
         near = {name: v for name, v in largest.items() if near_limit(v, target, self.headroom)}
         past = [name for name, v in near.items() if not v <= LARGEST[target]]
         harmless = self._harmless(start, past, info) if past else set()
@@ -485,9 +496,8 @@ class _Tuner:
         while not current.ok:
             if self.trials >= self.max_trials:
                 return start, kept, current, False, (
-                    f"not met within --max-trials {self.max_trials}: "
-                                              f"in the last trial, {_failure(current, self.tolerance)} "
-                                              f"with {len(kept)} node(s) kept")
+                    f"not met within --max-trials {self.max_trials}: in the last trial, "
+                    f"{_failure(current, self.tolerance)} with {len(kept)} node(s) kept")
             new = self.culprits(current, kept, names)
             why = "attribution"
             if not new:
@@ -508,7 +518,7 @@ class _Tuner:
         kept = {k: v for k, v in kept.items() if k in current.keep}
         if relax and not note:
             current, note = self._relax(current)
-        return start, kept, current, current.ok, note
+        return start, kept, current, current.ok, "; ".join(filter(None, [note, self.skipped]))
 
     def _release(self, passing: _Trial, kept: list[str]) -> tuple[_Trial, str]:
         """Release ``kept`` (in the order the search kept them) in halves, last kept first
@@ -717,7 +727,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                 trial_log=tuner.log, target=opts.target, headroom=headroom)
             if held:
                 wanted = [tuner._outputs(ref, f) for f in held]
-                result.holdout_before = _score_on(tuner, start, held, wanted)[0]
+                result.holdout_before = _score_on(tuner, start, held, wanted, judge=False)[0]
                 result.holdout_after, result.holdout_failure = _score_on(tuner, final, held,
                                                                          wanted)
                 if ok and result.holdout_failure and not allow_holdout_failure:
@@ -741,14 +751,17 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     return result
 
 
-def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict]) -> tuple[float, str]:
-    """``t``'s worst score on ``feeds``, whose float32 outputs are ``wanted``, and what it
-    fails there as a trial would fail ("" if nothing): the output and by how much."""
+def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict],
+              judge: bool = True) -> tuple[float, str]:
+    """``t``'s worst score on ``feeds``, whose float32 outputs are ``wanted``, and (``judge``)
+    what it fails there as a trial would fail ("" if nothing): the output and by how much."""
     runner = t.runner or tuner._open_converted(t.model)
     try:
         got = [tuner._outputs(runner, f) for f in feeds]
         scores = [tuner._score(want, out) for want, out in zip(wanted, got)]
         worst = max(range(len(scores)), key=lambda i: scores[i])
+        if not judge:
+            return scores[worst], ""
         if scores[worst] > tuner.tolerance:
             return scores[worst], _over(tuner, wanted[worst], got[worst], worst, len(feeds))
         if tuner.verify_checks:
