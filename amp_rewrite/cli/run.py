@@ -72,7 +72,7 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", action="store_true",
                    help="write float16's float32 emulation (float16 rules, but each float16 op "
                         "computes in float32 on values rounded to float16): to see float16's "
-                        "numbers without a GPU; graph files only")
+                        "numbers without a GPU (a SavedModel's function bodies included)")
     p.add_argument("--fold-constants", action="store_true",
                    help="fold Const-only float32 subgraphs before painting, and batch norms "
                         "into the convolutions they follow (graphs without variables): fewer "
@@ -177,7 +177,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        help="rank the tensors inside both models (a SavedModel's function "
                        "bodies included) by the error each adds")
         p.add_argument("--emulate", action="store_true",
-                       help="run a float16 graph file as its float32 emulation (each float16 "
+                       help="run a float16 model as its float32 emulation (each float16 "
                        "op computes in float32 on values rounded to float16): float16's "
                        "numbers at float32 speed, on any CPU")
         p.add_argument("--top", type=int, default=10, metavar="N",
