@@ -88,6 +88,11 @@ def emulate_float16(graph_def: graph_pb2.GraphDef, roots: Collection[str] = ()) 
     held = [f for f in library.function if _holds_half(f)]
     _refuse_half_signatures(held, set(roots) | gradient_linked(library))
     before_calls = {f.signature.name: f.signature for f in library.function}
+    graph = Graph.from_graph_def(out)
+    for node in graph.nodes():    # a direct call is typed by its callee's signature
+        if node.op in before_calls:
+            set_call_signature(node, before_calls[node.op])
+    _refuse_half_interface(graph)
     calls = dict(before_calls)
     calls.update((f.signature.name, _float_signature(f.signature)) for f in held)
     emulated = 0
@@ -95,11 +100,6 @@ def emulate_float16(graph_def: graph_pb2.GraphDef, roots: Collection[str] = ()) 
         body = function_to_graph(fdef, before_calls)
         emulated += _emulate_nodes(body.graph, calls)
         fdef.CopyFrom(graph_to_function(body, calls))
-    graph = Graph.from_graph_def(out)
-    for node in graph.nodes():    # a direct call is typed by its callee's signature
-        if node.op in before_calls:
-            set_call_signature(node, before_calls[node.op])
-    _refuse_half_interface(graph)
     emulated += _emulate_nodes(graph, calls)
     result = graph.to_graph_def(out)
     problems = check_call_types(result)   # every call site agrees with its callee, as converted
