@@ -182,7 +182,9 @@ def tune(args) -> int:
                            target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
-                           report=args.report, init_ops=args.init_op)
+                           report=args.report, init_ops=args.init_op,
+                           allow_holdout_failure=args.allow_holdout_failure,
+                           **({} if args.headroom is None else {"headroom": args.headroom}))
     if bar is not None:
         sys.stderr.write("\n")
     if not result.ok:
@@ -190,6 +192,9 @@ def tune(args) -> int:
         if not args.quiet:
             print(result.summary())
         return 1
+    if result.holdout_failure:      # --allow-holdout-failure: written, but said
+        print(f"amp-rewrite: warning: held-out samples: {result.holdout_failure}; written "
+              "anyway (--allow-holdout-failure)", file=sys.stderr)
     if not args.quiet:
         print(f"wrote {args.output} and {result.rules_file}")
         print(result.summary())

@@ -35,6 +35,8 @@ import difflib
 import functools
 import logging
 import os
+import shutil
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,7 @@ from ..core.errors import InputError
 from ..core.ir import copy_except
 from ..core.ops import CALL_OPS, TABLE_INITIALIZERS
 from ..io.load import SAVED_MODEL_FILES, Model, load
+from ..io.save import write_linked
 from ..transforms.emulate import emulate_float16
 from .analysis import UNSCALED_SUFFIX, Analysis, own_variables
 from .replay import SignatureReplay, serving_meta_graph
@@ -720,6 +723,43 @@ class SavedModelRunner(Runner):
             self._tracer.close()
 
 
+class EmulatedSavedModelRunner(SavedModelRunner):
+    """A float16 SavedModel's signature run as its float32 emulation
+    (:mod:`amp_rewrite.transforms.emulate`): the emulated model is written to a temporary
+    folder, its variables and assets linked to the model's (:func:`~amp_rewrite.io.save.write_linked`),
+    loaded from there, and the folder is removed on :meth:`close`."""
+
+    def __init__(self, path: Path, signature: str | None = None):
+        model = emulated_model(load(path))
+        self._scratch = Path(tempfile.mkdtemp(prefix="amp_rewrite_emulated_"))
+        try:
+            folder = self._scratch / path.name   # messages name the model's own folder name
+            write_linked(model, folder)
+            super().__init__(folder, signature)
+        except BaseException:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def emulated_model(model: Model) -> Model:
+    """``model`` (a converted float16 model) with every MetaGraph replaced by its float32
+    emulation, a SavedModel's restored functions keeping their signatures."""
+    graphs = []
+    for meta in model.meta_graphs:
+        new = type(meta)()
+        new.CopyFrom(meta)
+        roots = meta.object_graph_def.concrete_functions
+        new.graph_def.CopyFrom(emulate_float16(meta.graph_def, roots=roots).graph_def)
+        graphs.append(new)
+    return dataclasses.replace(model, meta_graphs=tuple(graphs))
+
+
 def open_model(model: str | os.PathLike | Model, *, signature: str | None = None,
                outputs: Sequence[str] = (), checkpoint: str | None = None,
                initialize: bool = True, emulate: bool = False,
@@ -733,19 +773,15 @@ def open_model(model: str | os.PathLike | Model, *, signature: str | None = None
     path = Path(model) if loaded is None else loaded.path if loaded.kind == "savedmodel" else None
     if path is not None and (path.is_dir() or path.name in SAVED_MODEL_FILES):
         folder = path if path.is_dir() else path.parent
-        if outputs or checkpoint or emulate or init_ops:
-            raise InputError(f"{folder}: --output, --checkpoint, --emulate and --init-op apply "
+        if outputs or checkpoint or init_ops:
+            raise InputError(f"{folder}: --output, --checkpoint and --init-op apply "
                              "to graph files, not SavedModels")
+        if emulate:
+            return EmulatedSavedModelRunner(folder, signature)
         return SavedModelRunner(folder, signature)
     model = loaded or load(path)
     if emulate:
-        graphs = []
-        for meta in model.meta_graphs:
-            new = type(meta)()
-            new.CopyFrom(meta)
-            new.graph_def.CopyFrom(emulate_float16(meta.graph_def)[0])
-            graphs.append(new)
-        model = dataclasses.replace(model, meta_graphs=tuple(graphs))
+        model = emulated_model(model)
     return GraphRunner(Analysis(model, signature), outputs, checkpoint, initialize=initialize,
                        init_ops=init_ops)
 
