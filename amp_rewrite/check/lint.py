@@ -81,7 +81,8 @@ def _tensorlist_problems(graph: Graph, original: Before, names: list[str]) -> li
         for name in members:
             was = original.dtype(name, _ELEMENT_DTYPE)
             if was:   # a TensorList op of the input with an element dtype
-                now.setdefault(was, {}).setdefault(get_dtype(graph.node(name), _ELEMENT_DTYPE), name)
+                dtype = get_dtype(graph.node(name), _ELEMENT_DTYPE)
+                now.setdefault(was, {}).setdefault(dtype, name)
         for held in now.values():
             if len(held) > 1:
                 ops = ", ".join(f"{name!r} {dtype_name(d)}" for d, name in sorted(held.items()))
