@@ -224,8 +224,15 @@ def _graph_def(path):
 
 
 def _same_type_casts(graph_def):
-    return [n.name for n in graph_def.node
-            if n.op == "Cast" and n.attr["SrcT"].type == n.attr["DstT"].type]
+    """The Casts from a dtype to itself, in the graph and in its functions."""
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return [n.name for n in nodes if n.op == "Cast" and n.attr["SrcT"].type == n.attr["DstT"].type]
+
+
+def _half_to_float_casts(graph_def):
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return [n.name for n in nodes if n.op == "Cast"
+            and (n.attr["SrcT"].type, n.attr["DstT"].type) == (types_pb2.DT_HALF, FLOAT)]
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +240,8 @@ def emulated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lists_emulated")
     out = {}
     for name, graph_def in [("mixed_fanout", _mixed_fanout()),
-                            ("push_pop", _case("push_pop")[0])]:
+                            ("push_pop", _case("push_pop")[0]),
+                            ("loop_gradient_functional", _case("loop_gradient_functional")[0])]:
         (folder / f"{name}.pb").write_bytes(graph_def.SerializeToString())
         convert_file(folder / f"{name}.pb", folder / f"{name}_f16.pb", target="float16",
                      min_matrix_intensity=0)
@@ -248,8 +256,7 @@ def test_emulation_leaves_no_float32_to_float32_cast(emulated):
     graph_def, half, emu = emulated["mixed_fanout"]
     # the float16 file has half-to-float Casts (deny and infer read allow1 and allow2 through
     # them), and a retargeted int32-to-half one: emulation keeps none of them float-to-float
-    assert [n for n in half.node if n.op == "Cast" and n.attr["SrcT"].type == types_pb2.DT_HALF
-            and n.attr["DstT"].type == FLOAT]
+    assert _half_to_float_casts(half)
     assert not _same_type_casts(emu)
     nodes = {n.name: n for n in emu.node}
     for name in ("allow1", "allow2"):   # float32 MatMuls on values rounded to float16
@@ -266,12 +273,17 @@ def test_emulation_leaves_no_float32_to_float32_cast(emulated):
     assert graphs.rel_l2(ours, ref) <= 1e-6
 
 
-def test_emulated_lists_compute_in_float32_whole_and_run(emulated):
-    graph_def, half, emu = emulated["push_pop"]
-    assert any(d == LOWP["float16"] for d in _list_ops(half).values())
+@pytest.mark.parametrize("case", ["push_pop", "loop_gradient_functional"])
+def test_emulated_lists_compute_in_float32_whole_and_run(emulated, case):
+    """A list in the graph, and the accumulators a functional loop's bodies push and pop
+    (emulated in the function bodies, whose half-to-float Casts go too)."""
+    graph_def, half, emu = emulated[case]
+    assert _half_to_float_casts(half) and not _same_type_casts(emu)
+    if case == "push_pop":   # the float16 file's list is float16, the emulation's float32
+        assert LOWP["float16"] in _list_ops(half).values()
     assert all(d == FLOAT for d in _list_ops(emu).values())
-    assert not _same_type_casts(emu)
-    feeds, tensors = _case("push_pop")[1], ["output:0"]
+    _, feeds, fetches = _case(case)
+    tensors = [f + ":0" for f in fetches]
     ref, real, ours = (graphs.run(g, feeds, tensors)[0] for g in (graph_def, half, emu))
     assert 0 < graphs.rel_l2(real, ref) < TOL["float16"]
     assert graphs.rel_l2(ours, real) <= max(graphs.rel_l2(real, ref), 1e-6)
