@@ -75,7 +75,8 @@ def trained(tmp_path_factory):
     np.savez(root / "data.npz", ids=rng.integers(0, 32, (16, 3)).astype(np.int32),
              x=rng.normal(size=(16, 4)).astype(np.float32),
              labels=rng.integers(0, 5, 16).astype(np.int32))
-    (root / "force.toml").write_text('[[override]]\nglob = "*energy/Square"\naction = "force_lowp"\n')
+    (root / "force.toml").write_text(
+        '[[override]]\nglob = "*energy/Square"\naction = "force_lowp"\n')
     convert_file(root / "fp32", root / "f16", target="float16", loss_scale_options={"start": 256})
     convert_file(root / "fp32", root / "f16_skips", target="float16")
     convert_file(root / "fp32", root / "f16_forced", target="float16",
@@ -193,18 +194,20 @@ class Loud(tf.Module):
 
 
 def test_tune_keeps_the_overflowing_matmul_of_a_train_step(tmp_path):
-    """tune's attribution traces the train step through both models: the MatMul that
-    overflows float16 is kept in float32, and the tuned step's loss passes."""
+    """tune traces the train step (its range margin the original, its attribution both
+    models): the MatMul that overflows float16 is kept in float32, and the tuned step's loss
+    passes."""
     rng = np.random.default_rng(0)
     module = Loud(rng)
-    tf.saved_model.save(module, str(tmp_path / "loud"), signatures={"train_step": module.train_step})
+    tf.saved_model.save(module, str(tmp_path / "loud"),
+                        signatures={"train_step": module.train_step})
     np.savez(tmp_path / "data.npz", x=2 * rng.normal(size=(16, 4)).astype(np.float32),
              labels=rng.integers(0, 3, 16).astype(np.int32))
     before = _hashes(tmp_path / "loud")
     result = tune(tmp_path / "loud", tmp_path / "tuned", feeds=str(tmp_path / "data.npz"),
                   signature="train_step", target="float16")
     assert result.ok and math.isinf(result.before) and result.after <= result.tolerance
-    assert [(k.op, k.node.split("/", 1)[1]) for k in result.kept] == [("MatMul", "MatMul")]
+    assert ("MatMul", "MatMul") in [(k.op, k.node.split("/", 1)[1]) for k in result.kept]
     assert verify(tmp_path / "loud", tmp_path / "tuned", inputs=str(tmp_path / "data.npz"),
                   signature="train_step").ok
     assert _hashes(tmp_path / "loud") == before
@@ -229,7 +232,8 @@ def test_a_loop_that_writes_replays_each_iteration_from_the_state_the_last_one_l
             return {"y": total}
 
     module = Loop()
-    tf.saved_model.save(module, str(tmp_path / "loop"), signatures={"serving_default": module.serve})
+    tf.saved_model.save(module, str(tmp_path / "loop"),
+                        signatures={"serving_default": module.serve})
     feed = {"x": np.ones(2, np.float32)}
     with open_model(tmp_path / "loop") as runner:
         assert np.array_equal(runner.callable()(feed)[0], [6.0, 6.0])
@@ -253,7 +257,8 @@ def test_a_signature_that_writes_a_lookup_table_is_refused(tmp_path):
             return {"y": before + 1.0}
 
     module = Seen()
-    tf.saved_model.save(module, str(tmp_path / "seen"), signatures={"serving_default": module.serve})
+    tf.saved_model.save(module, str(tmp_path / "seen"),
+                        signatures={"serving_default": module.serve})
     feed = {"ids": np.array([1, 2], np.int64)}
     with open_model(tmp_path / "seen") as runner:
         runner.callable()(feed)

@@ -239,7 +239,8 @@ def unscale(trace: Trace) -> dict[str, str]:
             continue
         read = trace.values.get(f"{start.split('/', 1)[0]}/{_SCALE_READ}", [])
         scale = {float(v) for v in read} or {None}
-        reached = downstream(start, lambda t: consumers.get(t, ()), lambda t: not t.endswith(unscaled))
+        reached = downstream(start, lambda t: consumers.get(t, ()),
+                             lambda t: not t.endswith(unscaled))
         for name in {start} | {t for t in reached if not t.endswith(unscaled)}:
             scales.setdefault(name, set()).update(scale)
     for name, found in scales.items():
