@@ -62,3 +62,11 @@ def near_limit(max_abs: float, target: int, headroom: float = HEADROOM) -> bool:
     """Whether a tensor whose largest observed magnitude is ``max_abs`` comes within
     ``headroom`` of ``target``'s largest finite value (a non-finite maximum always does)."""
     return not max_abs < LARGEST[target] / headroom
+
+
+#: the smallest positive normal value of each 16-bit target: below it a value keeps fewer
+#: significant bits (a subnormal)
+SMALLEST_NORMAL = {HALF: 2.0 ** -14, BFLOAT16: 2.0 ** -126}
+#: the smallest positive subnormal of each 16-bit target: a magnitude at or below half of it
+#: rounds to zero there (float16 2**-25, bfloat16 2**-134; TensorFlow's casts keep subnormals)
+SMALLEST_SUBNORMAL = {HALF: 2.0 ** -24, BFLOAT16: 2.0 ** -133}
