@@ -35,7 +35,7 @@ RUNNER_MODULE = "amp_rewrite.cli.commands"
 _LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
 #: what --headroom's help names as its default: amp_rewrite.core.dtypes.HEADROOM (not imported
 #: here: that module imports TensorFlow's protos; tests/test_ranges.py holds the two equal)
-HEADROOM_DEFAULT = "16"
+HEADROOM_DEFAULT = "32"
 #: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
 QUIET_TF_LOG_LEVEL = "3"
 
@@ -130,7 +130,7 @@ def _headroom_flag(p) -> None:
     p.add_argument("--headroom", type=float, metavar="H",
                    help="the safety factor: a tensor whose largest magnitude reaches the 16-bit "
                    f"dtype's largest value / H is too close (default {HEADROOM_DEFAULT}: "
-                   "float16 tensors from 4094 on)")
+                   "float16 tensors from 2047 on)")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:

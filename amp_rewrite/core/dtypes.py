@@ -53,9 +53,11 @@ def base_dtype(dtype: int) -> int:
 #: the largest finite value of each 16-bit target: a float32 value past it becomes ±inf there
 LARGEST = {HALF: 65504.0, BFLOAT16: 3.3895313892515355e38}
 #: the default safety factor of range-aware precision (``--headroom``): a tensor whose observed
-#: magnitude reaches ``LARGEST[target] / HEADROOM`` stays float32. Provisional until calibration
-#: measures it (issue "Range-aware precision"); kept here so convert, ranges and tune agree.
-HEADROOM = 16.0
+#: magnitude reaches ``LARGEST[target] / HEADROOM`` stays float32 (float16: 2047). The smallest
+#: power of two above every spread measured between a calibration batch's maximum and that of
+#: up to 1024 later batches, heavy-tailed data included (26.2; BENCHMARKS.md "Range headroom",
+#: docs/ranges.md "Why the headroom is 32"); kept here so convert, ranges and tune agree.
+HEADROOM = 32.0
 
 
 def near_limit(max_abs: float, target: int, headroom: float = HEADROOM) -> bool:
