@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
@@ -61,7 +62,7 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     signatures = {f.signature.name: f.signature for f in library.function}
     by_name = {f.signature.name: f for f in library.function}
     graphs: dict[str, FunctionGraph] = {}
-    calibrated = scoped_ranges(ranges or {}, names)
+    calibrated = retraced(scoped_ranges(ranges or {}, names), [by_name[n] for n in names])
     for name in names:
         fg = _convert_function(by_name[name], library, signatures, rules, report, target, keep,
                                calibrated.get(name), headroom)
@@ -122,6 +123,31 @@ def scoped_ranges(ranges: Mapping[str, float], functions: Collection[str]
             head = f"{head}/{more}"
         if sep:
             out.setdefault(head, {})[rest] = value
+    return out
+
+
+_TRACE_NUMBER = re.compile(r"_\d+$")
+
+
+def retraced(calibrated: dict[str, dict[str, float]], fdefs) -> dict[str, dict[str, float]]:
+    """``calibrated`` with, for each function of ``fdefs`` the calibration did not run, the
+    calibration of one it ran that is the same Python function traced again: the same name
+    but for TensorFlow's trace number (``__inference_block_81`` and ``__inference_block_47``)
+    and the same nodes, by name and op. A SavedModel holds such twins (its signature's trace
+    of a method, and the restored object's), and a calibration runs one signature's."""
+    shape = {f.signature.name: sorted((nd.name, nd.op) for nd in f.node_def) for f in fdefs}
+    runs: dict[str, list[str]] = {}
+    for name in calibrated:
+        if name in shape:
+            runs.setdefault(_TRACE_NUMBER.sub("", name), []).append(name)
+    out = dict(calibrated)
+    for name in shape:
+        if name in out:
+            continue
+        twin = next((run for run in runs.get(_TRACE_NUMBER.sub("", name), ())
+                     if shape[run] == shape[name]), None)
+        if twin is not None:
+            out[name] = calibrated[twin]
     return out
 
 
