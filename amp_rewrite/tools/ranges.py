@@ -251,8 +251,9 @@ def format_ranges(found: Ranges, top: int = 20, headroom: float = HEADROOM) -> s
         groups: dict[str, int] = {}
         for reason in found.unrecorded.values():
             groups[reason] = groups.get(reason, 0) + 1
-        lines.append(f"not recorded: {len(found.unrecorded)} tensor(s): " + "; ".join(
-            f"{n} {UNRECORDED.get(r, r)}" for r, n in sorted(groups.items(), key=lambda g: -g[1])))
+        lines.append(f"not recorded: {len(found.unrecorded)} tensor(s) (" + "; ".join(
+            f"{UNRECORDED.get(r, r)}: {n}" for r, n in sorted(groups.items(), key=lambda g: -g[1]))
+            + ")")
     return "\n".join(lines)
 
 
