@@ -23,7 +23,7 @@ from amp_rewrite.conversion.pipeline import convert_file
 from amp_rewrite.core.dtypes import HALF, HEADROOM, LARGEST
 from amp_rewrite.io.load import Model
 from amp_rewrite.tools.ranges import calibrate
-from amp_rewrite.tools.verify import verify
+from amp_rewrite.tools.verify import format_result, verify
 
 v1 = tf.compat.v1
 LOUD = {"loud", "relu2", "dense3"}      # produce or read loud:0 / relu2:0
@@ -244,9 +244,11 @@ def test_ranges_lists_the_largest_first(files, capsys, tmp_path):
 
 
 def test_verify_per_node_names_the_largest_tensors(files):
-    result = verify(files / "mlp.pb", files / "cal.pb" if (files / "cal.pb").exists() else
-                    files / "mlp.pb", inputs=str(files / "loud.npz"), nodes=True)
-    assert [t.tensor for t in result.ranges[:2]] == ["loud:0", "relu2:0"]
+    result = verify(files / "mlp.pb", files / "mlp.pb", inputs=str(files / "loud.npz"), nodes=True)
+    assert [t.tensor for t in result.ranges[:2]] == ["loud:0", "relu2:0"] and len(result.ranges) == 3
+    assert "in the original (amp-rewrite ranges lists more): loud:0 (MatMul) max |x| 3.62e+03" \
+        in format_result(result)
+    assert result.to_dict()["ranges"][0]["within_headroom"] is True
 
 
 def test_bad_calibration_data_is_refused_and_nothing_is_written(files, capsys):
@@ -269,3 +271,25 @@ def test_bad_calibration_data_is_refused_and_nothing_is_written(files, capsys):
 
 def test_the_help_names_the_default_headroom():
     assert float(cli_run.HEADROOM_DEFAULT) == HEADROOM
+
+
+def test_infinities_of_the_float32_model_are_no_maximum(capsys, tmp_path):
+    """A log of zeros is -inf in float32 already, and the same in float16: it is counted apart,
+    and the largest magnitude is that of the finite values, which keeps nothing float32."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 8], name="x")
+        logs = tf.math.log(tf.nn.relu(x, name="relu"), name="log")
+        tf.identity(tf.add(logs, 1.0, name="shift"), name="out")
+    data = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=data)
+    (tmp_path / "log.pb").write_bytes(g.as_graph_def().SerializeToString())
+    found = calibrate(tmp_path / "log.pb", [str(tmp_path / "x.npz")])
+    log = found.tensors["log:0"]
+    positive = data[data > 0]
+    assert log.nonfinite == int((data <= 0).sum()) > 0
+    assert log.max_abs == pytest.approx(float(np.abs(np.log(positive)).max()), rel=1e-6)
+    _, report = convert(g.as_graph_def(), calibration=found.maxima())
+    assert not _range_nodes(report)
+    assert cli.main(["ranges", str(tmp_path / "log.pb"), "--inputs", str(tmp_path / "x.npz")]) == 0
+    assert f"({log.nonfinite} inf/nan in float32 itself)" in capsys.readouterr().out
