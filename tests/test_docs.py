@@ -446,7 +446,7 @@ def _parity_graphs() -> bool:
     cases = parity.CASES
     loops = [c for c in cases if c.startswith("loop_")]
     lists = [c for c in cases if c.startswith("tensorlist_")]
-    return (len(cases) + 1, len(loops), len(lists)) == (24, 10, 7)   # + the pinned graph
+    return (len(cases) + 1, len(loops), len(lists)) == (29, 10, 12)   # + the pinned graph
 
 
 def _bfloat16_sums() -> bool:
@@ -525,9 +525,9 @@ TOL = _source(KERAS, 'TOL = {"float16": 5e-3, "bfloat16": 2e-2}')
 # before it (None: a default the code holds, shown by the check), the check)
 CLAIMS = [
     ("docs/decisions.md", "a sum of 10000 ones gives 9984, not bfloat16's 256", "tests/test_docs.py", _bfloat16_sums),
-    ("docs/decisions.md", "on 24 graphs", "tests/test_grappler_parity.py", _parity_graphs),
+    ("docs/decisions.md", "on 29 graphs", "tests/test_grappler_parity.py", _parity_graphs),
     ("docs/decisions.md", "10 simple-loop colourings", "tests/test_grappler_parity.py", _parity_graphs),
-    ("docs/decisions.md", "7 TensorList graphs", "tests/test_grappler_parity.py", _parity_graphs),
+    ("docs/decisions.md", "12 TensorList graphs", "tests/test_grappler_parity.py", _parity_graphs),
     ("docs/decisions.md", "under 5e-3 in float16 and 2e-2 in bfloat16", KERAS, TOL),
     ("docs/decisions.md", "at most 1.25 times grappler's + 1e-3", KERAS, _source(KERAS, "ours <= 1.25 * theirs + 1e-3")),
     ("docs/decisions.md", "at most 1.1 times grappler's + 1e-4", KERAS, _source(KERAS, "folded_err <= 1.1 * theirs + 1e-4")),
@@ -578,6 +578,15 @@ CLAIMS = [
     ("docs/ranges.md", "none lies below 2^-126", RANGES,
      _bench("Range headroom", "below bfloat16's smallest normal (2^-126) 0, rounding to zero in bfloat16 0.")),
     ("docs/ranges.md", "`--top N` sets how many (default 20)", None, _help_says("ranges", "(default 20)")),
+    ("docs/verify.md", "within 1e-6 in relative L2", "tests/test_emulate_functions.py",
+     _source("tests/test_emulate_functions.py",
+             'assert graphs.rel_l2(outputs["emu", signature], outputs["grappler", signature]) <= 1e-6',
+             "assert graphs.rel_l2(ours, grappler) <= 1e-6")),
+    ("docs/verify.md", "within 4 units in float16's last place per element and 2e-3 in relative L2",
+     "tests/test_emulate_functions.py",
+     _source("tests/test_emulate_functions.py", "assert graphs.rel_l2(emu, half) <= 2e-3",
+             "assert _ulps(emu, half).max() <= 4",
+             "assert graphs.rel_l2(ours, real) <= 2e-3 and _ulps(ours, real).max() <= 4")),
     ("docs/tuning.md", "rel_l2 0.01 float16, 0.05 bfloat16; top1 0.01", None,
      _all(_verify_defaults, _help_says("tune", "rel_l2 0.01 float16, 0.05 bfloat16; top1 0.01"))),
     ("docs/training.md", "start at 2^15, ×2 after 2000 finite steps", "amp_rewrite.training.config.DEFAULTS",

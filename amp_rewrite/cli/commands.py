@@ -148,7 +148,8 @@ def verify(args) -> int:
                                rtol=args.rtol, atol=args.atol, max_abs=args.max_abs,
                                nodes=args.per_node,
                                signature=args.signature, outputs=args.output,
-                               checkpoint=args.checkpoint, emulate=args.emulate)
+                               checkpoint=args.checkpoint, emulate=args.emulate,
+                               init_ops=args.init_op)
     if not args.quiet:
         if not hardware.gpu_visible():
             print(hardware.machine_line(_target(result.criteria.dtype)))
@@ -175,7 +176,7 @@ def bench(args) -> int:
     result = bench_mod.bench(args.original, args.converted, runs=args.runs, warmup=args.warmup,
                              shapes=parse_shapes(args.shape), inputs=args.inputs,
                              signature=args.signature, outputs=args.output,
-                             checkpoint=args.checkpoint,
+                             checkpoint=args.checkpoint, init_ops=args.init_op,
                              progress=None if args.quiet else _progress_bar)
     with OutputSet() as outputs:
         if args.json:
@@ -201,7 +202,9 @@ def tune(args) -> int:
                            target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
-                           report=args.report)
+                           report=args.report, init_ops=args.init_op,
+                           allow_holdout_failure=args.allow_holdout_failure,
+                           **({} if args.headroom is None else {"headroom": args.headroom}))
     if bar is not None:
         sys.stderr.write("\n")
     if not result.ok:
@@ -209,6 +212,9 @@ def tune(args) -> int:
         if not args.quiet:
             print(result.summary())
         return 1
+    if result.holdout_failure:      # --allow-holdout-failure: written, but said
+        print(f"amp-rewrite: warning: held-out samples: {result.holdout_failure}; written "
+              "anyway (--allow-holdout-failure)", file=sys.stderr)
     if not args.quiet:
         print(f"wrote {args.output} and {result.rules_file}")
         print(result.summary())

@@ -75,7 +75,7 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", action="store_true",
                    help="write float16's float32 emulation (float16 rules, but each float16 op "
                         "computes in float32 on values rounded to float16): to see float16's "
-                        "numbers without a GPU; graph files only")
+                        "numbers without a GPU (a SavedModel's function bodies included)")
     p.add_argument("--fold-constants", action="store_true",
                    help="fold Const-only float32 subgraphs before painting, and batch norms "
                         "into the convolutions they follow (graphs without variables): fewer "
@@ -144,6 +144,14 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", metavar="PREFIX",
                    help="restore the original MetaGraph's variables from this checkpoint "
                    "(default: run its initializers); the converted graph gets the same values")
+    _init_op_flag(p)
+
+
+def _init_op_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--init-op", action="append", default=[], metavar="NAME",
+                   help="an op to run once in each model before the first run, after the "
+                   "variables and the table and iterator initializers found by themselves "
+                   "(repeatable; graph files)")
 
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
@@ -194,7 +202,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        help="rank the tensors inside both models (a SavedModel's function "
                        "bodies included) by the error each adds")
         p.add_argument("--emulate", action="store_true",
-                       help="run a float16 graph file as its float32 emulation (each float16 "
+                       help="run a float16 model as its float32 emulation (each float16 "
                        "op computes in float32 on values rounded to float16): float16's "
                        "numbers at float32 speed, on any CPU")
         p.add_argument("--top", type=int, default=10, metavar="N",
@@ -245,11 +253,21 @@ def _force_flag(p: argparse.ArgumentParser) -> None:
 def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
     p.add_argument("-o", "--output", required=True, help="where to write the tuned conversion")
-    p.add_argument("--inputs", action="append", required=True, metavar="DATA.npz",
+    p.add_argument("--inputs", action="append", default=[], metavar="DATA.npz",
                    help="a sample: input arrays keyed by input name (repeatable; every sample "
-                   "must meet the tolerance)")
+                   "must meet the tolerance; required unless tf.data iterators alone feed the "
+                   "model, whose first batch is then the sample)")
     p.add_argument("--holdout", action="append", default=[], metavar="DATA.npz",
-                   help="a held-out sample, scored before and after but never tuned on")
+                   help="a held-out sample, never tuned on: the result must pass on it too, "
+                   "else exit 1 and nothing written")
+    p.add_argument("--allow-holdout-failure", action="store_true",
+                   help="write the result even where it fails on --holdout samples (warned)")
+    # the default is core.dtypes.HEADROOM, which tune applies: importing it here would
+    # import TensorFlow before a usage error could answer
+    p.add_argument("--headroom", type=float, metavar="H",
+                   help="keep float32 every tensor whose largest magnitude on the samples "
+                   "comes within a factor H of the target's largest value (default: "
+                   "HEADROOM in amp_rewrite/core/dtypes.py, as convert; 1: only those past it)")
     p.add_argument("--metric", choices=["rel_l2", "max_abs", "top1"], default="rel_l2",
                    help="worst over the outputs: relative L2 error, largest absolute error, or "
                    "share of rows whose argmax moved (default rel_l2)")
@@ -272,6 +290,7 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-tensor", action="append", default=[], metavar="TENSOR",
                    help="graph output to score (repeatable; default the signature's outputs, "
                    "else the nodes nothing reads)")
+    _init_op_flag(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
 

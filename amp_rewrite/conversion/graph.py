@@ -6,7 +6,9 @@ graph's own nodes through :func:`~amp_rewrite.conversion.rewrite.rewrite`, loss 
 trains, then every library function it reaches
 (:func:`~amp_rewrite.conversion.library.paint_library`). The
 MetaGraph's signature tensors are its interface and keep their dtypes; the functions its object
-graph restores keep their signatures.
+graph restores keep their signatures. :func:`emulate` turns a converted float16 MetaGraph into
+its float32 emulation (``--emulate``); the pipeline runs it last, once a SavedModel's train
+functions are loss-scaled too.
 """
 
 from __future__ import annotations
@@ -179,17 +181,27 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)
-    if options.emulate:
-        emulated, count = emulate_float16(meta.graph_def)
-        meta.graph_def.CopyFrom(emulated)
-        report.extra["emulation"] = {"ops": count, "summary": f"{count} float16 ops computed "
-                                     "in float32 on values rounded to float16"}
     # every step above linted what it edited; the calls between the graph and its functions
     # are checked once more on the final graph, as on the input
     problems = check_call_types(meta.graph_def)
     if problems:
         raise LintError(problems)
     return meta, report
+
+
+def emulate(meta: meta_graph_pb2.MetaGraphDef, report: Report) -> None:
+    """Replace ``meta``'s float16 graph, in place, by its float32 emulation
+    (:mod:`amp_rewrite.transforms.emulate`): its own nodes and its functions' bodies, the
+    signatures of the functions the SavedModel restores kept float32. Run on a converted
+    MetaGraph once it is loss-scaled, so the emulation computes what the float16 model would,
+    scaling included; ``report`` gets the ``emulation`` section."""
+    emulated = emulate_float16(meta.graph_def, roots=meta.object_graph_def.concrete_functions)
+    meta.graph_def.CopyFrom(emulated.graph_def)
+    where = f"; {len(emulated.functions)} function bodies emulated" if emulated.functions else ""
+    report.extra["emulation"] = {
+        "ops": emulated.ops, "functions": emulated.functions,
+        "summary": f"{emulated.ops} float16 ops computed in float32 on values rounded to "
+                   f"float16{where}"}
 
 
 def _scale_graph(work: Graph, original: Before, meta, library, config, options: Options,

@@ -31,7 +31,7 @@ from ..training.config import scale_config
 from ..training.detect import training_parts
 from ..training.in_functions import add_saved_model_loss_scaling
 from ..training.state import SCOPE
-from .graph import Options, convert_graph
+from .graph import Options, convert_graph, emulate
 from .library import merge_report, warn_unmatched
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,6 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     saved = model.kind == "savedmodel"
     config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
     if saved:
-        if options.emulate:
-            raise UnsupportedGraphError(f"{model.path}: --emulate applies to graph files (a "
-                                        "SavedModel's ops live in functions); freeze a signature "
-                                        "first (docs/savedmodels.md \"Frozen graphs from a SavedModel\")")
         if config is not None:
             _refuse_saved_model_training(model, options)
         options = _without_folding(options)
@@ -122,6 +118,8 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
                 raise UnsupportedGraphError(f"{model.path}: train functions in more than one "
                                             "MetaGraph; loss-scale state is added to one")
             added = {SCOPE: state} if state is not None else added
+        if options.emulate:   # once scaled: the emulation computes what float16 would
+            emulate(new, sub)
         converted.append(new)
         if report is None:
             report = sub

@@ -56,7 +56,10 @@ VARIANT_PASSTHROUGH = frozenset({
 
 
 def is_tensorlist_op(op: str) -> bool:
-    return op.startswith("TensorList")
+    """Whether ``op`` works on a TensorList: its name holds ``TensorList`` anywhere, as
+    grappler's ``IsTensorListOp`` asks, so the creator ``EmptyTensorList`` (the accumulator of
+    TF2 while-loop gradients) counts with ``TensorListReserve``, the pushes and the pops."""
+    return "TensorList" in op
 
 
 #: control flow v1: a loop's back edge runs NextIteration -> Merge
@@ -90,6 +93,10 @@ TABLE_INITIALIZERS = frozenset({"InitializeTable", "InitializeTableV2", "Initial
 #: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})
 
+#: tf.data: the op that reads one batch out of an iterator (an input a run can feed), and the
+#: op that (re)starts an initializable iterator on its dataset (its ``initializer``)
+ITERATOR_GET_NEXT_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
+ITERATOR_INIT_OPS = frozenset({"MakeIterator"})
 #: ops whose outputs nothing reads but that are not results a user wants compared
 NOT_OUTPUTS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
                          "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"})

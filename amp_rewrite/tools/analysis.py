@@ -9,14 +9,18 @@
   write and out of everything after one dropped, so a tensor that only *waits* on an update
   computes as if the update had not run. Kept: the edges into a NoOp (a group such as an init
   op or the saver's ``restore_all`` runs its writes that way) and those inside v1 loops and
-  conds (their frames are built of control edges). The IR is edited the same way: every
-  answer below is about the graph the session runs.
-* the endpoints: a signature's inputs and outputs, else the placeholders something reads and
-  the float outputs of the forward pass;
+  conds (their frames are built of control edges). The model reads each output of a tf.data
+  iterator through a placeholder of its own (:attr:`~Analysis.iterator_inputs`), so a run
+  never draws from the iterator. The IR is edited the same way: every answer below is about
+  the graph the session runs.
+* the endpoints: a signature's inputs and outputs, else the placeholders something reads, the
+  outputs of tf.data iterators (:attr:`~Analysis.iterator_inputs`) and the float outputs of
+  the forward pass;
 * what a fetch from outside cannot reach (:attr:`~Analysis.hidden`): v1 loop frames and cond
   branches, and everything after a variable write (fetching it would train);
 * the ops that only set variables up (:attr:`~Analysis.setup`): initializers, the saver, and
-  whatever feeds those alone;
+  whatever feeds those alone; the initializers a run needs once, after the variables
+  (:attr:`~Analysis.initializers`: initializable iterators');
 * the training parts: the gradients the converter finds, the tensors a loss-scaled graph holds
   scaled, the unscaled gradient of each scaled one;
 * the tensors a trace compares, in the order TensorFlow imports the graph (the IR's
@@ -29,8 +33,9 @@ from __future__ import annotations
 import functools
 import logging
 import zlib
+from typing import Sequence
 
-from tensorflow.core.framework import variable_pb2
+from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, variable_pb2
 
 from ..core.dtypes import BOOL, FLOATING, INVALID, VARIANT, base_dtype
 from ..core.errors import InputError
@@ -38,6 +43,8 @@ from ..core.ir import Graph, Node, TensorRef
 from ..core.ops import (
     ENTER_OPS,
     EXIT_OPS,
+    ITERATOR_GET_NEXT_OPS,
+    ITERATOR_INIT_OPS,
     MERGE_OPS,
     NOT_OUTPUTS,
     SAVER_OPS,
@@ -77,7 +84,15 @@ class Analysis:
         for dst, sources in dropped.items():
             for src in sources:
                 self.graph.remove_control_edge(src, dst)
-        self.runnable = _runnable(model.graph_def, dropped)
+        #: each output of a tf.data iterator the model reads (``IteratorGetNext:0`` ...), in
+        #: graph order -> the placeholder's tensor the model reads it through in the runnable
+        #: graph: inputs a run feeds, named by the iterator's tensor, from the user's arrays or
+        #: else from the iterator itself (:func:`amp_rewrite.tools.runner.fill_iterator_inputs`).
+        #: Empty for a model with signatures, whose inputs are the signature's
+        meta = model.meta_graph
+        self.iterator_inputs = {} if meta is not None and meta.signature_def else \
+            _detach_iterators(self.graph, self.frames)
+        self.runnable = _runnable(model.graph_def, dropped, self.graph, self.iterator_inputs)
         #: ops that run only after a variable write (the writes included), in the runnable graph
         self.after_writes = self.graph.descendants(writes, control=True)
         self.hidden = self.frames | self.after_writes
@@ -106,7 +121,12 @@ class Analysis:
     # -- endpoints ---------------------------------------------------------------------------
     def _endpoints(self, signature: str | None):
         """The signature chosen (None for a graph without), its inputs as (name, tensor), and
-        its outputs."""
+        its outputs. Without a signature the inputs, everything a run feeds (and so every name
+        an ``.npz`` or ``--shape`` may give), are the placeholders the model reads, then the
+        iterator outputs (:attr:`iterator_inputs`, named by the iterator's tensor, fed through
+        their placeholders), then the placeholders only initializers read (a dataset built
+        from a placeholder): each group in graph order, so the first input is one a batch
+        goes through."""
         sigs = self.model.meta_graph.signature_def if self.model.meta_graph is not None else {}
         if sigs:
             key = signature or ("serving_default" if "serving_default" in sigs else sorted(sigs)[0])
@@ -118,15 +138,19 @@ class Analysis:
                     [info.name for _, info in sorted(sig.outputs.items())])
         if signature:
             raise InputError(f"{self.path}: has no signatures; drop --signature")
-        placeholders = [n for n in self.names if self.graph.node(n).op == "Placeholder"]
+        fed = {TensorRef.parse(t).node for t in self.iterator_inputs.values()}
+        placeholders = [n for n in self.names
+                        if self.graph.node(n).op == "Placeholder" and n not in fed]
         # a placeholder nothing reads needs no value (convert_variables_to_constants_v2 leaves
         # dozens of them, of variant and unknown-rank types no random data could fill)
         unread = [n for n in placeholders if not self.graph.is_read(n)]
         if unread:
             log.info("%d placeholders nothing reads are not inputs: %s", len(unread),
                      ", ".join(unread[:5]) + (" ..." if len(unread) > 5 else ""))
-        return (None, [(n, f"{n}:0") for n in placeholders if self.graph.is_read(n)],
-                self._forward_outputs())
+        read = [n for n in placeholders if self.graph.is_read(n)]
+        return (None, [(n, f"{n}:0") for n in read if n not in self.setup]
+                + list(self.iterator_inputs.items())
+                + [(n, f"{n}:0") for n in read if n in self.setup], self._forward_outputs())
 
     def _forward_outputs(self) -> list[str]:
         """The float outputs of the forward pass: tensors of ops that no op outside a backprop
@@ -208,12 +232,45 @@ class Analysis:
         return found
 
     @functools.cached_property
+    def initializers(self) -> list[str]:
+        """The ops that start initializable iterators (``MakeIterator``, what an iterator's
+        ``initializer`` runs), found by their op, in graph order, none that a fetch cannot
+        reach: a run needs them once, after the variables and the lookup tables (which the
+        runner fills as it sets the variables up; a dataset may look one up), before the
+        first batch."""
+        return [n for n in self.names
+                if self.graph.node(n).op in ITERATOR_INIT_OPS and n not in self.hidden]
+
+    def init_ops(self, named: Sequence[str] = ()) -> list[str]:
+        """:attr:`initializers`, then the ops ``named`` (``--init-op``), each once. A name
+        that is no op of the graph, or an op that runs a variable write (it would change the
+        weights both models share, which come from the checkpoint or the initializers), is an
+        InputError."""
+        g = self.graph
+        for name in named:
+            if name not in g:
+                raise InputError(f"{self.path}: --init-op {name}: the graph has no op of that "
+                                 "name (an op name, such as the iterator's initializer "
+                                 "'MakeIterator' or a group op)")
+            writes = sorted(n for n in g.ancestors([name]) if is_variable_write(g.node(n).op))
+            if writes:
+                raise InputError(f"{self.path}: --init-op {name} runs variable writes "
+                                 f"({', '.join(writes[:3])}{' ...' if len(writes) > 3 else ''}): "
+                                 "the variables come from --checkpoint or their initializers; "
+                                 "name the table or iterator initializer itself")
+        return list(dict.fromkeys([*self.initializers, *named]))
+
+    @functools.cached_property
     def setup(self) -> set[str]:
         """Ops that only set variables up: the initializers (a random initializer draws afresh
-        on every run, so its tensors mean nothing to compare), the saver's save and restore
-        ops, and every op whose results feed those alone."""
+        on every run, so its tensors mean nothing to compare; :attr:`initializers`, whose
+        datasets are data, not the model), the iterators' get-next ops (only the runner reads
+        them: a fetch would draw a batch), the saver's save and restore ops, and every op
+        whose results feed those alone."""
         g = self.graph
-        sinks = {init for init in self.variables.values() if init}
+        sinks = {init for init in self.variables.values() if init} | set(self.initializers)
+        sinks |= {n.name for n in g.nodes()
+                  if n.op in ITERATOR_GET_NEXT_OPS and n.name not in self.hidden}
         # a GraphDef keeps no variables collection: TF1's initializer is "<variable>/Assign"
         for node in g.nodes():
             inputs = g.inputs(node.name) if is_variable_write(node.op) else ()
@@ -320,10 +377,45 @@ def _write_edges(graph: Graph, writes: list[str], frames: set[str]) -> dict[str,
     return dropped
 
 
-def _runnable(graph_def, dropped: dict[str, list[str]]):
-    """A copy of ``graph_def`` as a runner imports it (module docstring)."""
+def _detach_iterators(graph: Graph, frames: set[str]) -> dict[str, str]:
+    """Each output of a tf.data iterator's get-next op (outside loop frames) that something
+    reads, read instead through a new placeholder of its dtype and shape,
+    ``<op>/amp_feed_<port>``, listed after the op (and the op's control edges leave from the
+    first of them); returns iterator tensor -> placeholder tensor, in graph order. Feeding the
+    get-next op's own tensors would not do: grappler may leave a control edge from the op (a
+    shape it folds into a constant waits on the op whose output it was the shape of), and a
+    fed tensor's op still runs for its control edges, so every run would draw a batch; a fed
+    placeholder's control edges move to the feed."""
+    found = {}
+    get_next = [n for n in graph.nodes() if n.op in ITERATOR_GET_NEXT_OPS and n.name not in frames]
+    for node in get_next:
+        types, shapes = node.attr["output_types"].list.type, node.attr["output_shapes"].list.shape
+        first = None
+        for port, dtype in enumerate(types):
+            if not graph.consumers(node.name, port):
+                continue
+            shape = shapes[port] if port < len(shapes) else \
+                tensor_shape_pb2.TensorShapeProto(unknown_rank=True)
+            feed = graph.add_node("Placeholder", f"{node.name}/amp_feed_{port}", after=node.name,
+                                  attrs={"dtype": attr_value_pb2.AttrValue(type=dtype),
+                                         "shape": attr_value_pb2.AttrValue(shape=shape)})
+            graph.replace_uses(TensorRef(node.name, port), TensorRef(feed.name, 0))
+            found[f"{node.name}:{port}"] = f"{feed.name}:0"
+            first = first or feed.name
+        for dst in graph.control_consumers(node.name) if first else ():
+            graph.remove_control_edge(node.name, dst)
+            graph.add_control_edge(first, dst)
+    return found
+
+
+def _runnable(graph_def, dropped: dict[str, list[str]], graph: Graph, feeds: dict[str, str]):
+    """A copy of ``graph_def`` as a runner imports it (module docstring): ``graph``'s
+    placeholders for the iterator tensors ``feeds`` maps listed after their get-next op, and
+    read instead of it."""
     out = type(graph_def)()
     out.CopyFrom(graph_def)
+    if feeds:
+        _read_through(out, graph, feeds)
     for node in out.node:
         node.device = ""
         seeds = node.attr.get("seed"), node.attr.get("seed2")
@@ -337,3 +429,31 @@ def _runnable(graph_def, dropped: dict[str, list[str]]):
             del node.input[:]
             node.input.extend(kept)
     return out
+
+
+def _read_through(graph_def, graph: Graph, feeds: dict[str, str]) -> None:
+    """Point, in place, every input of ``graph_def`` that reads a tensor of ``feeds`` at its
+    placeholder (a control input from a get-next op at its first), and list each placeholder
+    (``graph``'s node) after its get-next op, as :func:`_detach_iterators` did to ``graph``."""
+    renamed: dict[str, str] = {}
+    after: dict[str, list[str]] = {}
+    for tensor, feed in feeds.items():
+        ref, placeholder = TensorRef.parse(tensor), TensorRef.parse(feed).node
+        renamed[tensor] = feed
+        if ref.port == 0:
+            renamed[ref.node] = feed   # "op" is "op:0"
+        renamed.setdefault(f"^{ref.node}", f"^{placeholder}")
+        after.setdefault(ref.node, []).append(placeholder)
+    nodes = []
+    for node in graph_def.node:
+        inputs = [renamed.get(i, i) for i in node.input]
+        if inputs != list(node.input):
+            del node.input[:]
+            node.input.extend(inputs)
+        nodes.append(node)
+        nodes.extend(graph.node(name).proto for name in after.get(node.name, ()))
+    copies = [type(n)() for n in nodes]
+    for copy, node in zip(copies, nodes):
+        copy.CopyFrom(node)
+    del graph_def.node[:]
+    graph_def.node.extend(copies)

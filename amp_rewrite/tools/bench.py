@@ -3,7 +3,9 @@
 Both models are loaded into the same process, warmed up, then timed interleaved (ABBA order,
 so drift in clock speed or caches falls on both alike) on the same inputs, computing the
 outputs verify compares (:func:`amp_rewrite.tools.runner.open_pair`: a training graph's forward
-outputs and unscaled gradients, never a variable update). The speed-up is the
+outputs and unscaled gradients, never a variable update). A graph fed by a tf.data iterator
+is timed on one batch of it, fed to both (:func:`~amp_rewrite.tools.verify.feed_sets`): the
+models' work, not the input pipeline's. The speed-up is the
 original's median latency over the converted one's; throughput is the batch (the first input's
 leading dimension) over the median latency.
 """
@@ -88,12 +90,14 @@ def time_interleaved(a: Callable[[], object], b: Callable[[], object], runs: int
 def bench(original_path, converted_path, *, runs: int = 20, warmup: int = 3,
           shapes: Mapping | None = None, inputs: str | None = None, signature: str | None = None,
           outputs: Sequence[str] = (), checkpoint: str | None = None,
-          progress: Callable[[int, int], None] | None = None) -> BenchResult:
-    """Time both models on the same inputs (see the module docstring)."""
+          progress: Callable[[int, int], None] | None = None,
+          init_ops: Sequence[str] = ()) -> BenchResult:
+    """Time both models on the same inputs (see the module docstring; ``init_ops``:
+    ``--init-op``)."""
     if runs < 1 or warmup < 0:
         raise InputError("--runs must be at least 1 and --warmup at least 0")
     with open_pair(original_path, converted_path, signature=signature, outputs=outputs,
-                   checkpoint=checkpoint) as (ra, rb):
+                   checkpoint=checkpoint, init_ops=init_ops) as (ra, rb):
         feed = feed_sets(ra, inputs, 1, shapes or {})[0]
         call_a, call_b = ra.callable(), rb.callable()
         times_a, times_b = time_interleaved(lambda: call_a(feed), lambda: call_b(feed), runs,

@@ -41,7 +41,7 @@ from ..core import hardware
 from ..core.errors import AmpRewriteError, InputError
 from ..io.load import load
 from .analysis import Analysis
-from .runner import GraphRunner, input_feeds, open_model, parse_shapes
+from .runner import GraphRunner, fill_iterator_inputs, input_feeds, open_model, parse_shapes
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,8 @@ def _run_child(argv: Sequence[str]) -> int:
     libc = ctypes.CDLL(None)
     os.write(1, f"{_ONEDNN}{int(hardware.onednn_enabled())}\n".encode())
     with open_model(args.model, signature=args.signature) as runner:
-        (feeds,) = input_feeds(runner.inputs, args.inputs, 1, parse_shapes(args.shape))
+        (feeds,) = fill_iterator_inputs(
+            runner, input_feeds(runner.inputs, args.inputs, 1, parse_shapes(args.shape)))
         call = runner.callable()
         call(feeds)
         for marker in (_BEGIN, None, _END):
@@ -316,7 +317,7 @@ def gpu_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = Non
     if not isinstance(runner, GraphRunner):
         raise InputError(f"{path}: the GPU kernel trace needs a graph file (GraphDef or MetaGraph)")
     with runner:
-        (feeds,) = input_feeds(runner.inputs, inputs, 1, shapes)
+        (feeds,) = fill_iterator_inputs(runner, input_feeds(runner.inputs, inputs, 1, shapes))
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         metadata = tf.compat.v1.RunMetadata()
         feed_dict = {s.tensor: feeds[s.name] for s in runner.inputs}
@@ -354,7 +355,7 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
     """
     model = load(path)
     with GraphRunner(Analysis(model, signature)) as runner:
-        (feeds,) = input_feeds(runner.inputs, inputs, 1, shapes)
+        (feeds,) = fill_iterator_inputs(runner, input_feeds(runner.inputs, inputs, 1, shapes))
         fixed = {s.tensor.split(":")[0]: feeds[s.name].shape for s in runner.inputs}
     for node in model.graph_def.node:
         if node.op == "Placeholder" and node.name in fixed:

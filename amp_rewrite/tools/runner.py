@@ -10,6 +10,15 @@ leaves) is no input: it needs no data. Random inputs follow each input's dtype a
 unknown dimensions come from ``shapes`` (``--shape name=2,8,8,1``) or default to 1 with a
 warning.
 
+A graph fed by tf.data iterators takes their outputs as inputs too, named by tensor
+(``IteratorGetNext:0``): the user's arrays where given, else the batches the original model's
+own iterator yields (:func:`fill_iterator_inputs`: sample *i* is its *i*-th batch), fed to
+both models alike, so an original and its conversion compute on the same batch whatever
+their own iterators would give (a one-shot iterator starts again in every session). The
+initializable iterators' initializers, and the ops named with ``--init-op``, run once per
+session after the variables and the lookup tables, before its first run, fed with the first
+sample's values of the inputs they read (a dataset built from a placeholder).
+
 A runner never writes a variable, and it knows a graph only through its
 :class:`~amp_rewrite.tools.analysis.Analysis`: the copy it imports (the control edges that would
 make a fetch run a variable write dropped, unseeded random ops seeded), the endpoints, what a
@@ -26,6 +35,8 @@ import difflib
 import functools
 import logging
 import os
+import shutil
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +50,11 @@ from ..core.errors import InputError
 from ..core.ir import copy_except
 from ..core.ops import CALL_OPS, TABLE_INITIALIZERS
 from ..io.load import SAVED_MODEL_FILES, Model, load
+from ..io.save import write_linked
 from ..transforms.emulate import emulate_float16
 from .analysis import UNSCALED_SUFFIX, Analysis, own_variables
 from .replay import SignatureReplay, serving_meta_graph
-from .traces import TensorInfo, Trace, replay_errors, run_errors, tensor_name
+from .traces import TensorInfo, Trace, reason, replay_errors, run_errors, tensor_name
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +66,11 @@ class InputSpec:
     tensor: str
     dtype: int                        # types_pb2 enum
     shape: tuple[int | None, ...] | None  # None: unknown rank
+    #: for an output of a tf.data iterator, that output (``IteratorGetNext:0``, also the
+    #: name; ``tensor`` is the placeholder the model reads it through): fed the user's array,
+    #: else a batch drawn from it (:func:`fill_iterator_inputs`), never random data. "" for
+    #: other inputs
+    iterator: str = ""
 
 
 def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -76,7 +93,7 @@ def concrete_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]]) -> tu
     """The shape to feed for ``spec``: the user's ``--shape``, else the static shape with an
     unknown leading dimension set to the batch of the shapes given (else 1) and other unknown
     dimensions set to 1 (logged, so the user knows to pass ``--shape``)."""
-    for key in (spec.name, spec.tensor, spec.tensor.split(":")[0]):
+    for key in input_keys(spec):
         if key in shapes:
             given = shapes[key]
             if spec.shape is not None and (len(given) != len(spec.shape) or any(
@@ -94,6 +111,17 @@ def concrete_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]]) -> tu
     return shape
 
 
+def input_keys(spec: InputSpec) -> tuple[str, ...]:
+    """The names an ``.npz`` key or a ``--shape`` may give ``spec`` by: its name, its tensor,
+    and for either, of port 0, its node (port 1 of an iterator is not its node)."""
+    keys = [spec.name, spec.tensor]
+    for name in (spec.name, spec.tensor):
+        node, _, port = name.rpartition(":")
+        if port == "0":
+            keys.append(node)
+    return tuple(dict.fromkeys(keys))
+
+
 def _shape_text(shape) -> str:
     if shape is None:
         return "<unknown rank>"
@@ -108,7 +136,7 @@ def match_inputs(names: Iterable[str], specs: Sequence[InputSpec], what: str) ->
     as a name mistyped would leave its input fed with made-up data."""
     by_name: dict[str, InputSpec] = {}
     for spec in specs:
-        for key in (spec.name, spec.tensor, spec.tensor.split(":")[0]):
+        for key in input_keys(spec):
             by_name.setdefault(key, spec)
     matched = {}
     for name in names:
@@ -152,17 +180,23 @@ def input_feeds(specs: Sequence[InputSpec], inputs: str | os.PathLike | None = N
     """Where ``--inputs`` and ``--shape`` become feeds, for every command that runs a model:
     the ``.npz`` file's arrays once (:func:`load_inputs`), or ``samples`` random sets
     (:func:`random_inputs`, seeds ``seed``, ``seed + 1`` ...). Every ``--shape`` name must name
-    an input, with or without ``--inputs``; with it, an array must have the shape given."""
+    an input, with or without ``--inputs``; with it, an array must have the shape given. An
+    iterator's output is never random: without an array it is left out, for
+    :func:`fill_iterator_inputs` (and a ``--shape`` cannot set its batches' shape)."""
     shapes = input_shapes(specs, shapes)
+    feeds = load_inputs(inputs, specs) if inputs else None
+    made = [spec for spec in specs if not spec.iterator]
+    for name, given in shapes.items():
+        if name not in (feeds if inputs else {spec.name for spec in made}):
+            raise InputError(f"--shape {name}: its batches come from the model's iterator, "
+                             "in the dataset's shape; feed them from --inputs to choose")
+        if inputs and feeds[name].shape != given:
+            raise InputError(f"--shape {name}={','.join(map(str, given))}: {inputs} holds "
+                             f"{name} with shape {_shape_text(feeds[name].shape)}")
     if inputs:
-        feeds = load_inputs(inputs, specs)
-        for name, given in shapes.items():
-            if feeds[name].shape != given:
-                raise InputError(f"--shape {name}={','.join(map(str, given))}: {inputs} holds "
-                                 f"{name} with shape {_shape_text(feeds[name].shape)}")
         return [feeds]
-    fixed = {spec.name: concrete_shape(spec, shapes) for spec in specs}  # warns once
-    return [random_inputs(specs, fixed, seed + i) for i in range(samples)]
+    fixed = {spec.name: concrete_shape(spec, shapes) for spec in made}  # warns once
+    return [random_inputs(made, fixed, seed + i) for i in range(samples)]
 
 
 def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -192,8 +226,9 @@ def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ..
 
 def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
     """Feeds from an ``.npz`` file whose keys are input names (or tensor names): one array for
-    every input, and every key names one (:func:`match_inputs`). Each input fed is logged
-    with the shape of its array."""
+    every input, and every key names one (:func:`match_inputs`); an iterator's output it lacks
+    is left for :func:`fill_iterator_inputs`. Each input fed is logged with the shape of its
+    array."""
     try:
         data = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -205,11 +240,13 @@ def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str
         feeds = {spec.name: _array(data, key, path) for key, spec in matched.items()}
     for spec in specs:
         if spec.name not in feeds:
+            if spec.iterator:
+                continue
             raise InputError(f"{path}: no array for input {spec.name!r} (keys: "
                              f"{', '.join(data.files) or 'none'})")
         log.info("input %s: %s %s from %s", spec.name, feeds[spec.name].dtype,
                  _shape_text(feeds[spec.name].shape), path)
-    return {spec.name: feeds[spec.name] for spec in specs}
+    return {spec.name: feeds[spec.name] for spec in specs if spec.name in feeds}
 
 
 def _array(data, key: str, path) -> np.ndarray:
@@ -221,6 +258,38 @@ def _array(data, key: str, path) -> np.ndarray:
                              "(no pickle); save strings as a NumPy string array, "
                              "np.array(words, dtype=str)") from None
         raise InputError(f"{path}: cannot read array {key!r}: {exc}") from None
+
+
+def fill_iterator_inputs(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]]
+                         ) -> list[dict[str, np.ndarray]]:
+    """``feeds`` with the iterator outputs each lacks (:attr:`InputSpec.iterator`) taken from
+    ``runner``'s own iterators, a batch per feed set in order (the initializers run first,
+    with the first feed set's values: :meth:`GraphRunner.start`); called once per model
+    opened, the next call goes on with the next batches. One iterator's outputs come all from
+    the user or all from the iterator: a feed set giving some of them only is an InputError
+    (the batch would be half the user's, half the dataset's)."""
+    groups: dict[str, list[InputSpec]] = {}
+    names = {spec.name for spec in runner.inputs}
+    for spec in runner.inputs:
+        if spec.iterator:
+            groups.setdefault(spec.iterator.rpartition(":")[0], []).append(spec)
+    out = []
+    for feed in feeds:
+        wanted = []
+        for node, specs in groups.items():
+            given = [s.name for s in specs if s.name in feed]
+            if given and len(given) < len(specs):
+                missing = [s.name for s in specs if s.name not in feed]
+                raise InputError(f"the inputs give {', '.join(given)} but not "
+                                 f"{', '.join(missing)}: feed all of iterator {node}'s "
+                                 "outputs, or none (then they come from the iterator)")
+            if not given:
+                wanted += specs
+        merged = {**feed, **(runner.next_batch(wanted, feeds[0]) if wanted else {})}
+        # in the inputs' order, so the first is one a batch goes through (bench's batch size)
+        out.append({s.name: merged[s.name] for s in runner.inputs if s.name in merged}
+                   | {k: v for k, v in merged.items() if k not in names})
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -301,11 +370,14 @@ class GraphRunner(Runner):
     Variables (MetaGraphs) are restored from ``checkpoint`` when one is given, else run through
     their initializers (``initialize=False`` leaves that to :func:`share_weights`);
     :meth:`variable_values` / :meth:`load_variables` copy them between two runners so an
-    original and its conversion compute with the same weights.
+    original and its conversion compute with the same weights; the lookup tables are filled
+    then too. The iterators' initializers, and ``init_ops`` named by the user
+    (:meth:`Analysis.init_ops`), run once, before the first run (:meth:`start`).
     """
 
     def __init__(self, analysis: Analysis, outputs: Sequence[str] = (),
-                 checkpoint: str | None = None, *, initialize: bool = True):
+                 checkpoint: str | None = None, *, initialize: bool = True,
+                 init_ops: Sequence[str] = ()):
         import tensorflow as tf
         init_devices()
         self.analysis = analysis
@@ -316,6 +388,9 @@ class GraphRunner(Runner):
         self._built = {op.name for op in self.graph.get_operations()
                        if op.name not in analysis.graph}
         self.has_signature = analysis.signature is not None
+        #: the initializers to run (:meth:`start`), and those of them the user named
+        self.init_ops, self.named_init_ops = analysis.init_ops(init_ops), tuple(init_ops)
+        self._started, self._batches = False, 0
         self._unfetched: dict[str, str] = {}    # what trace() could not fetch, and why
         self.inputs = [self._spec(name, tensor) for name, tensor in analysis.inputs]
         if not (outputs or analysis.outputs):
@@ -359,7 +434,8 @@ class GraphRunner(Runner):
     def _spec(self, name: str, tensor_name: str) -> InputSpec:
         t = self.tensor(tensor_name)
         shape = None if t.shape.rank is None else tuple(t.shape.as_list())
-        return InputSpec(name, t.name, t.dtype.as_datatype_enum, shape)
+        return InputSpec(name, t.name, t.dtype.as_datatype_enum, shape,
+                         name if name in self.analysis.iterator_inputs else "")
 
     def tensor(self, name: str):
         try:
@@ -456,6 +532,43 @@ class GraphRunner(Runner):
                     count += 1
         return count
 
+    # -- initializers and iterators ---------------------------------------------------------------
+    def start(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Run the initializers (:attr:`init_ops`), in order, once in this session: fed with
+        the values ``feeds`` gives the placeholders among the inputs (an iterator over a
+        dataset built from a placeholder reads it here)."""
+        import tensorflow as tf
+        if self._started:
+            return
+        feed_dict = {s.tensor: feeds[s.name] for s in self.inputs
+                     if not s.iterator and s.name in feeds}
+        for op in self.init_ops:
+            try:
+                self.session.run(op, feed_dict)
+            except (tf.errors.OpError, ValueError, TypeError) as exc:
+                raise InputError(f"{self.path}: initializer {op} failed: {reason(exc)} (check "
+                                 "--inputs / --init-op)") from None
+        self._started = True
+
+    def next_batch(self, specs: Sequence[InputSpec], feeds: Mapping[str, np.ndarray]) -> dict:
+        """The next batch of the iterators whose outputs ``specs`` are, by input name, read in
+        one run (after :meth:`start` with ``feeds``): each call takes the next batch."""
+        import tensorflow as tf
+        self.start(feeds)
+        names = ", ".join(s.name for s in specs)
+        try:
+            values = self.session.run([s.iterator for s in specs])
+        except tf.errors.OutOfRangeError:
+            raise InputError(f"{self.path}: the dataset ran out after {self._batches} batch(es) "
+                             "(each sample takes the next batch): ask for fewer samples, or "
+                             f"feed {names} from --inputs") from None
+        except tf.errors.OpError as exc:
+            raise InputError(f"{self.path}: cannot read a batch from the iterator: {reason(exc)} "
+                             f"(name its initializer with --init-op NAME, or feed {names} from "
+                             "--inputs)") from None
+        self._batches += 1
+        return {s.name: np.asarray(v) for s, v in zip(specs, values)}
+
     # -- running -----------------------------------------------------------------------------
     def callable(self, fetches: Sequence[str] | None = None):
         names = [spec.tensor for spec in self.inputs]
@@ -463,6 +576,7 @@ class GraphRunner(Runner):
         keys = [spec.name for spec in self.inputs]
 
         def call(feeds):
+            self.start(feeds)
             with run_errors(self.path):
                 return [np.asarray(o) for o in fn(*[feeds[k] for k in keys])]
         return call
@@ -470,6 +584,7 @@ class GraphRunner(Runner):
     def fetch(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str]) -> list[np.ndarray]:
         """Run once, fetching any tensors of the graph (not only the outputs); TensorFlow's
         own error (``tf.errors.OpError``) passes through, for callers that try again."""
+        self.start(feeds)
         feed_dict = {spec.tensor: feeds[spec.name] for spec in self.inputs}
         return [np.asarray(o) for o in self.session.run(list(fetches), feed_dict)]
 
@@ -608,42 +723,81 @@ class SavedModelRunner(Runner):
             self._tracer.close()
 
 
+class EmulatedSavedModelRunner(SavedModelRunner):
+    """A float16 SavedModel's signature run as its float32 emulation
+    (:mod:`amp_rewrite.transforms.emulate`): the emulated model is written to a temporary
+    folder, its variables and assets linked to the model's (:func:`~amp_rewrite.io.save.write_linked`),
+    loaded from there, and the folder is removed on :meth:`close`."""
+
+    def __init__(self, path: Path, signature: str | None = None):
+        model = emulated_model(load(path))
+        self._scratch = Path(tempfile.mkdtemp(prefix="amp_rewrite_emulated_"))
+        try:
+            folder = self._scratch / path.name   # messages name the model's own folder name
+            write_linked(model, folder)
+            super().__init__(folder, signature)
+        except BaseException:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def emulated_model(model: Model) -> Model:
+    """``model`` (a converted float16 model) with every MetaGraph replaced by its float32
+    emulation, a SavedModel's restored functions keeping their signatures."""
+    graphs = []
+    for meta in model.meta_graphs:
+        new = type(meta)()
+        new.CopyFrom(meta)
+        roots = meta.object_graph_def.concrete_functions
+        new.graph_def.CopyFrom(emulate_float16(meta.graph_def, roots=roots).graph_def)
+        graphs.append(new)
+    return dataclasses.replace(model, meta_graphs=tuple(graphs))
+
+
 def open_model(model: str | os.PathLike | Model, *, signature: str | None = None,
                outputs: Sequence[str] = (), checkpoint: str | None = None,
-               initialize: bool = True, emulate: bool = False) -> Runner:
+               initialize: bool = True, emulate: bool = False,
+               init_ops: Sequence[str] = ()) -> Runner:
     """A :class:`Runner` for a GraphDef / MetaGraphDef file, a SavedModel directory, or a
     loaded :class:`~amp_rewrite.io.load.Model` (a SavedModel runs from its directory)
     (``initialize=False``: a graph's variables are left for :func:`share_weights`;
-    ``emulate``: a float16 graph runs as its float32 emulation, :mod:`amp_rewrite.transforms.emulate`)."""
+    ``emulate``: a float16 graph runs as its float32 emulation, :mod:`amp_rewrite.transforms.emulate`;
+    ``init_ops``: ops to run once before the first run, after those found, ``--init-op``)."""
     loaded = model if isinstance(model, Model) else None
     path = Path(model) if loaded is None else loaded.path if loaded.kind == "savedmodel" else None
     if path is not None and (path.is_dir() or path.name in SAVED_MODEL_FILES):
         folder = path if path.is_dir() else path.parent
-        if outputs or checkpoint or emulate:
-            raise InputError(f"{folder}: --output, --checkpoint and --emulate apply to graph "
-                             "files, not SavedModels")
+        if outputs or checkpoint or init_ops:
+            raise InputError(f"{folder}: --output, --checkpoint and --init-op apply "
+                             "to graph files, not SavedModels")
+        if emulate:
+            return EmulatedSavedModelRunner(folder, signature)
         return SavedModelRunner(folder, signature)
     model = loaded or load(path)
     if emulate:
-        graphs = []
-        for meta in model.meta_graphs:
-            new = type(meta)()
-            new.CopyFrom(meta)
-            new.graph_def.CopyFrom(emulate_float16(meta.graph_def)[0])
-            graphs.append(new)
-        model = dataclasses.replace(model, meta_graphs=tuple(graphs))
-    return GraphRunner(Analysis(model, signature), outputs, checkpoint, initialize=initialize)
+        model = emulated_model(model)
+    return GraphRunner(Analysis(model, signature), outputs, checkpoint, initialize=initialize,
+                       init_ops=init_ops)
 
 
 @contextlib.contextmanager
 def open_pair(original, converted, *, signature: str | None = None, outputs: Sequence[str] = (),
-              checkpoint: str | None = None, emulate: bool = False):
+              checkpoint: str | None = None, emulate: bool = False,
+              init_ops: Sequence[str] = ()):
     """An original and its conversion, ready to compare: the same inputs and number of outputs,
     and the same weights (a checkpoint is restored into the original, or its initializers run,
     once; its variable values are then copied into the converted graph, whose own extra state,
-    such as a loss scale, is initialized): :func:`open_model`, then :func:`open_converted`.
+    such as a loss scale, is initialized): :func:`open_model`, then :func:`open_converted`;
+    ``init_ops`` run in both.
     """
-    with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint) as a:
+    with open_model(original, signature=signature, outputs=outputs, checkpoint=checkpoint,
+                    init_ops=init_ops) as a:
         with open_converted(a, converted, signature=signature, outputs=outputs,
                             emulate=emulate) as b:
             yield a, b
@@ -661,15 +815,16 @@ def open_converted(original: Runner, converted, *, signature: str | None = None,
     loss-scaled conversion the original's gradient against the converted graph's unscaled one
     (``<gradient node>/amp_unscaled:0``). An output named with ``outputs`` that the conversion
     scales is compared unscaled too. ``emulate`` runs the converted graph as its float32
-    emulation.
+    emulation. The initializers ``original`` was opened with (``--init-op``) run in it too.
     """
     chosen = bool(outputs)
     if not outputs and isinstance(original, GraphRunner) and not original.has_signature:
         # the converted graph keeps node names; its own "nodes nothing reads" would also
         # list what the conversion added (loss-scale state and such)
         outputs = original.outputs
+    named = original.named_init_ops if isinstance(original, GraphRunner) else ()
     b = open_model(converted, signature=signature, outputs=outputs, initialize=False,
-                   emulate=emulate)
+                   emulate=emulate, init_ops=named)
     try:
         if isinstance(b, GraphRunner):
             _pair_gradients(original, b, chosen)

@@ -58,6 +58,7 @@ from .runner import (
     GraphRunner,
     Runner,
     check_same_interface,
+    fill_iterator_inputs,
     input_feeds,
     open_pair,
 )
@@ -406,8 +407,10 @@ def _dtypes_in(runner: Runner) -> set[int]:
 def feed_sets(runner: Runner, inputs: str | None, samples: int, shapes: Mapping,
               seed: int = 0) -> list[dict[str, np.ndarray]]:
     """The feeds to run: the ``.npz`` file's arrays once, or ``samples`` random sets, every
-    name checked (:func:`~amp_rewrite.tools.runner.input_feeds`)."""
-    return input_feeds(runner.inputs, inputs, samples, shapes, seed)
+    name checked (:func:`~amp_rewrite.tools.runner.input_feeds`); the outputs of tf.data
+    iterators they lack are batches of ``runner``'s own iterators, one per set
+    (:func:`~amp_rewrite.tools.runner.fill_iterator_inputs`), never random data."""
+    return fill_iterator_inputs(runner, input_feeds(runner.inputs, inputs, samples, shapes, seed))
 
 
 def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping],
@@ -621,16 +624,19 @@ def verify(original_path, converted_path, *, inputs: str | None = None, samples:
            top1: float | None = None, rtol: float | None = None,
            atol: float | None = None, max_abs: float | None = None, nodes: bool = False,
            signature: str | None = None, outputs: Sequence[str] = (),
-           checkpoint: str | None = None, emulate: bool = False) -> VerifyResult:
+           checkpoint: str | None = None, emulate: bool = False,
+           init_ops: Sequence[str] = ()) -> VerifyResult:
     """Compare two models on the same inputs (see the module docstring); ``emulate`` runs a
-    float16 conversion as its float32 emulation (:mod:`amp_rewrite.transforms.emulate`)."""
+    float16 conversion as its float32 emulation (:mod:`amp_rewrite.transforms.emulate`);
+    ``init_ops`` (``--init-op``) run in both before the first run, after the initializers
+    found (:meth:`~amp_rewrite.tools.analysis.Analysis.init_ops`)."""
     if samples < 1:
         raise InputError("--samples must be at least 1")
     thresholds = dict(rel_l2=rel_l2, grad_rel_l2=grad_rel_l2, top1=top1, rtol=rtol, atol=atol,
                       max_abs=max_abs)
     criteria(FLOAT, checks, **thresholds)  # flag mistakes answer before the models load
     with open_pair(original_path, converted_path, signature=signature, outputs=outputs,
-                   checkpoint=checkpoint, emulate=emulate) as (a, b):
+                   checkpoint=checkpoint, emulate=emulate, init_ops=init_ops) as (a, b):
         crit = criteria(lowest_dtype(b), checks, **thresholds)
         feeds = feed_sets(a, inputs, samples, shapes or {})
         result = VerifyResult(len(feeds), crit, compare_outputs(a, b, feeds, crit))
