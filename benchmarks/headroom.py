@@ -43,7 +43,7 @@ from benchmd import publish  # noqa: E402
 from amp_rewrite.conversion.graph import Options  # noqa: E402
 from amp_rewrite.conversion.pipeline import convert_model  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
-from amp_rewrite.core.dtypes import BFLOAT16, HALF, HEADROOM  # noqa: E402
+from amp_rewrite.core.dtypes import HEADROOM  # noqa: E402
 from amp_rewrite.io.load import Model, load  # noqa: E402
 from amp_rewrite.tools.ranges import Ranges  # noqa: E402
 from amp_rewrite.tools.runner import open_model  # noqa: E402
