@@ -38,7 +38,7 @@ SETUP = ("python3.11 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin
          "examples/cnn_fp32.pb -o /tmp/cnn_amp.pb --force",
          "python3.11 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
          ".venv/bin/python -m pytest -q")
-SUBCOMMANDS = {"explain", "rules", "verify", "kernels", "bench", "tune"}
+SUBCOMMANDS = {"explain", "rules", "verify", "kernels", "bench", "tune", "ranges"}
 
 
 def _text(doc: str) -> str:
@@ -229,7 +229,8 @@ def _check_products(args: list[str], out: str, folder: Path) -> None:
     positional = [a for i, a in enumerate(args[1:], 1)
                   if not a.startswith("-") and not args[i - 1].startswith("-")]
     expected = {"explain": positional[1:], "rules": ["allow ("], "verify": ["verdict:"],
-                "kernels": ["CPU:"], "bench": ["speed-up"], "tune": ["trials"]}[command]
+                "kernels": ["CPU:"], "bench": ["speed-up"], "tune": ["trials"],
+                "ranges": ["float tensors over"]}[command]
     for text in expected:
         assert text in out, f"{command} printed no {text!r}:\n{out}"
     written = [_option(args, "--json"), _option(args, "--html")]
@@ -486,6 +487,14 @@ def _all(*checks):
     return lambda: all(c() for c in checks)
 
 
+def _headroom() -> bool:
+    from amp_rewrite.core.dtypes import HALF, HEADROOM, LARGEST
+    return HEADROOM == 32 and int(LARGEST[HALF] / HEADROOM) == 2047
+
+
+RANGES = 'BENCHMARKS.md "Range headroom"'
+
+
 def _float16_range() -> bool:
     return float(np.finfo(np.float16).max) == 65504 and float(np.float16(2.0 ** -24)) > 0 == float(np.float16(2.0 ** -26))
 
@@ -559,6 +568,16 @@ CLAIMS = [
      _source("tests/test_emulate.py", "assert abs(err(emu) - err(half)) < 0.5 * err(half)")),
     ("docs/verify.md", "to within a relative L2 of 1e-6", "tests/test_emulate.py",
      _source("tests/test_emulate.py", "assert graphs.rel_l2(ours, ref) <= 1e-6")),
+    ("docs/ranges.md", "(`--headroom`, default 32: from 2047 on)", None,
+     _all(_headroom, _help_says("ranges", "(default 32: float16 tensors from 2047 on)"))),
+    ("docs/ranges.md", "at most 2.55 over the 16 batches after one calibrated batch, and 3.51 over 1024", RANGES,
+     _bench("Range headroom", "| 2.55 |", "| 3.51 |")),
+    ("docs/ranges.md", "up to 14.49 over 16 batches, 26.21 over 1024", RANGES,
+     _bench("Range headroom", "| 14.49 |", "| 26.21 |")),
+    ("docs/ranges.md", "3.62 instead of 5.15", RANGES, _bench("Range headroom", "| 3.62 |", "| 5.15 |")),
+    ("docs/ranges.md", "none lies below 2^-126", RANGES,
+     _bench("Range headroom", "below bfloat16's smallest normal (2^-126) 0, rounding to zero in bfloat16 0.")),
+    ("docs/ranges.md", "`--top N` sets how many (default 20)", None, _help_says("ranges", "(default 20)")),
     ("docs/verify.md", "within 1e-6 in relative L2", "tests/test_emulate_functions.py",
      _source("tests/test_emulate_functions.py",
              'assert graphs.rel_l2(outputs["emu", signature], outputs["grappler", signature]) <= 1e-6',
