@@ -10,6 +10,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import device_properties_pb2
 from tensorflow.python.framework import function as v1_function
+from tensorflow.python.framework.convert_to_constants import (
+    convert_variables_to_constants_v2,
+)
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import tf_optimizer
 
@@ -241,6 +244,132 @@ def tensorlist(case: str):
             out = R.TensorListStack(input_handle=h2, element_shape=es, element_dtype=f32, name="stack")
         tf.identity(out, name="output")
     return g.as_graph_def(), {}
+
+
+# grappler's own TensorList tests (auto_mixed_precision_test.cc: TensorListPushPop,
+# TensorListPushBackBatchAndConcatLists, TensorListThroughFunction), with its node names; a
+# placeholder "input" stands for its Const so the graphs run on fed data
+_SIDE = 16
+
+
+def _list_input():
+    x = v1.placeholder(tf.float32, [_SIDE, _SIDE], name="input")
+    values = np.random.default_rng(3).uniform(0, 0.25, (_SIDE, _SIDE)).astype(np.float32)
+    return x, tf.constant([_SIDE, _SIDE], name="shape"), {"input:0": values}
+
+
+def _empty_list(name, shape):
+    return tf.raw_ops.EmptyTensorList(element_shape=shape, max_num_elements=8,
+                                      element_dtype=tf.float32, name=name)
+
+
+def _pop(handle, shape, name):
+    return tf.raw_ops.TensorListPopBack(input_handle=handle, element_shape=shape,
+                                        element_dtype=tf.float32, name=name)
+
+
+def tensorlist_push_pop():
+    """Lists made by EmptyTensorList, written by PushBack, read by PopBack: tl1 carries MatMuls'
+    results (grappler paints it whole, creator included); tl2 carries only the input (float32)."""
+    R = tf.raw_ops
+    g = tf.Graph()
+    with g.as_default():
+        x, shape, feeds = _list_input()
+        tl1 = _empty_list("tl1", shape)
+        tl1w1 = R.TensorListPushBack(input_handle=tl1, tensor=x, name="tl1w1")
+        allow1 = tf.matmul(x, x, name="allow1")
+        tl1w2 = R.TensorListPushBack(input_handle=tl1w1, tensor=allow1, name="tl1w2")
+        infer1 = tf.tanh(_pop(tl1w2, shape, "tl1r1")[1], name="infer1")
+        allow2 = tf.matmul(infer1, infer1, name="allow2")
+        tl1w3 = R.TensorListPushBack(input_handle=tl1, tensor=allow2, name="tl1w3")
+        tf.identity(_pop(tl1w3, shape, "tl1r2")[1], name="output")
+        tl2 = _empty_list("tl2", shape)
+        tl2w1 = R.TensorListPushBack(input_handle=tl2, tensor=x, name="tl2w1")
+        tf.identity(_pop(tl2w1, shape, "tl2r1")[1], name="output2")
+    return g.as_graph_def(), feeds
+
+
+def tensorlist_batch_concat():
+    """Two EmptyTensorLists stacked, written at once by PushBackBatch, split, reshaped and joined
+    by ConcatLists, then popped: one list to grappler (both creators painted)."""
+    R = tf.raw_ops
+    g = tf.Graph()
+    with g.as_default():
+        x, shape, feeds = _list_input()
+        tl1, tl2 = _empty_list("tl1", shape), _empty_list("tl2", shape)
+        allow1 = tf.matmul(x, x, name="allow1")
+        tl12 = tf.stack([tl1, tl2], name="tl1_tl2")
+        tl12w1 = R.TensorListPushBackBatch(input_handles=tl12,
+                                           tensor=tf.stack([allow1, allow1], name="allow1_allow1"),
+                                           name="tl12w1")
+        halves = tf.split(tl12w1, 2, axis=0, name="tl12w1_outputs")
+        tl3 = R.TensorListConcatLists(input_a=tf.reshape(halves[0], [], name="tl12w1_output0"),
+                                      input_b=tf.reshape(halves[1], [], name="tl12w1_output1"),
+                                      element_dtype=tf.float32, name="tl3")
+        infer1 = tf.tanh(_pop(tl3, shape, "tl3r1")[1], name="infer1")
+        tf.identity(tf.matmul(infer1, infer1, name="allow2"), name="output")
+    return g.as_graph_def(), feeds
+
+
+def tensorlist_through_function(call: str = "direct"):
+    """tl1's handle passes through a function that pushes and pops inside (a direct call, as in
+    grappler's test, or a ``PartitionedCall`` of a ``tf.function``): grappler keeps that list
+    float32 and paints tl2, a list of its own."""
+    R = tf.raw_ops
+    g = tf.Graph()
+    with g.as_default():
+        def body(handle, x):
+            h = R.TensorListPushBack(input_handle=handle, tensor=x, name="tl1w1_handle")
+            h, y = _pop(h, tf.constant([_SIDE, _SIDE]), "tl1r1")
+            return tf.identity(h, name="ohandle"), tf.identity(y, name="y")
+
+        if call == "direct":
+            func1 = v1_function.Defun(tf.variant, tf.float32, func_name="Func1")(body)
+        else:
+            func1 = tf.function(body, input_signature=[tf.TensorSpec([], tf.variant),
+                                                       tf.TensorSpec([_SIDE, _SIDE], tf.float32)])
+        x, shape, feeds = _list_input()
+        infer1 = tf.tanh(tf.matmul(x, x, name="allow1"), name="infer1")
+        tl1w1 = R.TensorListPushBack(input_handle=_empty_list("tl1", shape), tensor=infer1,
+                                     name="tl1w1")
+        named = {"name": "Func1"} if call == "direct" else {}
+        handle = func1(tl1w1, infer1, **named)[0]
+        tl1r1 = _pop(handle, shape, "tl1r1")[1]
+        tl2w1 = R.TensorListPushBack(input_handle=_empty_list("tl2", shape), tensor=infer1,
+                                     name="tl2w1")
+        tl2r1 = _pop(tl2w1, shape, "tl2r1")[1]
+        tf.identity(tf.matmul(tl1r1, tl2r1, name="allow2"), name="output")
+    return g.as_graph_def(), feeds
+
+
+def tensorlist_loop_gradient(lower: bool = True):
+    """A TF2 while loop and its gradient, frozen: the forward loop pushes each step's Tanh into
+    an EmptyTensorList accumulator, the gradient loop pops them. ``lower`` gives the v1 control
+    flow a frozen graph has by default (one list, in one graph, as grappler sees it at run
+    time); else the functional While, whose bodies are library functions."""
+    r = np.random.default_rng(5)
+    w = r.uniform(-0.3, 0.3, (_SIDE, _SIDE)).astype(np.float32)
+
+    @tf.function(input_signature=[tf.TensorSpec([8, _SIDE], tf.float32, name="input")])
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            _, h = tf.while_loop(lambda i, h: i < 3,
+                                 lambda i, h: (i + 1, tf.tanh(tf.matmul(h, tf.constant(w)))),
+                                 (tf.constant(0), x))
+            loss = tf.reduce_sum(h * h)
+        return loss, tape.gradient(loss, x)
+
+    frozen = convert_variables_to_constants_v2(step.get_concrete_function(),
+                                               lower_control_flow=lower)
+    gd = frozen.graph.as_graph_def()
+    # the frozen function's results (Identity nodes nothing reads), under the names the
+    # parity test fetches
+    names = {frozen.outputs[0].op.name: "output", frozen.outputs[1].op.name: "grad_output"}
+    for node in gd.node:
+        node.name = names.get(node.name, node.name)
+    feeds = {"input:0": r.uniform(-1, 1, (8, _SIDE)).astype(np.float32)}
+    return gd, feeds
 
 
 def direct_call():

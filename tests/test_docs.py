@@ -38,7 +38,7 @@ SETUP = ("python3.11 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin
          "examples/cnn_fp32.pb -o /tmp/cnn_amp.pb --force",
          "python3.11 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
          ".venv/bin/python -m pytest -q")
-SUBCOMMANDS = {"explain", "rules", "verify", "kernels", "bench", "tune"}
+SUBCOMMANDS = {"explain", "rules", "verify", "kernels", "bench", "tune", "ranges"}
 
 
 def _text(doc: str) -> str:
@@ -229,7 +229,8 @@ def _check_products(args: list[str], out: str, folder: Path) -> None:
     positional = [a for i, a in enumerate(args[1:], 1)
                   if not a.startswith("-") and not args[i - 1].startswith("-")]
     expected = {"explain": positional[1:], "rules": ["allow ("], "verify": ["verdict:"],
-                "kernels": ["CPU:"], "bench": ["speed-up"], "tune": ["trials"]}[command]
+                "kernels": ["CPU:"], "bench": ["speed-up"], "tune": ["trials"],
+                "ranges": ["float tensors over"]}[command]
     for text in expected:
         assert text in out, f"{command} printed no {text!r}:\n{out}"
     written = [_option(args, "--json"), _option(args, "--html")]
@@ -445,7 +446,7 @@ def _parity_graphs() -> bool:
     cases = parity.CASES
     loops = [c for c in cases if c.startswith("loop_")]
     lists = [c for c in cases if c.startswith("tensorlist_")]
-    return (len(cases) + 1, len(loops), len(lists)) == (24, 10, 7)   # + the pinned graph
+    return (len(cases) + 1, len(loops), len(lists)) == (29, 10, 12)   # + the pinned graph
 
 
 def _bfloat16_sums() -> bool:
@@ -486,6 +487,14 @@ def _all(*checks):
     return lambda: all(c() for c in checks)
 
 
+def _headroom() -> bool:
+    from amp_rewrite.core.dtypes import HALF, HEADROOM, LARGEST
+    return HEADROOM == 32 and int(LARGEST[HALF] / HEADROOM) == 2047
+
+
+RANGES = 'BENCHMARKS.md "Range headroom"'
+
+
 def _float16_range() -> bool:
     return float(np.finfo(np.float16).max) == 65504 and float(np.float16(2.0 ** -24)) > 0 == float(np.float16(2.0 ** -26))
 
@@ -516,9 +525,9 @@ TOL = _source(KERAS, 'TOL = {"float16": 5e-3, "bfloat16": 2e-2}')
 # before it (None: a default the code holds, shown by the check), the check)
 CLAIMS = [
     ("docs/decisions.md", "a sum of 10000 ones gives 9984, not bfloat16's 256", "tests/test_docs.py", _bfloat16_sums),
-    ("docs/decisions.md", "on 24 graphs", "tests/test_grappler_parity.py", _parity_graphs),
+    ("docs/decisions.md", "on 29 graphs", "tests/test_grappler_parity.py", _parity_graphs),
     ("docs/decisions.md", "10 simple-loop colourings", "tests/test_grappler_parity.py", _parity_graphs),
-    ("docs/decisions.md", "7 TensorList graphs", "tests/test_grappler_parity.py", _parity_graphs),
+    ("docs/decisions.md", "12 TensorList graphs", "tests/test_grappler_parity.py", _parity_graphs),
     ("docs/decisions.md", "under 5e-3 in float16 and 2e-2 in bfloat16", KERAS, TOL),
     ("docs/decisions.md", "at most 1.25 times grappler's + 1e-3", KERAS, _source(KERAS, "ours <= 1.25 * theirs + 1e-3")),
     ("docs/decisions.md", "at most 1.1 times grappler's + 1e-4", KERAS, _source(KERAS, "folded_err <= 1.1 * theirs + 1e-4")),
@@ -559,6 +568,25 @@ CLAIMS = [
      _source("tests/test_emulate.py", "assert abs(err(emu) - err(half)) < 0.5 * err(half)")),
     ("docs/verify.md", "to within a relative L2 of 1e-6", "tests/test_emulate.py",
      _source("tests/test_emulate.py", "assert graphs.rel_l2(ours, ref) <= 1e-6")),
+    ("docs/ranges.md", "(`--headroom`, default 32: from 2047 on)", None,
+     _all(_headroom, _help_says("ranges", "(default 32: float16 tensors from 2047 on)"))),
+    ("docs/ranges.md", "at most 2.55 over the 16 batches after one calibrated batch, and 3.51 over 1024", RANGES,
+     _bench("Range headroom", "| 2.55 |", "| 3.51 |")),
+    ("docs/ranges.md", "up to 14.49 over 16 batches, 26.21 over 1024", RANGES,
+     _bench("Range headroom", "| 14.49 |", "| 26.21 |")),
+    ("docs/ranges.md", "3.62 instead of 5.15", RANGES, _bench("Range headroom", "| 3.62 |", "| 5.15 |")),
+    ("docs/ranges.md", "none lies below 2^-126", RANGES,
+     _bench("Range headroom", "below bfloat16's smallest normal (2^-126) 0, rounding to zero in bfloat16 0.")),
+    ("docs/ranges.md", "`--top N` sets how many (default 20)", None, _help_says("ranges", "(default 20)")),
+    ("docs/verify.md", "within 1e-6 in relative L2", "tests/test_emulate_functions.py",
+     _source("tests/test_emulate_functions.py",
+             'assert graphs.rel_l2(outputs["emu", signature], outputs["grappler", signature]) <= 1e-6',
+             "assert graphs.rel_l2(ours, grappler) <= 1e-6")),
+    ("docs/verify.md", "within 4 units in float16's last place per element and 2e-3 in relative L2",
+     "tests/test_emulate_functions.py",
+     _source("tests/test_emulate_functions.py", "assert graphs.rel_l2(emu, half) <= 2e-3",
+             "assert _ulps(emu, half).max() <= 4",
+             "assert graphs.rel_l2(ours, real) <= 2e-3 and _ulps(ours, real).max() <= 4")),
     ("docs/tuning.md", "rel_l2 0.01 float16, 0.05 bfloat16; top1 0.01", None,
      _all(_verify_defaults, _help_says("tune", "rel_l2 0.01 float16, 0.05 bfloat16; top1 0.01"))),
     ("docs/training.md", "start at 2^15, ×2 after 2000 finite steps", "amp_rewrite.training.config.DEFAULTS",

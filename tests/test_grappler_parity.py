@@ -37,6 +37,15 @@ for spec in [("w", "c", "w"), ("c", "c", "w"), ("w", "g", "w"), ("w", "gbg", "cb
     CASES["loop_" + "_".join(spec)] = lambda s=spec: gg.simple_loop(*s)
 for case in "ABCDEGI":
     CASES["tensorlist_" + case] = lambda c=case: gg.tensorlist(c)
+# grappler's own list tests (auto_mixed_precision_test.cc), the list through a tf.function call,
+# and the EmptyTensorList accumulators of a frozen TF2 while loop's gradient
+CASES.update({
+    "tensorlist_push_pop": gg.tensorlist_push_pop,
+    "tensorlist_batch_concat": gg.tensorlist_batch_concat,
+    "tensorlist_through_function": gg.tensorlist_through_function,
+    "tensorlist_through_call": lambda: gg.tensorlist_through_function("partitioned"),
+    "tensorlist_loop_gradient": gg.tensorlist_loop_gradient,
+})
 # a node pinned to the device the conversion is not for: each mode's "other" device
 PINNED = {"bfloat16": "/device:GPU:0", "float16": "/device:CPU:0"}
 MODES = {"bfloat16": ("cpu", gg.grappler_bfloat16), "float16": ("gpu", gg.grappler_float16)}

@@ -268,8 +268,10 @@ def test_tune_first_keeps_a_node_that_changes_the_outputs(loud):
 
     result = tune(Model.of_graph_def(graph_def), feeds=feeds, target="float16")
     assert result.ok and math.isinf(result.before) and result.after <= 1e-2
+    # the feed-forward activations are past the range on the samples: the range margin keeps
+    # them before the search (tuning.py, step 1), the mask's infinities it finds harmless
     first = result.trial_log[1]
-    assert first["why"] == "attribution" and first["keep"]
+    assert first["why"] == "range margin" and first["keep"]
     assert "masked" not in {k for t in result.trial_log for k in t["keep"]}
     # what tune kept first changes the outputs: it is among the nodes it ends with, and
     # with the others alone the outputs are not finite

@@ -86,3 +86,29 @@ def images(n=8, seed=0):
 
 def inputs(width, n=16, scale=1.0, seed=0):
     return {"x": (np.random.default_rng(seed).standard_normal((n, width)) * scale).astype(np.float32)}
+
+
+def scaled_softmax(scale, seed=0, width=32, hidden=64, classes=10):
+    """A ReLU layer, then a softmax over logits whose weights are scaled by ``scale``: large
+    logits that float16 holds while they stay under 65504, and turns into inf (the softmax
+    into NaN) past it. The MatMuls are float16 in the painted graph, the Softmax float32."""
+    rng = graphs._rng(seed)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, width], name="x")
+        w1 = tf.constant((rng.standard_normal((width, hidden)) / np.sqrt(width)).astype(np.float32),
+                         name="w1")
+        h = tf.nn.relu(tf.matmul(x, w1, name="dense"), name="relu")
+        w2 = tf.constant((rng.standard_normal((hidden, classes)) * scale).astype(np.float32),
+                         name="w2")
+        tf.nn.softmax(tf.matmul(h, w2, name="logits"), name="probs")
+    return g.as_graph_def()
+
+
+def loud_rows(n, width=32, seed=0, spread=0.8):
+    """Rows of normal values, each row scaled by its own log-normal amplitude
+    (``exp(spread * N(0, 1))``): as signals whose strength varies from one example to the
+    next, a batch of 16 is a poor guide to the largest row of the next batch."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, width))
+    return {"x": (z * np.exp(spread * rng.standard_normal((n, 1)))).astype(np.float32)}

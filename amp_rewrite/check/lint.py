@@ -21,8 +21,11 @@ from ..schema.opdefs import (
     input_dtype,
     node_types,
     output_dtype,
+    tensorlist_groups,
 )
 from ..schema.snapshot import Before
+
+_ELEMENT_DTYPE = TypeAttr("element_dtype")
 
 
 def lint_problems(graph: Graph, *, original: Before | None = None,
@@ -35,8 +38,10 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
     the consumer's OpDef expects; every type attribute holds a dtype its OpDef allows; no
     deny-list op runs in low precision (unless a user override forced it); variable ops keep
     their dtypes; an op TensorFlow does not register sees the dtypes it saw before; no node the
-    conversion added sits on a v1 loop's back edge. Those last four compare with ``original``,
-    the record of the graph before the conversion.
+    conversion added sits on a v1 loop's back edge; the TensorList ops of one list (whose
+    handles meet) that held one element dtype still hold one (a list with float32 and float16
+    ops fails only when it runs). Those last five compare with ``original``, the record of the
+    graph before the conversion.
 
     ``only`` limits the checks to those nodes and the edges into them: a pass that knows what
     it changed (and the readers of what it retyped) need not lint what ``original`` already
@@ -59,6 +64,29 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
             problems += _variable_problems(node, types, original)
         if original is not None and node.name not in original:
             problems += _back_edge_problems(graph, node)
+    if original is not None:
+        problems += _tensorlist_problems(graph, original, names)
+    return problems
+
+
+def _tensorlist_problems(graph: Graph, original: Before, names: list[str]) -> list[str]:
+    """The TensorList ops of one group (:func:`tensorlist_groups`) that held one element dtype
+    before hold one now, for the groups with a node among ``names``."""
+    problems = []
+    wanted = set(names)
+    for members in tensorlist_groups(graph):
+        if wanted.isdisjoint(members):
+            continue
+        now: dict[int, dict[int, str]] = {}   # element dtype before -> dtype now -> an op
+        for name in members:
+            was = original.dtype(name, _ELEMENT_DTYPE)
+            if was:   # a TensorList op of the input with an element dtype
+                dtype = get_dtype(graph.node(name), _ELEMENT_DTYPE)
+                now.setdefault(was, {}).setdefault(dtype, name)
+        for held in now.values():
+            if len(held) > 1:
+                ops = ", ".join(f"{name!r} {dtype_name(d)}" for d, name in sorted(held.items()))
+                problems.append(f"the TensorList ops of one list disagree on element_dtype: {ops}")
     return problems
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model, convert_path
 from ..core import hardware
+from ..core.dtypes import HEADROOM
 from ..core.errors import InputError
 from ..io.files import OutputSet, atomic_write, is_keras_file
 from ..io.keras_files import saved_models
@@ -26,6 +27,7 @@ from ..report import html, tensorboard
 from ..rules.loader import LISTS, load_rules
 from ..tools import bench as bench_mod
 from ..tools import kernels as kernels_mod
+from ..tools import ranges as ranges_mod
 from ..tools import tuning
 from ..tools import verify as verify_mod
 from ..tools.runner import init_devices, parse_shapes
@@ -39,7 +41,7 @@ __all__ = ["init_devices", "run"]
 #: the arguments of each command that name a model, any of which may be a Keras file (tune
 #: takes one itself, to name it in its rules file)
 _MODEL_ARGS = {"convert": ("input",), "explain": ("input",), "verify": ("original", "converted"),
-               "bench": ("original", "converted"), "kernels": ("model",)}
+               "bench": ("original", "converted"), "kernels": ("model",), "ranges": ("model",)}
 
 
 def run(command: str, args) -> int:
@@ -82,12 +84,30 @@ def convert(args) -> int:
 
 def _options(args) -> Options:
     """The conversion the convert command's arguments ask for (the CLI checked the paths)."""
-    return Options(
+    options = Options(
         target=args.target, device=args.device, rules=args.rules, keep=args.keep,
         lowp_io=args.lowp_io, fold_constants=args.fold_constants, loss_scale=args.loss_scale,
         loss_scale_options=args.loss_scale_options,
         min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
         cost_aware=args.cost_aware)
+    return _calibrated(options, args)
+
+
+def _calibrated(options: Options, args) -> Options:
+    """``options`` with the calibration ``--calibration`` asks for: the float32 model run on
+    each file first (checked before the run, which takes a while), its tensors' largest
+    magnitudes recorded (:func:`amp_rewrite.tools.ranges.calibrate`)."""
+    if not args.calibration:
+        return options
+    options.headroom = HEADROOM if args.headroom is None else args.headroom
+    options.check()
+    found = ranges_mod.calibrate(args.input, args.calibration, checkpoint=args.checkpoint)
+    if not args.quiet:
+        missed = f"; {len(found.unrecorded)} not recorded" if found.unrecorded else ""
+        print(f"calibration: {found.samples} sample(s), {len(found.tensors)} float tensors "
+              f"recorded{missed} (amp-rewrite ranges lists them)")
+    options.calibration = found.maxima()
+    return options
 
 
 def explain(args) -> int:
@@ -96,7 +116,7 @@ def explain(args) -> int:
     options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
                       lowp_io=args.lowp_io, loss_scale="none",
                       min_matrix_intensity=args.min_matrix_intensity)
-    _, report = convert_model(load(args.input), options)
+    _, report = convert_model(load(args.input), _calibrated(options, args))
     for name in args.node:
         try:
             print(report.explain(name))
@@ -182,7 +202,9 @@ def tune(args) -> int:
                            target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
-                           report=args.report, init_ops=args.init_op)
+                           report=args.report, init_ops=args.init_op,
+                           allow_holdout_failure=args.allow_holdout_failure,
+                           **({} if args.headroom is None else {"headroom": args.headroom}))
     if bar is not None:
         sys.stderr.write("\n")
     if not result.ok:
@@ -190,9 +212,23 @@ def tune(args) -> int:
         if not args.quiet:
             print(result.summary())
         return 1
+    if result.holdout_failure:      # --allow-holdout-failure: written, but said
+        print(f"amp-rewrite: warning: held-out samples: {result.holdout_failure}; written "
+              "anyway (--allow-holdout-failure)", file=sys.stderr)
     if not args.quiet:
         print(f"wrote {args.output} and {result.rules_file}")
         print(result.summary())
+    return 0
+
+
+def ranges(args) -> int:
+    found = ranges_mod.calibrate(args.model, args.inputs, signature=args.signature,
+                                 checkpoint=args.checkpoint)
+    headroom = HEADROOM if args.headroom is None else args.headroom
+    if args.json:
+        atomic_write(Path(args.json), _json_bytes(found.to_dict(headroom)), force=args.force)
+    if not args.quiet:
+        print(ranges_mod.format_ranges(found, args.top, headroom))
     return 0
 
 
@@ -232,4 +268,4 @@ def _draw_bar(done: int, total: int, text: str) -> None:
 
 
 _COMMANDS = {"convert": convert, "explain": explain, "rules": rules, "verify": verify,
-             "kernels": kernels, "bench": bench, "tune": tune}
+             "kernels": kernels, "bench": bench, "tune": tune, "ranges": ranges}

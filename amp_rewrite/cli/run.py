@@ -1,7 +1,7 @@
 """The ``amp-rewrite`` command line: parse, check paths, report errors. No TensorFlow here.
 
 ``amp-rewrite IN -o OUT [options]`` converts; ``amp-rewrite COMMAND ...`` runs ``explain``,
-``rules``, ``verify``, ``kernels``, ``bench`` or ``tune``. Every flag is defined in this module and every
+``rules``, ``verify``, ``kernels``, ``bench``, ``tune`` or ``ranges``. Every flag is defined in this module and every
 path is checked before TensorFlow is imported (that takes seconds), so a usage or path error
 answers at once. Then :mod:`amp_rewrite.cli.commands`, which imports TensorFlow, runs the command.
 
@@ -35,11 +35,14 @@ from ..training.config import scale_config
 from ..version import __version__
 
 PROG = "amp-rewrite"
-COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune")
+COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune", "ranges")
 #: the module that runs the commands; loaded only once the arguments are checked (it imports
 #: TensorFlow), which is why it is named here instead of imported
 RUNNER_MODULE = "amp_rewrite.cli.commands"
 _LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
+#: what --headroom's help names as its default: amp_rewrite.core.dtypes.HEADROOM (not imported
+#: here: that module imports TensorFlow's protos; tests/test_ranges.py holds the two equal)
+HEADROOM_DEFAULT = "32"
 #: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
 QUIET_TF_LOG_LEVEL = "3"
 
@@ -79,7 +82,7 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", action="store_true",
                    help="write float16's float32 emulation (float16 rules, but each float16 op "
                         "computes in float32 on values rounded to float16): to see float16's "
-                        "numbers without a GPU; graph files only")
+                        "numbers without a GPU (a SavedModel's function bodies included)")
     p.add_argument("--fold-constants", action="store_true",
                    help="fold Const-only float32 subgraphs before painting, and batch norms "
                         "into the convolutions they follow (graphs without variables): fewer "
@@ -93,6 +96,7 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="never slower than float32 on this machine: for --device cpu --target "
                         "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
                         "island float32 (code cost)")
+    _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")
@@ -114,6 +118,26 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="write the converted graph as a TensorBoard event file into DIR")
     _common(p)
     return p
+
+
+def _calibration_flags(p: argparse.ArgumentParser) -> None:
+    """Range-aware precision: the float32 model run on data first (docs/ranges.md)."""
+    g = p.add_argument_group("calibration (docs/ranges.md)")
+    g.add_argument("--calibration", action="append", default=[], metavar="DATA.npz",
+                   help="run the float32 model on these inputs (arrays keyed by input name; "
+                   "repeatable) and keep float32 every node whose inputs or outputs come within "
+                   "--headroom of the 16-bit dtype's largest value (code range)")
+    _headroom_flag(g)
+    g.add_argument("--checkpoint", metavar="PREFIX",
+                   help="restore a MetaGraph's variables from this checkpoint for the "
+                   "calibration run (default: their initializers)")
+
+
+def _headroom_flag(p) -> None:
+    p.add_argument("--headroom", type=float, metavar="H",
+                   help="the safety factor: a tensor whose largest magnitude reaches the 16-bit "
+                   f"dtype's largest value / H is too close (default {HEADROOM_DEFAULT}: "
+                   "float16 tensors from 2047 on)")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -154,6 +178,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--keep", action="append", default=[], metavar="NAME")
         p.add_argument("--lowp-io", action="store_true")
         p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+        _calibration_flags(p)
     elif command == "rules":
         p.add_argument("action", choices=["show"], help="show the effective op lists")
         _rule_flags(p)
@@ -184,7 +209,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        help="rank the tensors inside both models (a SavedModel's function "
                        "bodies included) by the error each adds")
         p.add_argument("--emulate", action="store_true",
-                       help="run a float16 graph file as its float32 emulation (each float16 "
+                       help="run a float16 model as its float32 emulation (each float16 "
                        "op computes in float32 on values rounded to float16): float16's "
                        "numbers at float32 speed, on any CPU")
         p.add_argument("--top", type=int, default=10, metavar="N",
@@ -195,6 +220,21 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         _force_flag(p)
     elif command == "tune":
         _tune_flags(p)
+    elif command == "ranges":
+        p.add_argument("model", help="the FP32 model (GraphDef, MetaGraph, SavedModel dir or "
+                       "Keras file)")
+        p.add_argument("--inputs", action="append", required=True, metavar="DATA.npz",
+                       help="input arrays keyed by input name, one run each (repeatable)")
+        p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
+                       "(default serving_default, else the first)")
+        p.add_argument("--checkpoint", metavar="PREFIX",
+                       help="restore a MetaGraph's variables from this checkpoint (default: "
+                       "their initializers)")
+        p.add_argument("--top", type=int, default=20, metavar="N",
+                       help="tensors to list, largest magnitude first (default 20)")
+        _headroom_flag(p)
+        p.add_argument("--json", metavar="FILE", help="also write every tensor's range as JSON")
+        _force_flag(p)
     elif command == "kernels":
         p.add_argument("model", help="the converted model (GraphDef, MetaGraph or SavedModel dir)")
         p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
@@ -225,7 +265,16 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
                    "must meet the tolerance; required unless tf.data iterators alone feed the "
                    "model, whose first batch is then the sample)")
     p.add_argument("--holdout", action="append", default=[], metavar="DATA.npz",
-                   help="a held-out sample, scored before and after but never tuned on")
+                   help="a held-out sample, never tuned on: the result must pass on it too, "
+                   "else exit 1 and nothing written")
+    p.add_argument("--allow-holdout-failure", action="store_true",
+                   help="write the result even where it fails on --holdout samples (warned)")
+    # the default is core.dtypes.HEADROOM, which tune applies: importing it here would
+    # import TensorFlow before a usage error could answer
+    p.add_argument("--headroom", type=float, metavar="H",
+                   help="keep float32 every tensor whose largest magnitude on the samples "
+                   "comes within a factor H of the target's largest value (default: "
+                   "HEADROOM in amp_rewrite/core/dtypes.py, as convert; 1: only those past it)")
     p.add_argument("--metric", choices=["rel_l2", "max_abs", "top1"], default="rel_l2",
                    help="worst over the outputs: relative L2 error, largest absolute error, or "
                    "share of rows whose argmax moved (default rel_l2)")
@@ -291,8 +340,10 @@ def _check_paths(command: str, args) -> None:
               "verify": [getattr(args, "original", None), getattr(args, "converted", None)],
               "bench": [getattr(args, "original", None), getattr(args, "converted", None)],
               "kernels": [getattr(args, "model", None)],
+              "ranges": [getattr(args, "model", None)],
               "tune": [getattr(args, "input", None)]}.get(command, [])
     inputs += list(getattr(args, "rules", []) or [])
+    inputs += list(getattr(args, "calibration", []) or [])
     given = getattr(args, "inputs", None)
     inputs += given if isinstance(given, list) else [given] if given else []
     inputs += list(getattr(args, "holdout", []) or [])
@@ -301,6 +352,7 @@ def _check_paths(command: str, args) -> None:
     for path in inputs:
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
+    _check_calibration_flags(command, args)
     if command == "tune":
         _check_tune_outputs(args, inputs)
     if command == "convert":
@@ -316,6 +368,23 @@ def _check_paths(command: str, args) -> None:
         if path and command != "convert":
             _check_output(path, f"--{flag} file", force=args.force, inputs=inputs, outputs=written)
             written.append(path)
+
+
+def _check_calibration_flags(command: str, args) -> None:
+    """--headroom is a number of at least 1; with convert and explain it and --checkpoint
+    shape the calibration run, so they need --calibration; ranges' --top lists at least one."""
+    headroom = getattr(args, "headroom", None)
+    if headroom is not None and not 1 <= headroom < float("inf"):
+        raise InputError(f"--headroom {headroom:g}: must be a number of at least 1 (the 16-bit "
+                         "dtype's largest value is divided by it)")
+    if command in ("convert", "explain") and not args.calibration:
+        given = [flag for flag, value in (("--headroom", headroom),
+                                          ("--checkpoint", args.checkpoint)) if value is not None]
+        if given:
+            raise InputError(f"{' and '.join(given)}: only for the calibration run; add "
+                             "--calibration DATA.npz (docs/ranges.md)")
+    if command == "ranges" and args.top < 1:
+        raise InputError(f"--top {args.top}: must be at least 1")
 
 
 def _check_tune_outputs(args, inputs: list[str]) -> None:

@@ -6,7 +6,9 @@ graph's own nodes through :func:`~amp_rewrite.conversion.rewrite.rewrite`, loss 
 trains, then every library function it reaches
 (:func:`~amp_rewrite.conversion.library.paint_library`). The
 MetaGraph's signature tensors are its interface and keep their dtypes; the functions its object
-graph restores keep their signatures.
+graph restores keep their signatures. :func:`emulate` turns a converted float16 MetaGraph into
+its float32 emulation (``--emulate``); the pipeline runs it last, once a SavedModel's train
+functions are loss-scaled too.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..check import lint
 from ..core import hardware
-from ..core.dtypes import TARGET_NAMES, TARGETS
+from ..core.dtypes import HEADROOM, TARGET_NAMES, TARGETS
 from ..core.errors import InputError, LintError, UnsupportedGraphError
 from ..core.ir import Graph, copy_except
 from ..core.ops import MATRIX_OPS
@@ -65,6 +67,12 @@ class Options:
     min_matrix_intensity: float | None = None   # None: by device (DEFAULT_MIN_INTENSITY)
     emulate: bool = False                  # float16's float32 emulation (amp_rewrite.transforms.emulate)
     cost_aware: bool = False               # never slower than float32 on this machine
+    # calibration: tensor name (``node:port``, ``function/node:port`` inside a function) ->
+    # the largest finite magnitude the float32 model gave it on data
+    # (amp_rewrite.tools.ranges.calibrate(...).maxima()); a node that computes or reads a
+    # tensor within ``headroom`` of the target's largest value stays float32 (code range)
+    calibration: Mapping[str, float] | None = None
+    headroom: float = HEADROOM
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -83,6 +91,18 @@ class Options:
         if self.min_matrix_intensity is not None and not self.min_matrix_intensity >= 0:
             raise InputError(f"--min-matrix-intensity must be 0 or more, not "
                              f"{self.min_matrix_intensity!r}")
+        if not (isinstance(self.headroom, (int, float)) and 1 <= self.headroom < math.inf):
+            raise InputError(f"--headroom must be a number of at least 1 (a share of the "
+                             f"16-bit dtype's largest value), not {self.headroom!r}")
+        if self.calibration is not None:
+            if not isinstance(self.calibration, Mapping):
+                raise InputError("calibration must map tensor names to the largest magnitude "
+                                 "observed (amp_rewrite.tools.ranges.calibrate(...).maxima())")
+            bad = next(((k, v) for k, v in self.calibration.items()
+                        if not isinstance(v, (int, float)) or not v >= 0), None)
+            if bad is not None:
+                raise InputError(f"calibration: tensor {bad[0]!r} has largest magnitude "
+                                 f"{bad[1]!r}: must be a number >= 0")
 
     def painting_target(self) -> Target:
         """The target painting works for: dtype, device type, least matrix intensity."""
@@ -143,7 +163,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = options.painting_target()
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
-                             calls=calls)
+                             calls=calls, ranges=options.calibration, headroom=options.headroom)
     if fused is not None and (fused.scales_folded or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
     if report.extra.get("unfused_kept") and not options.fold_constants \
@@ -157,23 +177,33 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     strip_graph_defaults(out, added)
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface,
-                  leave=leave)
+                  ranges=options.calibration, headroom=options.headroom, leave=leave)
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)
-    if options.emulate:
-        emulated, count = emulate_float16(meta.graph_def)
-        meta.graph_def.CopyFrom(emulated)
-        report.extra["emulation"] = {"ops": count, "summary": f"{count} float16 ops computed "
-                                     "in float32 on values rounded to float16"}
     # every step above linted what it edited; the calls between the graph and its functions
     # are checked once more on the final graph, as on the input
     problems = check_call_types(meta.graph_def)
     if problems:
         raise LintError(problems)
     return meta, report
+
+
+def emulate(meta: meta_graph_pb2.MetaGraphDef, report: Report) -> None:
+    """Replace ``meta``'s float16 graph, in place, by its float32 emulation
+    (:mod:`amp_rewrite.transforms.emulate`): its own nodes and its functions' bodies, the
+    signatures of the functions the SavedModel restores kept float32. Run on a converted
+    MetaGraph once it is loss-scaled, so the emulation computes what the float16 model would,
+    scaling included; ``report`` gets the ``emulation`` section."""
+    emulated = emulate_float16(meta.graph_def, roots=meta.object_graph_def.concrete_functions)
+    meta.graph_def.CopyFrom(emulated.graph_def)
+    where = f"; {len(emulated.functions)} function bodies emulated" if emulated.functions else ""
+    report.extra["emulation"] = {
+        "ops": emulated.ops, "functions": emulated.functions,
+        "summary": f"{emulated.ops} float16 ops computed in float32 on values rounded to "
+                   f"float16{where}"}
 
 
 def _scale_graph(work: Graph, original: Before, meta, library, config, options: Options,

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
-from typing import Collection
+from typing import Collection, Mapping
 
 from tensorflow.core.framework import graph_pb2
 
 from ..check import lint
-from ..core.dtypes import TARGETS
+from ..core.dtypes import HEADROOM, TARGETS
 from ..core.errors import InputError, LintError
 from ..core.ir import Graph
 from ..report.decisions import Report, did_you_mean
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report, target: Target,
                   *, keep: Collection[str] = (), roots: Collection[str] = (),
                   interface: Collection[str] = (), lower: bool = True,
+                  ranges: Mapping[str, float] | None = None, headroom: float = HEADROOM,
                   leave: Collection[str] = ()) -> None:
     """Paint, in place, every library function reachable from ``graph_def``'s nodes or ``roots``.
 
@@ -53,8 +55,9 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     graph's nodes whose outputs are fetched (signature tensors), and ``keep`` the ``--keep``
     names: their dtypes never change, nor those of graph outputs nothing reads. Function nodes
     are added to ``report`` as ``function/node``. ``lower=False`` keeps every boundary float32
-    (for comparison: benchmarks/functions.py). Raises :class:`LintError` if a call site's types
-    and its callee's signature disagree afterwards.
+    (for comparison: benchmarks/functions.py). ``ranges`` is the calibration, its tensors
+    inside functions named ``function/node:port`` (see :func:`scoped_ranges`). Raises
+    :class:`LintError` if a call site's types and its callee's signature disagree afterwards.
     """
     library = graph_def.library
     names = reachable(graph_def.node, library, set(roots) - set(leave))
@@ -63,8 +66,10 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     signatures = {f.signature.name: f.signature for f in library.function}
     by_name = {f.signature.name: f for f in library.function}
     graphs: dict[str, FunctionGraph] = {}
+    calibrated = retraced(scoped_ranges(ranges or {}, names), [by_name[n] for n in names])
     for name in names:
-        fg = _convert_function(by_name[name], library, signatures, rules, report, target, keep)
+        fg = _convert_function(by_name[name], library, signatures, rules, report, target, keep,
+                               calibrated.get(name), headroom)
         if fg is not None:
             graphs[name] = fg
     kept_signatures = set(roots) | gradient_linked(library) | set(reachable((), library, leave))
@@ -109,8 +114,50 @@ def _lower(graph_def, graphs, roots, signatures, target, report, protected,
     return lowering
 
 
+def scoped_ranges(ranges: Mapping[str, float], functions: Collection[str]
+                  ) -> dict[str, dict[str, float]]:
+    """The calibration of each of ``functions``: its tensors ``function/node:port`` as the body
+    names them, ``node:port`` (the names the replay records, a function's arguments included)."""
+    wanted = set(functions)
+    out: dict[str, dict[str, float]] = {}
+    for tensor, value in ranges.items():
+        head, sep, rest = tensor.partition("/")
+        while sep and head not in wanted:    # a function whose name holds a slash
+            more, sep, rest = rest.partition("/")
+            head = f"{head}/{more}"
+        if sep:
+            out.setdefault(head, {})[rest] = value
+    return out
+
+
+_TRACE_NUMBER = re.compile(r"_\d+$")
+
+
+def retraced(calibrated: dict[str, dict[str, float]], fdefs) -> dict[str, dict[str, float]]:
+    """``calibrated`` with, for each function of ``fdefs`` the calibration did not run, the
+    calibration of one it ran that is the same Python function traced again: the same name
+    but for TensorFlow's trace number (``__inference_block_81`` and ``__inference_block_47``)
+    and the same nodes, by name and op. A SavedModel holds such twins (its signature's trace
+    of a method, and the restored object's), and a calibration runs one signature's."""
+    shape = {f.signature.name: sorted((nd.name, nd.op) for nd in f.node_def) for f in fdefs}
+    runs: dict[str, list[str]] = {}
+    for name in calibrated:
+        if name in shape:
+            runs.setdefault(_TRACE_NUMBER.sub("", name), []).append(name)
+    out = dict(calibrated)
+    for name in shape:
+        if name in out:
+            continue
+        twin = next((run for run in runs.get(_TRACE_NUMBER.sub("", name), ())
+                     if shape[run] == shape[name]), None)
+        if twin is not None:
+            out[name] = calibrated[twin]
+    return out
+
+
 def _convert_function(fdef, library, signatures, rules, report, target: Target,
-                      keep) -> FunctionGraph | None:
+                      keep, ranges: Mapping[str, float] | None = None,
+                      headroom: float = HEADROOM) -> FunctionGraph | None:
     """Paint one function body; None (with a warning) when the user's body cannot be painted
     (an :class:`InputError`: a body our IR or TensorFlow would not take). Our own bugs on the
     way, :class:`~amp_rewrite.core.errors.IRError` and :class:`LintError` (neither is an
@@ -126,7 +173,8 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
         body_keep = kept(boundary=fg.boundary(),
                          user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
-        sub, _ = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures)
+        sub, _ = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures,
+                         ranges=ranges, headroom=headroom)
     except InputError as exc:   # only the user's: never AmpRewriteError, which holds our bugs
         # TensorFlow ran this body; if it is not a graph we can take, it stays as it was
         report.warnings.append(f"function {name!r} left as it is: {exc}")

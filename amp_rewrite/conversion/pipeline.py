@@ -14,11 +14,12 @@ import gc
 import logging
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tensorflow.core.framework import graph_pb2
 
 from ..core import hardware
+from ..core.dtypes import HEADROOM, LARGEST, TARGETS
 from ..core.errors import InputError, RuleError, UnsupportedGraphError
 from ..io.files import (
     check_container,
@@ -39,7 +40,7 @@ from ..training.in_functions import (
     unreached_train_functions,
 )
 from ..training.state import SCOPE
-from .graph import Options, convert_graph
+from .graph import Options, convert_graph, emulate
 from .library import merge_report, warn_unmatched
 
 log = logging.getLogger(__name__)
@@ -117,10 +118,6 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
     if saved:
         refuse_graph_file_options(model.path, _graph_file_options(options))
-        if options.emulate:
-            raise UnsupportedGraphError(f"{model.path}: --emulate applies to graph files (a "
-                                        "SavedModel's ops live in functions); freeze a signature "
-                                        "first (docs/savedmodels.md \"Frozen graphs from a SavedModel\")")
         if config is not None:
             _refuse_saved_model_training(model, options)
     converted, report, added = [], None, {}
@@ -134,14 +131,41 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
                 raise UnsupportedGraphError(f"{model.path}: train functions in more than one "
                                             "MetaGraph; loss-scale state is added to one")
             added = {SCOPE: state} if state is not None else added
+        if options.emulate:   # once scaled: the emulation computes what float16 would
+            emulate(new, sub)
         converted.append(new)
         if report is None:
             report = sub
         else:
             merge_report(report, "[" + ",".join(meta.meta_info_def.tags) + "]", sub)
     warn_unmatched(rules, report)
+    if options.calibration is not None:
+        _report_calibration(report, options)
     _warn_if_slower_here(options)
     return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
+
+
+def _report_calibration(report: Report, options: Options) -> None:
+    """The report's ``calibration`` section: how many tensors the calibration held, the limit
+    it drew, and how many nodes it kept float32 (code ``range``); a warning when none of its
+    tensors belongs to the model (calibration of another model: it decided nothing)."""
+    largest = LARGEST[TARGETS[options.target]]
+    limit = largest / options.headroom
+    kept = sum(1 for n in report.nodes if n.code == "range")
+    names = {n.name for n in report.nodes}
+    matched = sum(1 for t in options.calibration if t.rpartition(":")[0] in names)
+    report.extra["calibration"] = {
+        "tensors": len(options.calibration), "matched": matched, "headroom": options.headroom,
+        "limit": limit, "kept": kept,
+        "summary": f"{kept} nodes kept float32 (code range): each computes or reads a tensor "
+                   f"whose largest magnitude on the calibration data is {limit:.4g} or more "
+                   f"({options.target}'s largest value {largest:.6g} / headroom "
+                   f"{options.headroom:g})"}
+    if options.calibration and not matched:
+        text = (f"calibration: none of its {len(options.calibration)} tensors is one of the "
+                "model's (calibration of another model?): it decided nothing")
+        report.warnings.append(text)
+        log.warning(text)
 
 
 def _warn_if_slower_here(options: Options) -> None:
@@ -165,7 +189,8 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
             rules: RuleSet | Sequence[str | os.PathLike] | None = None,
             keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool = False,
             min_matrix_intensity: float | None = None,
-            cost_aware: bool = False) -> tuple[graph_pb2.GraphDef, Report]:
+            cost_aware: bool = False, calibration: Mapping[str, float] | None = None,
+            headroom: float = HEADROOM) -> tuple[graph_pb2.GraphDef, Report]:
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
     The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
@@ -176,12 +201,16 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     matrix work per element moved that a 16-bit island needs (None: 128 for bfloat16 on CPU, else 0;
     docs/decisions.md "Small matrix ops stay float32"); ``cost_aware`` keeps float32 what would run slower
     than float32 on this machine (bfloat16 on a CPU with no bfloat16 matrix unit; docs/decisions.md "Which
-    CPUs gain from bfloat16"). Painting and casts only: loss scaling needs the
+    CPUs gain from bfloat16"); ``calibration`` maps tensor names to the largest magnitude
+    the float32 graph gave them on data (``amp_rewrite.tools.ranges.calibrate(...).maxima()``):
+    a node that computes or reads one within ``headroom`` of the target's largest value stays
+    float32 (docs/ranges.md). Painting and casts only: loss scaling needs the
     MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
     """
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io,
                       fold_constants=fold_constants, loss_scale="none",
-                      min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware)
+                      min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware,
+                      calibration=calibration, headroom=headroom)
     converted, report = convert_model(Model.of_graph_def(graph_def), options)
     return converted.graph_def, report
 

@@ -17,7 +17,7 @@ from tensorflow.core.framework import op_def_pb2
 
 from ..check import lint
 from ..check.input import check_input
-from ..core.dtypes import TARGETS
+from ..core.dtypes import HEADROOM, TARGETS
 from ..core.ir import Graph
 from ..paint import paint
 from ..report.decisions import Report, build_report
@@ -41,7 +41,9 @@ class Target:
 
 def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
             keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
-            calls: Mapping[str, op_def_pb2.OpDef] | None = None) -> tuple[Report, Before]:
+            calls: Mapping[str, op_def_pb2.OpDef] | None = None,
+            ranges: Mapping[str, float] | None = None,
+            headroom: float = HEADROOM) -> tuple[Report, Before]:
     """Convert ``graph`` for ``target``, in place; returns the report and the record of what
     the graph was (:class:`Before`, for later lints: the graph itself is not copied).
 
@@ -49,7 +51,9 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     (a direct call) is typed by the signature.
 
     ``keep`` maps nodes whose dtypes must not change to the ``(code, reason)`` they are kept
-    for (see :func:`~amp_rewrite.paint.paint`).
+    for (see :func:`~amp_rewrite.paint.paint`). ``ranges`` maps the graph's tensors
+    (``node:port``) to the largest magnitude calibration observed: a node within ``headroom``
+    of the target's largest value stays float32 (code ``range``).
     Raises :class:`InputError` for a graph TensorFlow would not import (the graph is then not
     changed), :class:`LintError` if the result fails the lint (our bug).
     """
@@ -60,7 +64,8 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     before = Before(graph)
     upgraded = upgrades.upgrade(graph, target.device)
     painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
-                     lowp_io=lowp_io, min_intensity=target.min_intensity)
+                     lowp_io=lowp_io, min_intensity=target.min_intensity, ranges=ranges,
+                     headroom=headroom)
     stats = casts.apply_painting(graph, painting, before)
     upgrades.restore(graph, upgraded)
     report = build_report(graph, before, painting, target=target.dtype, device=target.device,

@@ -53,12 +53,22 @@ def base_dtype(dtype: int) -> int:
 #: the largest finite value of each 16-bit target: a float32 value past it becomes ±inf there
 LARGEST = {HALF: 65504.0, BFLOAT16: 3.3895313892515355e38}
 #: the default safety factor of range-aware precision (``--headroom``): a tensor whose observed
-#: magnitude reaches ``LARGEST[target] / HEADROOM`` stays float32. Provisional until calibration
-#: measures it (issue "Range-aware precision"); kept here so convert, ranges and tune agree.
-HEADROOM = 16.0
+#: magnitude reaches ``LARGEST[target] / HEADROOM`` stays float32 (float16: 2047). The smallest
+#: power of two above every spread measured between a calibration batch's maximum and that of
+#: up to 1024 later batches, heavy-tailed data included (26.2; BENCHMARKS.md "Range headroom",
+#: docs/ranges.md "Why the headroom is 32"); kept here so convert, ranges and tune agree.
+HEADROOM = 32.0
 
 
 def near_limit(max_abs: float, target: int, headroom: float = HEADROOM) -> bool:
     """Whether a tensor whose largest observed magnitude is ``max_abs`` comes within
     ``headroom`` of ``target``'s largest finite value (a non-finite maximum always does)."""
     return not max_abs < LARGEST[target] / headroom
+
+
+#: the smallest positive normal value of each 16-bit target: below it a value keeps fewer
+#: significant bits (a subnormal)
+SMALLEST_NORMAL = {HALF: 2.0 ** -14, BFLOAT16: 2.0 ** -126}
+#: the smallest positive subnormal of each 16-bit target: a magnitude at or below half of it
+#: rounds to zero there (float16 2**-25, bfloat16 2**-134; TensorFlow's casts keep subnormals)
+SMALLEST_SUBNORMAL = {HALF: 2.0 ** -24, BFLOAT16: 2.0 ** -133}

@@ -56,7 +56,10 @@ VARIANT_PASSTHROUGH = frozenset({
 
 
 def is_tensorlist_op(op: str) -> bool:
-    return op.startswith("TensorList")
+    """Whether ``op`` works on a TensorList: its name holds ``TensorList`` anywhere, as
+    grappler's ``IsTensorListOp`` asks, so the creator ``EmptyTensorList`` (the accumulator of
+    TF2 while-loop gradients) counts with ``TensorListReserve``, the pushes and the pops."""
+    return "TensorList" in op
 
 
 #: control flow v1: a loop's back edge runs NextIteration -> Merge
@@ -86,6 +89,10 @@ ALL_REDUCE_OPS = frozenset({
 TABLE_INITIALIZERS = frozenset({"InitializeTable", "InitializeTableV2", "InitializeTableFromTextFile",
                                 "InitializeTableFromTextFileV2", "InitializeTableFromDataset",
                                 "LookupTableImportV2"})
+#: ops that change a mutable lookup table's entries (``MutableHashTable.insert`` ...): state a
+#: function can write that is no variable
+TABLE_WRITES = frozenset({"LookupTableInsert", "LookupTableInsertV2", "LookupTableRemoveV2",
+                          "LookupTableImport", "LookupTableImportV2"})
 
 #: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})

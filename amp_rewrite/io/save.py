@@ -127,14 +127,31 @@ def _stage_saved_model(model: Model, out_path: Path, outputs: OutputSet, force: 
     outputs.add(tmp, out_path, replace=force)
 
 
-def _write_tree(model: Model, folder: Path) -> None:
-    """Copy the input directory's other files unchanged, write the new saved_model.pb(txt)."""
+def write_linked(model: Model, folder: str | os.PathLike) -> None:
+    """Write SavedModel ``model`` to the new directory ``folder`` for running it, not for
+    keeping: its own saved_model.pb, and every other file or folder of the input directory
+    (``variables/``, ``assets/``) as a symbolic link to the input's, so a variant of a model
+    (``verify --emulate``) runs without a copy of its weights. Where the file system refuses
+    links, they are copied."""
+    folder = Path(folder)
+    try:
+        folder.mkdir()
+        _write_tree(model, folder, link=True)
+    except OSError as exc:
+        raise InputError(f"{folder}: cannot write: {exc.strerror or exc}") from None
+
+
+def _write_tree(model: Model, folder: Path, link: bool = False) -> None:
+    """Copy the input directory's other files unchanged (``link``: link them), write the new
+    saved_model.pb(txt)."""
     src = Path(model.path)
     for entry in sorted(src.iterdir()):
         if entry.name in SAVED_MODEL_FILES or entry.name == _FINGERPRINT:
             continue
         if entry.name == "variables" and model.added_variables:
             write_variables(entry / "variables", folder / "variables", model.added_variables)
+            continue
+        if link and _linked(entry, folder / entry.name):
             continue
         if entry.is_dir():
             shutil.copytree(entry, folder / entry.name, symlinks=True)
@@ -151,6 +168,15 @@ def _write_tree(model: Model, folder: Path) -> None:
         os.fsync(fh.fileno())
     if (src / _FINGERPRINT).is_file():
         _write_fingerprint(folder)
+
+
+def _linked(entry: Path, link: Path) -> bool:
+    """Whether ``link`` now links to ``entry``; False where the file system has no links."""
+    try:
+        link.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    except (NotImplementedError, PermissionError):
+        return False
+    return True
 
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"

@@ -5,6 +5,8 @@ in the order :func:`paint` runs them, each in its own module:
 
 0. :mod:`.state`: variables, non-float32 types, ``keep_fp32`` overrides and the graph's
    interface are blocked;
+0b. :mod:`.calibrated`: with calibration, nodes whose values come within the headroom of the
+   target's largest value are blocked (code ``range``);
 1-5. :mod:`.propagation`: allow ops, deny propagation, infer/clear ops between allow ops,
    infer ops after allow ops (rule ``infer_follows_allow``), allow spreading through clear ops;
 5b. :mod:`.islands`: a painted island whose matrix ops are all too small to pay for its casts
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ..core.dtypes import HEADROOM
 from ..core.ir import Graph
 from ..rules.loader import RuleSet
 from .agreement import agree_loops, agree_tensorlists
+from .calibrated import block_ranges
 from .decisions import LOWP_CODES, Decision, Painting, TNode
 from .feeders import paint_feeders
 from .islands import drop_cheap_islands
@@ -45,18 +49,22 @@ __all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "pa
 
 def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
           keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
-          min_intensity: float = 0.0) -> Painting:
+          min_intensity: float = 0.0, ranges: Mapping[str, float] | None = None,
+          headroom: float = HEADROOM) -> Painting:
     """Decide the precision of every (node, type attribute) of ``graph``; the graph is not changed.
 
     ``keep`` maps the names of nodes whose dtypes must not change to ``(code, reason)``, the
     decision they get (``user_keep`` for ``--keep``, ``interface`` for signature tensors ...).
     A painted island whose matrix ops all have a known intensity
     (:func:`~amp_rewrite.paint.costs.matrix_intensity`) under ``min_intensity`` stays float32 (code
-    ``cost``).
+    ``cost``). ``ranges`` maps tensor names (``node:port``) to the largest magnitude calibration
+    observed: a node that computes or reads one within ``headroom`` of the target's largest
+    value stays float32 (code ``range``, :mod:`.calibrated`).
     """
     s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),
                    lowp_io=lowp_io, min_intensity=min_intensity)
     s.block_fixed()
+    block_ranges(s, ranges or {}, headroom)
     seed_allow(s)
     propagate_deny(s)
     paint_between_allow(s)

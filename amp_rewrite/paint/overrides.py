@@ -1,6 +1,8 @@
 """Step 6 of painting: rule-file overrides that force low precision (``force_lowp``).
 
-An override lifts a ``cost`` decision (the cost model estimates; the user knows). It cannot
+An override lifts a ``cost`` decision (the cost model estimates; the user knows) and a ``range``
+one (calibration saw a sample of the data; the user knows what the values mean: a -1e9 mask
+that float16 holds as -inf). It cannot
 move the graph's interface (a warning says so), a functional op (While, If,
 Case, a function call: its dtypes are its functions' signatures), nor an op TensorFlow has no
 kernel for in the target dtype (the item is blocked with ``no_kernel`` and a warning). An
@@ -31,8 +33,8 @@ def force_overrides(s: PaintState) -> None:
                                   "from its functions' signatures; override the nodes inside "
                                   "its functions instead")
             continue
-        if idx in s.blocked and s.blocked[idx].code == "cost":
-            del s.blocked[idx]   # the cost model estimates; an override is the user's word
+        if idx in s.blocked and s.blocked[idx].code in _LIFTED:
+            del s.blocked[idx]   # an estimate, or a sample: an override is the user's word
         if idx in s.blocked:
             why = _REFUSED.get(s.blocked[idx].code)
             if why is not None and name not in refused:
@@ -54,6 +56,8 @@ def force_overrides(s: PaintState) -> None:
             s.warnings.append(f"override {rule.pattern} ({rule.source}) matches no node")
 
 
+# blocked decisions an override lifts: the cost model's estimate, calibration's sample
+_LIFTED = ("cost", "range")
 # blocked decisions an override cannot lift, and what to tell the user
 _REFUSED = {
     "interface": "its dtypes are the graph's interface (--lowp-io lets inputs and outputs go)",

@@ -7,10 +7,10 @@ its readers (their ``element_dtype``), which no data edge joins directly.
 
 from __future__ import annotations
 
-from ..core.dtypes import FLOAT, VARIANT
+from ..core.dtypes import FLOAT
 from ..core.ir import Graph
 from ..core.ops import is_tensorlist_op
-from ..schema.opdefs import NodeTypes, TypeAttr, node_types, output_dtype
+from ..schema.opdefs import NodeTypes, TypeAttr, node_types, tensorlist_groups
 from .decisions import TNode
 
 ELEMENT_DTYPE = TypeAttr("element_dtype")
@@ -140,25 +140,8 @@ def tensorlist_clusters(graph: Graph) -> list[tuple[list[str], list[str]]]:
     """Groups of float32 TensorList ops whose handles meet, through any op that carries a
     DT_VARIANT (Identity, Reshape, Pack, ConcatLists, loop plumbing ...), as grappler follows
     them: ``(the TensorList ops, the other nodes the handles pass)``."""
-    if not any(is_tensorlist_op(node.op) for node in graph.nodes()):
-        return []   # no group to find: spare the pass over every edge
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.get(x, x) != x:
-            x = parent[x]
-        return x
-
-    for ref, dst, _ in graph.data_edges():
-        if output_dtype(graph.node(ref.node), ref.port) == VARIANT:
-            a, b = find(ref.node), find(dst)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-    groups: dict[str, list[str]] = {}
-    for name in graph.names():
-        groups.setdefault(find(name), []).append(name)
     out = []
-    for members in groups.values():
+    for members in tensorlist_groups(graph):
         lists = [m for m in members if is_tensorlist_op(graph.node(m).op)
                  and "element_dtype" in graph.node(m).attr
                  and graph.node(m).attr["element_dtype"].type == FLOAT]

@@ -19,8 +19,9 @@ from tensorflow.core.framework import graph_pb2, op_def_pb2
 from tensorflow.python.client import pywrap_tf_session
 from tensorflow.python.framework import device_spec, kernels, op_def_registry
 
-from ..core.dtypes import INVALID, base_dtype
+from ..core.dtypes import INVALID, VARIANT, base_dtype
 from ..core.ir import Graph, Node
+from ..core.ops import is_tensorlist_op
 
 _CACHE = "signatures.types"   # node.meta key of the cached port mapping (see invalidate)
 _UNSET = object()
@@ -195,6 +196,33 @@ def edge_dtype(src: Node, src_port: int, dst: Node, dst_port: int) -> int | None
     tells."""
     dtype = output_dtype(src, src_port)
     return input_dtype(dst, dst_port) if dtype is None else dtype
+
+
+def tensorlist_groups(graph: Graph) -> list[list[str]]:
+    """The nodes of ``graph`` joined by DT_VARIANT data edges, in groups that hold a TensorList
+    op: the ops of one list (or of lists whose handles meet: Pack, ConcatLists, PushBackBatch)
+    with every node their handles pass (Identity, Reshape, loop plumbing, calls ...), each
+    group in the graph's listing order. Painting makes each group agree on one element dtype,
+    and the lint holds it to that."""
+    if not any(is_tensorlist_op(node.op) for node in graph.nodes()):
+        return []   # no group to find: spare the pass over every edge
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for ref, dst, _ in graph.data_edges():
+        if output_dtype(graph.node(ref.node), ref.port) == VARIANT:
+            a, b = find(ref.node), find(dst)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups: dict[str, list[str]] = {}
+    for name in graph.names():
+        groups.setdefault(find(name), []).append(name)
+    return [members for members in groups.values()
+            if any(is_tensorlist_op(graph.node(m).op) for m in members)]
 
 
 def input_dtype(node: Node, port: int) -> int | None:

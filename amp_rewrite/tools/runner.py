@@ -35,6 +35,8 @@ import difflib
 import functools
 import logging
 import os
+import shutil
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +48,12 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from ..core.dtypes import BOOL, FLOATING
 from ..core.errors import InputError
 from ..core.ir import copy_except
-from ..core.ops import CALL_OPS, TABLE_INITIALIZERS
+from ..core.ops import TABLE_INITIALIZERS
 from ..io.load import SAVED_MODEL_FILES, Model, load
+from ..io.save import write_linked
 from ..transforms.emulate import emulate_float16
 from .analysis import UNSCALED_SUFFIX, Analysis, own_variables
-from .replay import SignatureReplay, serving_meta_graph
+from .replay import SignatureReplay, saved_state, signature_call
 from .traces import TensorInfo, Trace, reason, replay_errors, run_errors, tensor_name
 
 log = logging.getLogger(__name__)
@@ -631,7 +634,10 @@ class GraphRunner(Runner):
 
 
 class SavedModelRunner(Runner):
-    """One signature of a SavedModel, called eagerly through ``tf.saved_model.load``."""
+    """One signature of a SavedModel, called eagerly through ``tf.saved_model.load``. A
+    signature that writes variables (a train step) starts every run from the state the
+    SavedModel saved (:class:`~amp_rewrite.tools.replay.SavedState`): one run is one step from
+    the saved weights and optimizer state, whatever ran before."""
 
     def __init__(self, path: Path, signature: str | None = None):
         import tensorflow as tf
@@ -653,10 +659,13 @@ class SavedModelRunner(Runner):
                        for k, s in sorted(specs.items())]
         self.outputs = sorted(self.fn.structured_outputs)
         self._tracer: SignatureReplay | GraphRunner | None = None
+        self._state = saved_state(self.fn)   # taken before any run: the checkpoint's values
 
     def callable(self):
         import tensorflow as tf
         def call(feeds):
+            if self._state is not None:
+                self._state.restore()
             with run_errors(self.path):
                 result = self.fn(**{k: tf.constant(feeds[k]) for k in (s.name for s in self.inputs)})
                 return [result[k].numpy() for k in self.outputs]
@@ -683,23 +692,23 @@ class SavedModelRunner(Runner):
 
     def uncomparable(self) -> dict[str, str]:
         """A TF1 signature's tensors are fetched as in a graph file: what that leaves out
-        (known once :meth:`trace` has run); a TF2 signature's replay records every tensor."""
-        return self._tracer.uncomparable() if isinstance(self._tracer, GraphRunner) else {}
+        (known once :meth:`trace` has run); a TF2 signature's replay records every tensor,
+        and leaves out only loss-scaled ones it cannot unscale
+        (:func:`~amp_rewrite.tools.replay.unscale`)."""
+        if isinstance(self._tracer, GraphRunner):
+            return self._tracer.uncomparable()
+        return dict(self._tracer.uncomparable) if self._tracer is not None else {}
 
     def _make_tracer(self):
         model = load(self.path)
-        meta = serving_meta_graph(model, self.key)
-        sig = meta.signature_def[self.key]
-        nodes = {n.name: n for n in meta.graph_def.node}
-        producers = {info.name.split(":")[0] for info in sig.outputs.values()}
-        call = nodes.get(next(iter(producers))) if len(producers) == 1 else None
-        if call is None or call.op not in CALL_OPS:
+        meta, sig, call = signature_call(model, self.key)
+        if call is None:
             # a TF1 SavedModel: the signature's tensors are nodes of the MetaGraph
             prefix = Path(self.path) / "variables" / "variables"
             saved = meta.HasField("saver_def") and prefix.with_suffix(".index").exists()
             return GraphRunner(Analysis(Model(self.path, "metagraph", False, (meta,)), self.key),
                                checkpoint=str(prefix) if saved else None)
-        return SignatureReplay(self, meta, sig, call)
+        return SignatureReplay(self, meta, sig, call, self._state)
 
     def _check_replay(self, expected: list[np.ndarray], trace: Trace) -> None:
         # a body run on its own must give what the whole signature gives, or the tensors
@@ -720,6 +729,43 @@ class SavedModelRunner(Runner):
             self._tracer.close()
 
 
+class EmulatedSavedModelRunner(SavedModelRunner):
+    """A float16 SavedModel's signature run as its float32 emulation
+    (:mod:`amp_rewrite.transforms.emulate`): the emulated model is written to a temporary
+    folder, its variables and assets linked to the model's (:func:`~amp_rewrite.io.save.write_linked`),
+    loaded from there, and the folder is removed on :meth:`close`."""
+
+    def __init__(self, path: Path, signature: str | None = None):
+        model = emulated_model(load(path))
+        self._scratch = Path(tempfile.mkdtemp(prefix="amp_rewrite_emulated_"))
+        try:
+            folder = self._scratch / path.name   # messages name the model's own folder name
+            write_linked(model, folder)
+            super().__init__(folder, signature)
+        except BaseException:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def emulated_model(model: Model) -> Model:
+    """``model`` (a converted float16 model) with every MetaGraph replaced by its float32
+    emulation, a SavedModel's restored functions keeping their signatures."""
+    graphs = []
+    for meta in model.meta_graphs:
+        new = type(meta)()
+        new.CopyFrom(meta)
+        roots = meta.object_graph_def.concrete_functions
+        new.graph_def.CopyFrom(emulate_float16(meta.graph_def, roots=roots).graph_def)
+        graphs.append(new)
+    return dataclasses.replace(model, meta_graphs=tuple(graphs))
+
+
 def open_model(model: str | os.PathLike | Model, *, signature: str | None = None,
                outputs: Sequence[str] = (), checkpoint: str | None = None,
                initialize: bool = True, emulate: bool = False,
@@ -733,19 +779,15 @@ def open_model(model: str | os.PathLike | Model, *, signature: str | None = None
     path = Path(model) if loaded is None else loaded.path if loaded.kind == "savedmodel" else None
     if path is not None and (path.is_dir() or path.name in SAVED_MODEL_FILES):
         folder = path if path.is_dir() else path.parent
-        if outputs or checkpoint or emulate or init_ops:
-            raise InputError(f"{folder}: --output, --checkpoint, --emulate and --init-op apply "
+        if outputs or checkpoint or init_ops:
+            raise InputError(f"{folder}: --output, --checkpoint and --init-op apply "
                              "to graph files, not SavedModels")
+        if emulate:
+            return EmulatedSavedModelRunner(folder, signature)
         return SavedModelRunner(folder, signature)
     model = loaded or load(path)
     if emulate:
-        graphs = []
-        for meta in model.meta_graphs:
-            new = type(meta)()
-            new.CopyFrom(meta)
-            new.graph_def.CopyFrom(emulate_float16(meta.graph_def)[0])
-            graphs.append(new)
-        model = dataclasses.replace(model, meta_graphs=tuple(graphs))
+        model = emulated_model(model)
     return GraphRunner(Analysis(model, signature), outputs, checkpoint, initialize=initialize,
                        init_ops=init_ops)
 

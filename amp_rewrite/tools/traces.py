@@ -42,8 +42,9 @@ def upstream(name: str, sources: Callable[[str], Iterable[str]], wanted: Callabl
              through: Callable[[str], bool] = lambda _: True) -> set[str]:
     """The nearest tensors ``wanted`` accepts that ``name`` is computed from: its ``sources``,
     theirs in turn through the tensors ``through`` accepts, never past a wanted one, ``name``
-    itself never. The one walk over what a trace records (a tensor's sources name tensors of
-    other bodies, or none that ran: no graph of nodes, so not the IR's walk)."""
+    itself never. The one walk over what a trace records, with :func:`downstream` (a tensor's
+    sources name tensors of other bodies, or none that ran: no graph of nodes, so not the IR's
+    walk)."""
     found, seen, stack = set(), {name}, list(sources(name))
     while stack:
         source = stack.pop()
@@ -54,6 +55,22 @@ def upstream(name: str, sources: Callable[[str], Iterable[str]], wanted: Callabl
             found.add(source)
         elif through(source):
             stack.extend(sources(source))
+    return found
+
+
+def downstream(name: str, consumers: Callable[[str], Iterable[str]],
+               through: Callable[[str], bool]) -> set[str]:
+    """The tensors computed from ``name``: its ``consumers``, theirs in turn, each that
+    ``through`` refuses included but not walked past; ``name`` itself not (:func:`upstream`'s
+    other direction)."""
+    found, stack = set(), list(consumers(name))
+    while stack:
+        tensor = stack.pop()
+        if tensor in found or tensor == name:
+            continue
+        found.add(tensor)
+        if through(tensor):
+            stack.extend(consumers(tensor))
     return found
 
 

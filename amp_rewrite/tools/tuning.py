@@ -13,18 +13,34 @@ starts from the painted graph and searches with the error attribution of ``verif
    models run as ``verify`` runs them (:func:`amp_rewrite.tools.runner.open_model` and
    :func:`~amp_rewrite.tools.runner.open_converted`: the same outputs and weights, the same
    session), so a tuned model passes ``verify`` on the same samples and tolerance.
+   *The range margin* (trial 1, when it keeps anything): the float32 model is traced on every
+   sample (the trace ``verify --per-node`` takes), and each tensor whose largest magnitude
+   comes within ``headroom`` of the target's largest value
+   (:func:`~amp_rewrite.core.dtypes.near_limit`, default
+   :data:`~amp_rewrite.core.dtypes.HEADROOM`) is held in float32: the node computing
+   it and the nodes reading it (which would read it through a cast to the target: an input
+   cast), wherever the painted graph puts them in low precision. The tuning samples are a few
+   batches of a distribution the model then meets millions of times: a tensor that reaches
+   a quarter of 65504 on them overflows on the next batch. Tensors already past the range on
+   the samples are kept too, unless the painted graph shows their infinities harmless (a
+   -1e9 attention mask: every tensor computed from it agrees, as ``verify`` compares). These
+   keeps are never released: the samples cannot show that they are not needed. A model the
+   trace refuses (a signature that writes a lookup table) is tuned without them, and the result's
+   message says so.
 2. While a trial fails, the worst sample is traced through both models
    (:func:`amp_rewrite.tools.verify.attribute`) and the nodes where the error starts are kept in
    float32: the low-precision tensors that add the most error over their inputs (an overflow
    to inf comes first), or, where the tensor adding it is float32 (an Exp or Softmax fed
    rounded values), the low-precision tensors it is computed from. Every tensor within half of
-   the largest added error is taken in one trial; of overflows (inf), the earliest only, as
-   later ones are mostly its consequences. When the attribution names nothing new,
-   every node still in low precision is kept at once; if even that fails, the tolerance
+   the largest added error is taken in one trial; overflows (inf: a tensor non-finite where
+   the float32 model and the tensors it is computed from are finite) all together, a group
+   in one trial, as step 3 releases those that were consequences of another. When the
+   attribution names nothing new, every node still in low precision is kept at once; if
+   even that fails, the tolerance
    cannot be met (nothing is written). The metrics and the attribution compare as ``verify``
    does: a value past the target's range that it holds as the infinity of its sign (a -1e9
    attention mask) agrees, so no keep is spent on it unless a consumer turns it into an error.
-3. Once a trial passes, the kept nodes are released again, last kept first, in halves
+3. Once a trial passes, the nodes step 2 kept are released again, last kept first, in halves
    (a released group that fails is split and its halves tried on their own), so a node stays
    float32 only when releasing it alone fails the tolerance. A set already tried is not run
    twice.
@@ -34,6 +50,9 @@ starts from the painted graph and searches with the error attribution of ``verif
    and then in halves of each group that fails, keeping every group that passes.
 
 ``max_trials`` bounds the conversions run; pruning stops at the budget with a passing result.
+Held-out samples are never tuned on: the result is judged on them as on the tuning samples (the
+metric, and ``verify``'s checks for ``rel_l2``), and a result that fails there is a failure
+(nothing written) unless ``allow_holdout_failure``.
 Before any trial, the float32 model is run twice and scored against itself: a metric that
 does not give at most the tolerance for equal outputs (or a model whose outputs vary between
 runs) is refused, as no conversion could meet it.
@@ -61,7 +80,7 @@ import numpy as np
 
 from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model
-from ..core.dtypes import BFLOAT16, HALF, TARGET_NAMES, TARGETS
+from ..core.dtypes import BFLOAT16, HALF, HEADROOM, LARGEST, TARGET_NAMES, TARGETS, near_limit
 from ..core.errors import InputError, UnsupportedGraphError
 from ..core.ops import FUNCTIONAL_OPS
 from ..io.files import (
@@ -139,6 +158,19 @@ def _top1(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
 _BUILTIN: dict[str, Metric] = {"rel_l2": _rel_l2, "max_abs": _max_abs, "top1": _top1}
 
 
+def _per_output(metric: Metric, ref: Outputs, out: Outputs) -> dict[str, float]:
+    """A built-in ``metric`` of each output alone (top1: of those that are batches of
+    scores); NaN counts as inf, as in a score."""
+    values = {}
+    for name in ref:
+        try:
+            value = float(metric({name: ref[name]}, {name: out[name]}))
+        except InputError:      # top1 of an output that is no batch of scores
+            continue
+        values[name] = math.inf if math.isnan(value) else value
+    return values
+
+
 def default_tolerance(metric: str, target: str) -> float:
     """What ``verify`` accepts by default, so that a tuned model passes ``verify``: rel_l2 by
     target (float16 1e-2, bfloat16 5e-2), top1 one row in a hundred moved; max_abs depends on
@@ -154,13 +186,29 @@ def default_tolerance(metric: str, target: str) -> float:
 # ----------------------------------------------------------------- results
 @dataclass
 class Kept:
-    """A node tune keeps in float32, and why: the tensor whose added error chose it."""
+    """A node tune keeps in float32, and why: the tensor whose added error chose it, or for
+    the range margin (``largest`` set) the tensor it computes or reads, whose largest
+    magnitude on the tuning samples is ``largest``."""
 
     node: str
     op: str
     tensor: str
     added: float
     trial: int
+    largest: float | None = None
+
+    def why(self, target: str, headroom: float) -> str:
+        """In words, for the summary and the rules file."""
+        if self.largest is not None:
+            top = LARGEST[TARGETS[target]]
+            where = (f"past {target}'s largest value {top:g}" if self.largest > top else
+                     f"within headroom {headroom:g} of {target}'s largest value {top:g}")
+            tensor = (self.tensor if self.tensor.rsplit(":", 1)[0] == self.node
+                      else f"reads {self.tensor}, which")
+            return f"{tensor} reaches {self.largest:.3g} on the tuning samples, {where}"
+        if self.tensor:
+            return f"{self.tensor} added {self.added:.3g}"
+        return "kept with every low-precision node"
 
 
 @dataclass
@@ -184,9 +232,13 @@ class TuneResult:
     report: Report
     holdout_before: float | None = None   # the metric on held-out samples (never tuned on)
     holdout_after: float | None = None
+    # what the result fails on the held-out samples: the output and by how much ("" if none)
+    holdout_failure: str = ""
     message: str = ""                 # why it stopped, when not ok; else what was cut short
     rules_file: str | None = None
     trial_log: list[dict] = field(default_factory=list)
+    target: str = "float16"
+    headroom: float = HEADROOM        # the range margin's safety factor
 
     @property
     def graph_def(self):
@@ -199,13 +251,19 @@ class TuneResult:
                  f"{self.trials} trials in {self.seconds:.1f} s; {len(self.kept)} node(s) kept "
                  f"in float32; nodes in low precision {self.lowp_before} -> {self.lowp_after}"]
         if self.holdout_before is not None:
-            lines.append(f"held-out samples: {self.holdout_before:.3g} -> {self.holdout_after:.3g}")
+            verdict = f"FAIL: {self.holdout_failure}" if self.holdout_failure else "ok"
+            lines.append(f"held-out samples: {self.holdout_before:.3g} -> "
+                         f"{self.holdout_after:.3g} ({verdict})")
+        margin = sum(1 for k in self.kept if k.largest is not None)
+        if margin:
+            lines.append(f"range margin: {margin} node(s) kept for tensors within headroom "
+                         f"{self.headroom:g} of {self.target}'s range on the tuning samples")
         for k in self.kept:
-            lines.append(f"  keep_fp32 {k.node} ({k.op}): {k.tensor} added {k.added:.3g}")
+            lines.append(f"  keep_fp32 {k.node} ({k.op}): {k.why(self.target, self.headroom)}")
         for name in self.forced:
             lines.append(f"  force_lowp {name}: the tolerance holds with it in low precision")
-        if self.message:
-            lines.append(self.message)
+        if self.message and not (self.holdout_failure and self.message.startswith("held-out")):
+            lines.append(self.message)      # (a held-out failure is said in its line above)
         return "\n".join(lines)
 
 
@@ -244,9 +302,16 @@ class _Trial:
 class _Tuner:
     def __init__(self, model: Model, options: Options, ref: Runner, feeds: list[dict],
                  metric: Metric, tolerance: float, max_trials: int, signature: str | None,
-                 outputs: Sequence[str], progress, workdir: Path, verify_checks: bool = False):
+                 outputs: Sequence[str], progress, workdir: Path, verify_checks: bool = False,
+                 headroom: float = HEADROOM, per_output: Callable | None = None,
+                 metric_name: str = "rel_l2"):
         self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
         self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
+        self.headroom, self.metric_name = headroom, metric_name
+        self.skipped = ""       # why the range margin could not be taken, if it could not
+        # the built-in metric applied to one output (None: a metric function, which scores
+        # the outputs together): names the output a held-out sample fails on
+        self.per_output = per_output
         # the default metric is verify's default judgement: its other checks must agree too
         self.verify_checks = verify_checks
         self.signature, self.outputs = signature, outputs
@@ -283,10 +348,7 @@ class _Tuner:
         sample and score it."""
         keep, force = frozenset(keep), frozenset(force)
         self.trials += 1
-        rules = dataclasses.replace(self.base, node_rules=list(self.base.node_rules)
-                                    + [keep_rule(name) for name in sorted(keep)]
-                                    + [keep_rule(name, "force_lowp") for name in sorted(force)])
-        converted, report = convert_model(self.model, dataclasses.replace(self.options, rules=rules))
+        converted, report = self._convert(keep, force)
         runner = self._open_converted(converted)
         t = _Trial(keep, [], converted, report, runner, force)
         self.seen[(keep, force)] = t
@@ -305,6 +367,14 @@ class _Tuner:
         if self.progress is not None:
             self.progress(self.trials, self.max_trials, t.score, len(keep))
         return t
+
+    def _convert(self, keep: Iterable[str], force: Iterable[str] = ()):
+        """The model converted with ``keep`` as keep_fp32 and ``force`` as force_lowp
+        overrides, after the rules given: (model, report)."""
+        rules = dataclasses.replace(self.base, node_rules=list(self.base.node_rules)
+                                    + [keep_rule(name) for name in sorted(keep)]
+                                    + [keep_rule(name, "force_lowp") for name in sorted(force)])
+        return convert_model(self.model, dataclasses.replace(self.options, rules=rules))
 
     def _verify_refuses(self, t: _Trial) -> str:
         """What ``verify`` with its default checks, the tolerance as its ``--rel-l2``, refuses
@@ -341,24 +411,93 @@ class _Tuner:
                     continue
                 chosen[node] = Kept(node, found.info[tensor].op, n.tensor, n.added, self.trials)
                 first = n.added if first is None else first
-            if chosen and math.isinf(first):
-                # the earliest overflow: later ones are mostly its consequences, seen through
-                # tensors the comparison cannot follow (casts, folded constants)
-                break
+        # every overflow (added inf) is taken at once, a group: those that are consequences
+        # of another, seen through tensors the comparison cannot follow (casts, folded
+        # constants), are released again once a trial passes
         return list(chosen.values())
 
-    def run(self, relax: bool = False) -> tuple[_Trial, dict[str, Kept], _Trial, str]:
-        """The search; returns the painted graph's trial, what is kept, the result's trial
-        and a note (why it failed, or what was cut short)."""
+    def margin(self, start: _Trial) -> dict[str, Kept]:
+        """The range margin (module docstring, step 1): node -> why, for the nodes the painted
+        graph ``start`` holds in low precision that compute or read a tensor within the
+        headroom of the target's range on the tuning samples."""
+        target = TARGETS[self.options.target]
+        largest: dict[str, float] = {}
+        info: dict = {}
+        try:
+            for feed in self.feeds:
+                trace = self.ref.trace(feed)
+                for name, values in trace.values.items():
+                    largest[name] = max(largest.get(name, 0.0), _largest(values))
+                info.update(trace.info)
+        except InputError as exc:
+            # a model verify --per-node refuses to trace (a signature writing a table, a
+            # random op inside) is still tuned, as before the margin: said, not silent
+            self.skipped = f"range margin skipped: {exc}"
+            log.warning("%s", self.skipped)
+            return {}
+        near = {name: v for name, v in largest.items() if near_limit(v, target, self.headroom)}
+        past = [name for name, v in near.items() if not v <= LARGEST[target]]
+        harmless = self._harmless(start, past, info) if past else set()
+        near = {name: v for name, v in near.items() if name not in harmless}
+        order = sorted(near, key=lambda t: (info[t].order, t))
+        chosen: dict[str, Kept] = {}
+
+        def keep(names: Iterable[str], report: Report, tensor: str) -> None:
+            lowp = {n.name: n for n in report.nodes if n.precision in _LOWP | {"mixed"}}
+            for name in names:
+                if name in lowp and name not in chosen:
+                    chosen[name] = Kept(name, lowp[name].op, tensor, math.nan, self.trials,
+                                        largest=near[tensor])
+
+        # first the nodes computing the tensors (a constant, a large weight, is held where it
+        # is read instead), then those reading them that are still in low precision with
+        # these kept: a reader the painting moves to float32 beside them needs no keep
+        for tensor in order:
+            if info[tensor].op != "Const":
+                keep([tensor.rsplit(":", 1)[0]], start.report, tensor)
+        report = self._convert(chosen)[1] if chosen else start.report
+        readers = _consumers(self.model)
+        for tensor in order:
+            keep(sorted(readers.get(tensor.rsplit(":", 1)[0], ())), report, tensor)
+        return chosen
+
+    def _harmless(self, start: _Trial, past: list[str], info: Mapping) -> set[str]:
+        """The tensors of ``past`` (past the target's range on the tuning samples) whose
+        infinities the painted graph ``start`` shows harmless: the tensor and every tensor
+        computed directly from it compared, and each agrees within ``verify``'s default bound
+        for the target, infinities past the range agreeing as ``verify`` compares them (a
+        -1e9 mask that a softmax turns into the same zeros)."""
+        found = attribute(self.ref, start.runner, self.feeds, self.crit)
+        errors = {n.tensor: n for n in found.ranked}
+        readers: dict[str, set[str]] = {}
+        for name, i in info.items():
+            for source in i.sources:
+                readers.setdefault(source, set()).add(name)
+
+        def agrees(tensor: str) -> bool:
+            n = errors.get(tensor)
+            return n is not None and n.harmless and n.rel_l2 <= self.crit.rel_l2
+        return {t for t in past if agrees(t) and all(agrees(r) for r in readers.get(t, ()))}
+
+    def run(self, relax: bool = False) -> tuple[_Trial, dict[str, Kept], _Trial, bool, str]:
+        """The search; returns the painted graph's trial, what is kept, the result's trial,
+        whether it passes and a note (why it failed, or what was cut short)."""
         start = self.trial((), "painted graph")
         names = {n.name for n in start.report.nodes}
-        kept: dict[str, Kept] = {}
+        margin = self.margin(start)
+        kept: dict[str, Kept] = dict(margin)
         current = start
+        if margin:
+            if self.trials >= self.max_trials:
+                return start, kept, start, False, (
+                    f"not met within --max-trials {self.max_trials}: the range margin "
+                    f"({len(margin)} node(s)) needs a trial of its own")
+            current = self.trial(kept, "range margin")
         while not current.ok:
             if self.trials >= self.max_trials:
-                return start, kept, current, (f"not met within --max-trials {self.max_trials}: "
-                                              f"in the last trial, {_failure(current, self.tolerance)} "
-                                              f"with {len(kept)} node(s) kept")
+                return start, kept, current, False, (
+                    f"not met within --max-trials {self.max_trials}: in the last trial, "
+                    f"{_failure(current, self.tolerance)} with {len(kept)} node(s) kept")
             new = self.culprits(current, kept, names)
             why = "attribution"
             if not new:
@@ -367,18 +506,19 @@ class _Tuner:
                        and n.name not in kept]
                 why = "every node left in low precision"
                 if not new:
-                    return start, kept, current, (
+                    return start, kept, current, False, (
                         f"the tolerance cannot be met: with every node the conversion may keep "
                         f"in float32 kept, {_failure(current, self.tolerance)}")
             kept.update((k.node, k) for k in new)
             if current is not start:
                 current.close()
             current = self.trial(kept, why)
-        current, note = self._release(current, list(kept))
+        # the margin's keeps stay: the tuning samples cannot show them unneeded
+        current, note = self._release(current, [k for k in kept if k not in margin])
         kept = {k: v for k, v in kept.items() if k in current.keep}
         if relax and not note:
             current, note = self._relax(current)
-        return start, kept, current, note
+        return start, kept, current, current.ok, "; ".join(filter(None, [note, self.skipped]))
 
     def _release(self, passing: _Trial, kept: list[str]) -> tuple[_Trial, str]:
         """Release ``kept`` (in the order the search kept them) in halves, last kept first
@@ -437,27 +577,49 @@ def keep_rule(node: str, action: str = "keep_fp32") -> NodeRule:
     return NodeRule(action, node, None, _SOURCE)
 
 
-def _neighbours(model: Model) -> dict[str, set[str]]:
-    """Node -> the nodes it exchanges data with (both directions), in the graph and in each
-    function body (``function/node``), as the report names them. Linear in the edges."""
-    adjacent: dict[str, set[str]] = {}
-
-    def link(a: str, b: str) -> None:
-        adjacent.setdefault(a, set()).add(b)
-        adjacent.setdefault(b, set()).add(a)
-
+def _edges(model: Model) -> Iterable[tuple[str, str]]:
+    """(producer, consumer) of each data edge, in the graph and in each function body
+    (``function/node``, as the report and the replay name them; a body's argument is the
+    node ``function/arg``)."""
     graph_def = model.graph_def
     for node in graph_def.node:
         for name in node.input:
             if not name.startswith("^"):
-                link(node.name, name.split(":")[0])
+                yield name.split(":")[0], node.name
     for function in graph_def.library.function:
         prefix = function.signature.name + "/"
         for node in function.node_def:
             for name in node.input:
                 if not name.startswith("^"):
-                    link(prefix + node.name, prefix + name.split(":")[0])
+                    yield prefix + name.split(":")[0], prefix + node.name
+
+
+def _neighbours(model: Model) -> dict[str, set[str]]:
+    """Node -> the nodes it exchanges data with (both directions). Linear in the edges."""
+    adjacent: dict[str, set[str]] = {}
+    for a, b in _edges(model):
+        adjacent.setdefault(a, set()).add(b)
+        adjacent.setdefault(b, set()).add(a)
     return adjacent
+
+
+def _consumers(model: Model) -> dict[str, set[str]]:
+    """Node -> the nodes that read its outputs."""
+    readers: dict[str, set[str]] = {}
+    for a, b in _edges(model):
+        readers.setdefault(a, set()).add(b)
+    return readers
+
+
+def _largest(values: Iterable[np.ndarray]) -> float:
+    """The largest magnitude among ``values`` (inf if one is infinite; NaNs left out)."""
+    out = 0.0
+    for value in values:
+        magnitude = np.abs(np.asarray(value, np.float64))
+        magnitude = magnitude[~np.isnan(magnitude)]
+        if magnitude.size:
+            out = max(out, float(magnitude.max()))
+    return out
 
 
 def _open(model: Model, signature: str | None, outputs: Sequence[str],
@@ -481,6 +643,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
          outputs: Sequence[str] = (), force: bool = False, relax: bool = False,
          progress: Callable[[int, int, float, int], None] | None = None,
          report: str | os.PathLike | None = None, init_ops: Sequence[str] = (),
+         headroom: float = HEADROOM, allow_holdout_failure: bool = False,
          **options) -> TuneResult:
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
@@ -494,11 +657,14 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     first batch is the one sample. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst
     over the outputs), or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output
     name -> array, lower is better. ``tolerance`` defaults to what ``verify`` accepts
-    (:func:`default_tolerance`). ``holdout``: samples scored before and after, never tuned on.
-    ``relax``: also move nodes the lists kept float32 into low precision where the
-    tolerance holds (module docstring, step 4). ``options``: those of
-    :class:`~amp_rewrite.conversion.graph.Options`. ``init_ops``: ops to run once per session
-    after the initializers found (``--init-op``;
+    (:func:`default_tolerance`). ``holdout``: samples never tuned on; the result must pass
+    on them as on ``feeds`` (``result.holdout_failure`` says which output fails and by how
+    much), else it is a failure, unless ``allow_holdout_failure``. ``headroom``: the range
+    margin's safety factor (module docstring, step 1; at least 1, where only tensors past the
+    range on ``feeds`` are kept up front). ``relax``: also move nodes the lists kept float32
+    into low precision where the tolerance holds (module docstring, step 4). ``options``:
+    those of :class:`~amp_rewrite.conversion.graph.Options`. ``init_ops``: ops to run once
+    per session after the initializers found (``--init-op``;
     :meth:`~amp_rewrite.tools.analysis.Analysis.init_ops`).
 
     When it passes and ``output`` is given, writes the converted model there, the chosen
@@ -516,13 +682,17 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
         # scored as verify compares: a value past the target's range agrees with its inf
         name = metric
         metric_fn = functools.partial(_BUILTIN[metric], limit=BEYOND[opts.target])
+        per_output = functools.partial(_per_output, metric_fn)
         tolerance = default_tolerance(metric, opts.target) if tolerance is None else tolerance
     else:
-        name, metric_fn = getattr(metric, "__name__", "custom"), metric
+        name, metric_fn, per_output = getattr(metric, "__name__", "custom"), metric, None
         if tolerance is None:
             raise InputError("a metric function needs a tolerance")
     if not (tolerance >= 0 and math.isfinite(tolerance)):
         raise InputError(f"--tolerance {tolerance!r}: must be a finite number >= 0")
+    if not (headroom >= 1 and math.isfinite(headroom)):
+        raise InputError(f"--headroom {headroom!r}: must be a finite number >= 1 (1: no margin "
+                         "beyond the target's range)")
     if max_trials < 1:
         raise InputError("--max-trials must be at least 1")
     if not isinstance(model, Model) and is_keras_file(model):
@@ -531,7 +701,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                         feeds=feeds, metric=metric, tolerance=tolerance, max_trials=max_trials,
                         holdout=holdout, rules_out=rules_out, signature=signature,
                         outputs=outputs, force=force, relax=relax, progress=progress,
-                        report=report, **options)
+                        report=report, headroom=headroom,
+                        allow_holdout_failure=allow_holdout_failure, **options)
     if not isinstance(model, Model):
         model = load(model)
     out_paths = _check_outputs(model, output, rules_out, force, report)
@@ -542,21 +713,27 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
             _open(model, signature, outputs, init_ops) as ref:
         tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
                        max_trials, signature, outputs, progress, Path(workdir),
-                       verify_checks=name == "rel_l2")
+                       verify_checks=name == "rel_l2", headroom=headroom,
+                       per_output=per_output, metric_name=name)
         held = _feed_list(holdout, ref, "holdout")
         try:
             tuner.check_baseline()
-            start, kept, final, note = tuner.run(relax)
+            start, kept, final, ok, note = tuner.run(relax)
             result = TuneResult(
-                final.ok, name, tolerance, len(tuner.feeds), tuner.trials,
+                ok, name, tolerance, len(tuner.feeds), tuner.trials,
                 0.0, start.score, final.score, list(kept.values()),
                 final.forced, _lowp(start.report),
                 _lowp(final.report), final.model, final.report, message=note,
-                trial_log=tuner.log)
+                trial_log=tuner.log, target=opts.target, headroom=headroom)
             if held:
                 wanted = [tuner._outputs(ref, f) for f in held]
-                result.holdout_before = _score_on(tuner, start, held, wanted)
-                result.holdout_after = _score_on(tuner, final, held, wanted)
+                result.holdout_before = _score_on(tuner, start, held, wanted, judge=False)[0]
+                result.holdout_after, result.holdout_failure = _score_on(tuner, final, held,
+                                                                         wanted)
+                if ok and result.holdout_failure and not allow_holdout_failure:
+                    result.ok = False
+                    result.message = (f"held-out samples: {result.holdout_failure} "
+                                      "(--allow-holdout-failure writes it anyway)")
         finally:
             for t in tuner.seen.values():
                 t.close()
@@ -574,14 +751,43 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     return result
 
 
-def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict]) -> float:
-    """``t``'s worst score on ``feeds``, whose float32 outputs are ``wanted``."""
+def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict],
+              judge: bool = True) -> tuple[float, str]:
+    """``t``'s worst score on ``feeds``, whose float32 outputs are ``wanted``, and (``judge``)
+    what it fails there as a trial would fail ("" if nothing): the output and by how much."""
     runner = t.runner or tuner._open_converted(t.model)
     try:
-        return max(tuner._score(want, tuner._outputs(runner, f)) for f, want in zip(feeds, wanted))
+        got = [tuner._outputs(runner, f) for f in feeds]
+        scores = [tuner._score(want, out) for want, out in zip(wanted, got)]
+        worst = max(range(len(scores)), key=lambda i: scores[i])
+        if not judge:
+            return scores[worst], ""
+        if scores[worst] > tuner.tolerance:
+            return scores[worst], _over(tuner, wanted[worst], got[worst], worst, len(feeds))
+        if tuner.verify_checks:
+            crit = criteria(lowest_dtype(runner), rel_l2=tuner.tolerance)
+            for o in compare_outputs(tuner.ref, runner, feeds, crit):
+                for c in o.checks:
+                    if not c.ok:
+                        need = "at least" if c.check == "top1" and not o.decisions else "limit"
+                        return scores[worst], (f"output {o.name!r} {c.check} {c.value:.3g} "
+                                               f"({need} {c.threshold:g})")
+        return scores[worst], ""
     finally:
         if runner is not t.runner:
             runner.close()
+
+
+def _over(tuner: _Tuner, want: Outputs, got: Outputs, index: int, count: int) -> str:
+    """The output whose metric is worst on one sample (a built-in metric), else the metric
+    function's value on the sample, with the tolerance."""
+    limit = f"(limit {tuner.tolerance:g})"
+    if tuner.per_output is None:
+        return (f"{tuner.metric_name} {tuner._score(want, got):.3g} on sample {index + 1} of "
+                f"{count} {limit}")
+    values = tuner.per_output(want, got)
+    name = max(values, key=lambda k: (values[k], k))
+    return f"output {name!r} {tuner.metric_name} {values[name]:.3g} {limit}"
 
 
 def _failure(t: _Trial, tolerance: float) -> str:
@@ -665,8 +871,9 @@ def rules_text(result: TuneResult, model: Model, options: Options) -> str:
              "# Reapply: amp-rewrite IN -o OUT " + " ".join(flags) + " --rules THIS_FILE",
              ""]
     for k in result.kept:
-        why = (f"{k.tensor} added {k.added:.3g} to the error (trial {k.trial})" if k.tensor
-               else f"kept with every low-precision node (trial {k.trial})")
+        why = (f"{k.tensor} added {k.added:.3g} to the error (trial {k.trial})"
+               if k.tensor and k.largest is None
+               else f"{k.why(result.target, result.headroom)} (trial {k.trial})")
         lines += [f"# {k.op}: {why}", "[[override]]", f'glob = "{k.node}"',
                   'action = "keep_fp32"', ""]
     for name in result.forced:

@@ -62,6 +62,7 @@ from .runner import (
     input_feeds,
     open_pair,
 )
+from .ranges import Ranges, TensorRange
 from .traces import upstream
 
 log = logging.getLogger(__name__)
@@ -313,9 +314,15 @@ UNCOMPARED = {
     "not_float": "a float in one model, of another dtype in the other",
     "only_original": "only in the original (the conversion removed or renamed it)",
     "only_converted": "only in the converted model (casts and nodes the conversion added)",
+    "skipped_step": ("computed from the scaled gradients of a converted train step that "
+                     "skipped its update, as it does when they are not all finite (at too high "
+                     "a loss scale, which dynamic loss scaling lowers)"),
+    "loss_scaled": "holds the loss-scaled value, at a scale not known for every run",
 }
 #: tensor names an :class:`Uncompared` group keeps as examples
 _EXAMPLES = 5
+#: the original's largest tensors ``--per-node`` names (``amp-rewrite ranges`` lists them all)
+_RANGES_SHOWN = 3
 
 
 @dataclass
@@ -345,6 +352,8 @@ class VerifyResult:
     nodes_compared: int = 0
     uncompared: list[Uncompared] = field(default_factory=list)
     per_node: bool = False
+    #: with ``per_node``, the original's tensors closest to float16's largest value, first
+    ranges: list[TensorRange] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -372,7 +381,8 @@ class VerifyResult:
                 "outputs": [asdict(o) for o in self.outputs],
                 "nodes": [asdict(n) for n in self.nodes], "nodes_compared": self.nodes_compared,
                 "per_node": self.per_node,
-                "uncompared": [dict(asdict(u), why=u.why) for u in self.uncompared]}
+                "uncompared": [dict(asdict(u), why=u.why) for u in self.uncompared],
+                "ranges": [t.to_dict() for t in self.ranges]}
 
 
 def lowest_dtype(runner: Runner) -> int:
@@ -473,6 +483,7 @@ class Attribution:
     info: dict
     dtypes: dict[str, str]
     skipped: dict[str, str] = field(default_factory=dict)
+    ranges: Ranges = field(default_factory=Ranges)   # the original's tensors' magnitudes
 
     def sources(self, tensor: str) -> set[str]:
         """The compared tensors ``tensor`` is computed from (through variant tensors)."""
@@ -514,8 +525,10 @@ def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
     stats: dict[str, ErrorStats] = {}
     runs: dict[str, list[tuple[int, int]]] = {}   # executions in (original, converted), by feed
     info, dtypes = {}, {}
+    ranges = Ranges()
     for feed in feeds:
         ta, tb = original.trace(feed, names), converted.trace(feed, names)
+        ranges.add(ta)
         for name in names or ():
             if name not in ta.values or name not in tb.values:
                 skipped.setdefault(name, "fetch_failed")
@@ -551,7 +564,7 @@ def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
                                 s.beyond, name not in harmful))
     ranked.sort(key=lambda n: (-n.added, info[n.tensor].order))
     compared = {n.tensor: n.dtype for n in ranked}
-    return Attribution(ranked, info, compared, skipped)
+    return Attribution(ranked, info, compared, skipped, ranges)
 
 
 def _graph_names(original: GraphRunner, converted: GraphRunner, skipped: dict[str, str]) -> list[str]:
@@ -635,6 +648,7 @@ def verify(original_path, converted_path, *, inputs: str | None = None, samples:
             found = attribute(a, b, feeds, crit)
             result.nodes, result.nodes_compared = found.ranked, len(found.ranked)
             result.uncompared, result.per_node = found.uncompared(), True
+            result.ranges = found.ranges.ranked()[:_RANGES_SHOWN]
     return result
 
 
@@ -681,6 +695,11 @@ def _format_nodes(result: VerifyResult, top: int) -> list[str]:
             + ("no consumer's result changes)" if n.harmless else "a consumer's result differs)"))
         lines.append(f"{i:>3}. {n.tensor:<{w}}  {n.op:<16} {n.dtype:<9} added {n.added:.3g}  "
                      f"total {n.rel_l2:.3g}{beyond}")
+    if result.ranges:
+        lines.append(f"closest to float16's largest value {LARGEST[HALF]:g} in the original "
+                     "(amp-rewrite ranges lists more): " + ", ".join(
+                         f"{t.tensor} ({t.op}) max |x| {t.max_abs:.3g} = {t.ratio():.3g} of it"
+                         for t in result.ranges))
     if result.uncompared:
         total = sum(u.count for u in result.uncompared)
         lines.append(f"not compared: {total} tensor(s)")

@@ -9,41 +9,109 @@ the arithmetic inside each op runs in float32, as Tensor Cores accumulate. A use
 sees what float16 does to the model's numbers at float32 speed, with CPU kernels that exist for
 every op (TensorFlow's float16 CPU kernels are few and slow).
 
-Only a graph's own nodes are emulated; a graph whose library functions hold float16 ops is
-refused (:class:`UnsupportedGraphError`), and so is one whose interface (a Placeholder, a graph
-output) is float16, which emulation would retype.
+A graph's own nodes are emulated, and so is the body of every library function that holds
+float16 (a TF2 SavedModel's ops all live in functions): each body goes through the IR
+(:func:`~amp_rewrite.schema.functiondef.function_to_graph`), is emulated and linted, and is
+written back. A boundary the conversion lowered to float16 (a While body's loop variable, an
+argument between two painted functions) becomes float32 on both sides, the function's signature
+and every call site, and carries values already rounded where they were made, so no cast is
+added there. The model's interface stays float32: a graph whose Placeholder or output is
+float16 is refused (:class:`UnsupportedGraphError`), and so is one where a function the
+SavedModel restores (its signatures and concrete functions) or the gradient tables name takes
+or returns float16, or a polymorphic function holds float16: emulation would retype what a
+caller outside the graph relies on.
 """
 
 from __future__ import annotations
 
-from tensorflow.core.framework import graph_pb2
+from typing import Collection, NamedTuple
+
+from tensorflow.core.framework import graph_pb2, op_def_pb2
 
 from ..check import lint
 from ..core.dtypes import FLOAT, HALF
-from ..core.errors import UnsupportedGraphError
+from ..core.errors import LintError, UnsupportedGraphError
 from ..core.ir import Graph, TensorRef
 from ..core.ops import (
     ENTER_OPS,
     EXIT_OPS,
+    FUNCTIONAL_OPS,
     MERGE_OPS,
     NEXT_ITERATION_OPS,
     PLACEHOLDER_OPS,
     SWITCH_OPS,
 )
-from ..schema.opdefs import get_dtype, invalidate, node_types, output_dtype, set_dtype
+from ..schema.functiondef import (
+    check_call_types,
+    function_to_graph,
+    gradient_linked,
+    graph_to_function,
+    is_concrete,
+)
+from ..schema.opdefs import (
+    called_function,
+    get_dtype,
+    invalidate,
+    node_types,
+    output_dtype,
+    set_call_signature,
+    set_dtype,
+)
 from ..schema.snapshot import Before
 from .casts import cast_types, insert_cast
 
-# v1 control flow only routes values: it keeps what it is given, already rounded
-_ROUTING = ENTER_OPS | EXIT_OPS | MERGE_OPS | NEXT_ITERATION_OPS | SWITCH_OPS | {"Identity"}
+# v1 control flow only routes values: it keeps what it is given, already rounded. So do a
+# function's arguments (Placeholders in its IR: the caller rounded what it passes) and the
+# functional ops (While, If, calls: the callee rounded what it returns, and a While that runs
+# no iteration returns its inputs)
+_ROUTING = (ENTER_OPS | EXIT_OPS | MERGE_OPS | NEXT_ITERATION_OPS | SWITCH_OPS | {"Identity"}
+            | PLACEHOLDER_OPS | frozenset(FUNCTIONAL_OPS))
 
 
-def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, int]:
-    """The float32 emulation of float16 ``graph_def`` (not changed), and how many ops it
-    emulates. A graph with no float16 op comes back equal."""
-    _refuse_half_functions(graph_def.library)
-    graph = Graph.from_graph_def(graph_def)
+class Emulated(NamedTuple):
+    """What :func:`emulate_float16` made: the graph, how many ops it emulates, and the library
+    functions whose bodies it emulated (by name, in library order)."""
+
+    graph_def: graph_pb2.GraphDef
+    ops: int
+    functions: list[str]
+
+
+def emulate_float16(graph_def: graph_pb2.GraphDef, roots: Collection[str] = ()) -> Emulated:
+    """The float32 emulation of float16 ``graph_def`` (not changed): its own nodes and every
+    library function that holds float16. ``roots`` are the functions a SavedModel restores
+    (``object_graph_def.concrete_functions``): they, like the functions the gradient tables
+    name, keep their float32 signatures. A graph with no float16 op comes back equal."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    library = out.library
+    held = [f for f in library.function if _holds_half(f)]
+    _refuse_half_signatures(held, set(roots) | gradient_linked(library))
+    before_calls = {f.signature.name: f.signature for f in library.function}
+    graph = Graph.from_graph_def(out)
+    for node in graph.nodes():    # a direct call is typed by its callee's signature
+        if node.op in before_calls:
+            set_call_signature(node, before_calls[node.op])
     _refuse_half_interface(graph)
+    calls = dict(before_calls)
+    calls.update((f.signature.name, _float_signature(f.signature)) for f in held)
+    emulated = 0
+    for fdef in held:   # each body as IR, emulated and linted, then written back
+        body = function_to_graph(fdef, before_calls)
+        emulated += _emulate_nodes(body.graph, calls)
+        fdef.CopyFrom(graph_to_function(body, calls))
+    emulated += _emulate_nodes(graph, calls)
+    result = graph.to_graph_def(out)
+    problems = check_call_types(result)   # every call site agrees with its callee, as converted
+    if problems:
+        raise LintError(problems)
+    return Emulated(result, emulated, [f.signature.name for f in held])
+
+
+def _emulate_nodes(graph: Graph, calls: dict[str, op_def_pb2.OpDef]) -> int:
+    """Emulate ``graph``'s float16 ops in place (a graph's own nodes or a function body), type
+    its direct calls by ``calls`` (the signatures once emulated) and lint the result; returns
+    how many ops it emulates."""
     before = Before(graph)
     emulated = 0
     for node in list(graph.nodes()):   # the casts added on the way are not visited
@@ -52,6 +120,9 @@ def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, 
             continue
         ports = [p for p in range(len(types.outputs)) if output_dtype(node, p) == HALF]
         casts = cast_types(node)
+        if casts == (HALF, FLOAT):
+            _to_identity(node)      # its input is now float32, rounded already
+            continue
         if casts is not None and casts[0] == HALF:
             node.attr["SrcT"].type = FLOAT      # its input is now float32, rounded already
             invalidate(node)
@@ -70,23 +141,61 @@ def emulate_float16(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, 
             continue    # passes values on unchanged (and a loop's Merge must read NextIteration)
         _widen_outputs(graph, node.name, ports, round_first=True)
         emulated += 1
+    for node in graph.nodes():   # its callee's float16 arguments and results are float32 now
+        callee = called_function(node)
+        if callee in calls:
+            set_call_signature(node, calls[callee])
     lint.lint(graph, original=before)   # as every converted graph, before it is written
-    return graph.to_graph_def(graph_def), emulated
+    return emulated
 
 
-def _refuse_half_functions(library) -> None:
-    """Emulation covers a graph's own nodes: refuse a library function that holds float16 ops
-    or passes float16 through its signature (a call of it would keep float16 at its border)."""
-    for function in library.function:
+def _has_half(attrs) -> bool:
+    return any(v.type == HALF or HALF in v.list.type for v in attrs.values())
+
+
+def _holds_half(function) -> bool:
+    """Whether a library function has a float16 op, or float16 in its signature."""
+    sig = function.signature
+    return (any(a.type == HALF for a in list(sig.input_arg) + list(sig.output_arg))
+            or any(_has_half(node.attr) for node in function.node_def))
+
+
+def _float_signature(signature: op_def_pb2.OpDef) -> op_def_pb2.OpDef:
+    """``signature`` with its float16 arguments and results float32, as its body will be."""
+    out = op_def_pb2.OpDef()
+    out.CopyFrom(signature)
+    for arg in list(out.input_arg) + list(out.output_arg):
+        if arg.type == HALF:
+            arg.type = FLOAT
+    return out
+
+
+def _refuse_half_signatures(held, kept: set[str]) -> None:
+    """Refuse what emulation cannot retype: a float16 argument or result of a function whose
+    callers are outside the graph (``kept``: a SavedModel's restored functions, the gradient
+    tables' entries), and a polymorphic function holding float16 (its types are its callers')."""
+    for function in held:
         sig = function.signature
-        if any(a.type == HALF for a in list(sig.input_arg) + list(sig.output_arg)):
-            raise UnsupportedGraphError(f"function {sig.name!r} takes or returns float16; "
-                                        "emulation covers a graph's own nodes only")
-        for node in function.node_def:
-            if any(v.type == HALF or HALF in v.list.type for v in node.attr.values()):
-                raise UnsupportedGraphError(
-                    f"function {sig.name!r} holds float16 ops ({node.name}); "
-                    "emulation covers a graph's own nodes only")
+        if not is_concrete(function):
+            raise UnsupportedGraphError(f"function {sig.name!r} is polymorphic and holds float16: "
+                                        "emulation retypes concrete functions only")
+        if sig.name in kept and any(a.type == HALF for a in list(sig.input_arg) + list(sig.output_arg)):
+            raise UnsupportedGraphError(f"function {sig.name!r} takes or returns float16, and the "
+                                        "SavedModel or its gradients call it by that signature: "
+                                        "emulation keeps the model's interface float32")
+
+
+def _to_identity(node) -> None:
+    """An existing half-to-float Cast (one the conversion put at a boundary, or the model's
+    own) now reads float32 values already rounded to float16: it becomes an Identity, not a
+    float32-to-float32 Cast. The node stays, under its name, because a fetch, a control edge
+    or ``verify --per-node`` may name it."""
+    for key in ("SrcT", "DstT", "Truncate"):
+        if key in node.attr:
+            del node.attr[key]
+    node.set_op("Identity")
+    node.attr["T"].type = FLOAT
+    invalidate(node)
 
 
 def _widen_outputs(graph: Graph, name: str, ports: list[int], round_first: bool) -> None:
