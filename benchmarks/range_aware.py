@@ -1,0 +1,549 @@
+"""Range-aware precision, side by side: amp-rewrite's calibration and tune (with and without
+the range margin) against NVIDIA Model Optimizer's AutoCast and onnxconverter-common's
+``auto_convert_mixed_precision``, on the same frozen FP32 models and the same data.
+
+Each model is a frozen FP32 GraphDef with inputs drawn so that float16 overflows (or, for the
+softmax graph, loses the differences that matter) on some batches: the tune tests' four graphs
+(``tests/tune_graphs.py``), a small Keras CNN trained on scikit-learn's digits and a small
+Keras Transformer encoder, each fed rows scaled by a factor drawn log-uniformly per row. Two
+calibration batches and 8 held-out batches come from the same distribution (fixed seeds).
+
+Methods (each gets the same two calibration batches; none sees the held-out ones, except the
+AutoCast ``data_max`` search, which picks its value *on* them and so is favoured):
+
+* amp-rewrite, through its CLI (``/work/main/.venv/bin/python -m amp_rewrite``, this tree on
+  ``PYTHONPATH``): plain ``convert``; ``convert --calibration`` (both batches); ``tune`` with
+  the range margin off (``--headroom 1``, where the flag exists: the "unguarded" tune) and
+  ``tune --headroom H`` (``H`` = ``amp_rewrite.core.dtypes.HEADROOM``), each tuning on the two
+  batches as two ``--inputs`` samples. A flag the CLI does not have yet shows as "n/a".
+* The ONNX tools, after one tf2onnx export of the FP32 GraphDef (opset 17, time in the
+  "export" column): AutoCast (``modelopt.onnx.autocast.convert_to_mixed_precision``,
+  ``keep_io_types=True``, ``calibration_data`` an ``.npz`` of both batches) at its default
+  ``data_max`` (512) and at the largest power of two from 2 to 65536 whose conversion passes
+  all 8 held-out batches (searched over every power, the fewest float32 nodes first: AutoCast's
+  best showing); onnxconverter-common's ``auto_convert_mixed_precision(model, feed_dict,
+  validate_fn, keep_io_types=True)`` with the same checks as its ``validate_fn`` on the
+  calibration batches.
+
+Columns: "matrix ops float16": MatMul/BatchMatMul/Conv/Einsum ops (ONNX: MatMul, Gemm, Conv,
+Einsum) computing in float16, of all; "float32 nodes": compute nodes of the result computing in
+float32 (casts, constants, inputs, identities and nodes with no float type left out; ONNX
+dtypes from shape inference, as ``benchmarks/onnx_amp.py`` counts them); "held-out pass":
+batches of the 8 on which every output passes ``verify``'s float16 default checks (rel_l2 <=
+1e-2, top-1 >= 0.99 on batches of scores with near-ties agreeing, a non-finite value where
+FP32 is finite fails). Our results are judged by :func:`amp_rewrite.tools.verify.verify` on
+TensorFlow's CPU float16 kernels; the ONNX results by the same checks
+(:class:`amp_rewrite.tools.verify.ErrorStats`) against the FP32 TensorFlow outputs, run two
+ways: onnx's reference evaluator (numpy, real float16 tensors: what float16 hardware computes,
+the headline number) and onnxruntime's CPU provider, which computes most float16 ops in float32
+and so shows no overflow (the number in brackets). "time": wall time of the conversion or
+search (ours: the whole CLI command, interpreter and TensorFlow start included, a constant
+given under the table).
+
+Set up the venv for the ONNX tools once (it reuses the project's TensorFlow, numpy and
+protobuf through a ``.pth`` file, and never touches ``/work/main/.venv``)::
+
+    python3.11 -m venv /work/benchvenv
+    echo /work/main/.venv/lib/python3.11/site-packages \\
+        > /work/benchvenv/lib/python3.11/site-packages/zz_amp_project_site.pth
+    /work/benchvenv/bin/pip install tf2onnx==1.17.0 onnxconverter-common==1.16.0 \\
+        'nvidia-modelopt[onnx]==0.47.0'
+
+(``nvidia-modelopt[onnx]`` brings onnx 1.21.0, onnxruntime-gpu 1.24.4, whose CPU provider is
+what runs here, and a CUDA build of torch with its CUDA libraries: about 6 GB in the venv.)
+
+Run, from the repository root::
+
+    PYTHONPATH=$PWD /work/benchvenv/bin/python benchmarks/range_aware.py [--write] [--only NAME]
+
+(about N minutes on 2 cores; ``--write`` puts the table in BENCHMARKS.md). It is no test and
+the ONNX tools are no dependency of the project: benchmarks only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxconverter_common  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf2onnx  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+from onnxconverter_common import auto_mixed_precision  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
+    convert_variables_to_constants_v2,
+)
+
+import modelopt  # noqa: E402
+from modelopt.onnx.autocast import configure_logging, convert_to_mixed_precision  # noqa: E402
+
+import tune_graphs  # noqa: E402
+from benchmd import publish  # noqa: E402
+
+from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.core.dtypes import FLOAT, HALF, HEADROOM  # noqa: E402
+from amp_rewrite.core.ops import MATRIX_OPS  # noqa: E402
+from amp_rewrite.tools.verify import ErrorStats, _judge, criteria, verify  # noqa: E402
+
+SECTION = "## Range-aware precision"
+PROJECT_PYTHON = "/work/main/.venv/bin/python"
+OPSET = 17
+BATCH = 32
+CALIBRATION_SEEDS = (1, 2)
+HELDOUT_SEEDS = tuple(range(100, 108))
+REL_L2 = 1e-2                      # verify's float16 default
+CRITERIA = criteria(HALF, rel_l2=REL_L2)
+NOT_COMPUTE_TF = {"Cast", "Const", "Placeholder", "Identity", "NoOp"}
+NOT_COMPUTE_ONNX = {"Cast", "Constant", "Shape", "Size", "Identity"}
+MATRIX_ONNX = {"MatMul", "Gemm", "Conv", "Einsum"}
+FLOAT_ONNX = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
+DATA_MAX_POWERS = tuple(2 ** k for k in range(1, 17))
+
+
+# ----------------------------------------------------------------------------- models and data
+
+@dataclass
+class Case:
+    """A frozen FP32 model and its data: feeds keyed by input name (no ``:0``)."""
+
+    name: str
+    graph_def: tf.compat.v1.GraphDef
+    outputs: list[str]
+    calibration: list[dict]
+    heldout: list[dict]
+    refs: list[list[np.ndarray]] = field(default_factory=list)   # FP32 outputs per held-out batch
+
+
+def _row_scales(rng, n, low, high):
+    """Per-row factors drawn log-uniformly from [10**low, 10**high]: some batches hold a row
+    large enough to overflow float16 somewhere, others not."""
+    return (10.0 ** rng.uniform(low, high, n)).astype(np.float32)
+
+
+def _vectors(width, low, high):
+    def sample(seed):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((BATCH, width)).astype(np.float32)
+        return {"x": x * _row_scales(rng, BATCH, low, high)[:, None]}
+    return sample
+
+
+def _images(seed):
+    return tune_graphs.images(BATCH, seed)
+
+
+def _digits_cnn():
+    """A small Keras CNN trained for a few epochs on digits 0..1399 (inputs 0..1), frozen with a
+    free batch dimension; the data: held-out digits (1400 on) scaled per row by 10**U(1, 3.5)."""
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)
+    y = digits.target.astype(np.int32)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x[:1400], y[:1400], epochs=8, batch_size=64, verbose=0)
+    fn = tf.function(lambda t: model(t, training=False))
+    frozen = convert_variables_to_constants_v2(
+        fn.get_concrete_function(tf.TensorSpec([None, 8, 8, 1], tf.float32, name="x")))
+    pool = x[1400:]
+
+    def sample(seed):
+        rng = np.random.default_rng(seed)
+        rows = pool[rng.choice(len(pool), BATCH, replace=False)]
+        return {"x": rows * _row_scales(rng, BATCH, 1.0, 3.5)[:, None, None, None]}
+    return frozen.graph.as_graph_def(), [t.name for t in frozen.outputs], sample
+
+
+def _encoder():
+    """A small Keras Transformer encoder (seeded random weights; 2 blocks of 4-head attention
+    and a GELU feed-forward, post-LayerNorm, 16 tokens of 32 features, 10 classes), frozen with a
+    free batch dimension; rows scaled by 10**U(0, 2.5)."""
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((16, 32))
+    h = keras.layers.Dense(64)(tokens)
+    for _ in range(2):
+        a = keras.layers.MultiHeadAttention(4, 16)(h, h)
+        h = keras.layers.LayerNormalization()(h + a)
+        f = keras.layers.Dense(64)(keras.layers.Dense(128, activation="gelu")(h))
+        h = keras.layers.LayerNormalization()(h + f)
+    model = keras.Model(tokens, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h)))
+    fn = tf.function(lambda t: model(t, training=False))
+    frozen = convert_variables_to_constants_v2(
+        fn.get_concrete_function(tf.TensorSpec([None, 16, 32], tf.float32, name="x")))
+
+    def sample(seed):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((BATCH, 16, 32)).astype(np.float32)
+        return {"x": x * _row_scales(rng, BATCH, 0.0, 2.5)[:, None, None]}
+    return frozen.graph.as_graph_def(), [t.name for t in frozen.outputs], sample
+
+
+def cases() -> dict:
+    """name -> builder of (graph_def, output tensors, sample(seed) -> feeds)."""
+    return {
+        "large sum (tune_graphs.large_sum), rows x 10**U(0, 1)":
+            lambda: (tune_graphs.large_sum(), ["logits:0"], _vectors(64, 0.0, 1.0)),
+        "softmax over biased scores (tune_graphs.attention_softmax)":
+            lambda: (tune_graphs.attention_softmax(), ["out:0"], _vectors(32, 0.0, 0.0)),
+        "deep MLP, one loud layer (tune_graphs.deep_mlp)":
+            lambda: (tune_graphs.deep_mlp(), ["out:0"], _vectors(64, 0.0, 0.5)),
+        "CNN, one loud conv (tune_graphs.deep_cnn)":
+            lambda: (tune_graphs.deep_cnn(), ["out:0"], _images),
+        "Keras CNN on digits, rows x 10**U(1, 3.5)": _digits_cnn,
+        "Keras Transformer encoder, rows x 10**U(0, 2.5)": _encoder,
+    }
+
+
+def build(name: str, builder) -> Case:
+    graph_def, outputs, sample = builder()
+    case = Case(name, graph_def, outputs, [sample(s) for s in CALIBRATION_SEEDS],
+                [sample(s) for s in HELDOUT_SEEDS])
+    case.refs = [tf_run(graph_def, feed, outputs) for feed in case.heldout]
+    return case
+
+
+def tf_run(graph_def, feed: dict, outputs: list[str]) -> list[np.ndarray]:
+    g = tf.Graph()
+    with g.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    with tf.compat.v1.Session(graph=g) as sess:
+        return sess.run(outputs, {f"{k}:0": v for k, v in feed.items()})
+
+
+def concat(feeds: list[dict]) -> dict:
+    return {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+
+
+# ----------------------------------------------------------------------------- amp-rewrite (CLI)
+
+def cli(*args: str) -> tuple[float, subprocess.CompletedProcess]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    start = time.perf_counter()
+    proc = subprocess.run([PROJECT_PYTHON, "-m", "amp_rewrite", *args], capture_output=True,
+                          text=True, env=env)
+    return time.perf_counter() - start, proc
+
+
+def cli_flags() -> dict:
+    """Which of the range-aware flags this tree's CLI has (they land separately)."""
+    _, main_help = cli("--help")
+    _, tune_help = cli("tune", "--help")
+    return {"calibration": "--calibration" in main_help.stdout,
+            "tune_headroom": "--headroom" in tune_help.stdout}
+
+
+def ours(case: Case, tmp: Path, flags: dict) -> dict:
+    pb = tmp / "model.pb"
+    calib = [tmp / f"calib{i}.npz" for i in range(len(case.calibration))]
+    heldout = [tmp / f"heldout{i}.npz" for i in range(len(case.heldout))]
+    joined = tmp / "calibration.npz"
+    inputs = [a for p in calib for a in ("--inputs", str(p))]
+    headroom_off = ["--headroom", "1"] if flags["tune_headroom"] else []
+    methods = {
+        "amp-rewrite convert": [str(pb)],
+        "amp-rewrite convert --calibration": [str(pb), "--calibration", str(joined)]
+        if flags["calibration"] else None,
+        "amp-rewrite tune (no margin)": ["tune", str(pb), *inputs, *headroom_off],
+        f"amp-rewrite tune --headroom {HEADROOM:g}":
+            ["tune", str(pb), *inputs, "--headroom", f"{HEADROOM:g}"]
+            if flags["tune_headroom"] else None,
+    }
+    rows = {}
+    for label, args in methods.items():
+        if args is None:
+            rows[label] = {"error": "n/a: flag not on this tree yet"}
+            continue
+        out = tmp / (re.sub(r"\W+", "_", label) + ".pb")
+        seconds, proc = cli(*args, "-o", str(out), "--force")
+        if proc.returncode != 0 or not out.exists():
+            last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:]
+            rows[label] = {"error": f"exit {proc.returncode}: {' '.join(last)[:100]}",
+                           "seconds": seconds}
+            continue
+        converted = tf.compat.v1.GraphDef()
+        converted.ParseFromString(out.read_bytes())
+        passed = sum(verify(str(pb), str(out), inputs=str(h), rel_l2=REL_L2).ok for h in heldout)
+        rows[label] = {**tf_counts(converted), "seconds": seconds, "passed": passed}
+    return rows
+
+
+def tf_precision(node) -> str:
+    """float16 / float32 / none, read off a NodeDef's type attributes (a node holding both
+    counts float32, but a batch norm's float32 statistics beside float16 data do not)."""
+    held = set()
+    for value in node.attr.values():
+        kind = value.WhichOneof("value")
+        held.update([value.type] if kind == "type" else value.list.type if kind == "list" else [])
+    if HALF in held and (FLOAT not in held or node.op.startswith("FusedBatchNorm")):
+        return "float16"
+    return "float32" if FLOAT in held else "none"
+
+
+def tf_counts(graph_def) -> dict:
+    matrix = [n for n in graph_def.node if n.op in MATRIX_OPS]
+    return {"matrix_fp16": sum(tf_precision(n) == "float16" for n in matrix),
+            "matrix_total": len(matrix),
+            "fp32_nodes": sum(tf_precision(n) == "float32" for n in graph_def.node
+                              if n.op not in NOT_COMPUTE_TF)}
+
+
+# ----------------------------------------------------------------------------- the ONNX tools
+
+def onnx_feed(feed: dict) -> dict:
+    return {f"{k}:0": v for k, v in feed.items()}
+
+
+def onnx_run(model, feed: dict, runtime: str) -> list[np.ndarray]:
+    if runtime == "reference":
+        with np.errstate(all="ignore"):
+            return ReferenceEvaluator(model).run(None, onnx_feed(feed))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, onnx_feed(feed))
+
+
+def judged(names: list[str], refs, outs) -> bool:
+    """verify's float16 default checks on every output (``CRITERIA``)."""
+    for name, ref, out in zip(names, refs, outs):
+        stats = ErrorStats(CRITERIA.rtol, CRITERIA.atol, CRITERIA.rel_l2, CRITERIA.limit)
+        stats.update(ref, out)
+        if not _judge(name, name, stats, False, CRITERIA).ok:
+            return False
+    return True
+
+
+def heldout_passes(case: Case, model, runtime: str) -> int:
+    return sum(judged(case.outputs, ref, onnx_run(model, feed, runtime))
+               for feed, ref in zip(case.heldout, case.refs))
+
+
+def onnx_counts(model, feed: dict) -> dict:
+    typed = onnx.shape_inference.infer_shapes(model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        typed = auto_mixed_precision.add_missing_dtypes_using_ort(typed, onnx_feed(feed))
+    g = typed.graph
+    dtype = {t.name: t.data_type for t in g.initializer}
+    for v in [*g.input, *g.output, *g.value_info]:
+        dtype[v.name] = v.type.tensor_type.elem_type
+    counts = {"matrix_fp16": 0, "matrix_total": 0, "fp32_nodes": 0}
+    for node in g.node:
+        if node.op_type in NOT_COMPUTE_ONNX:
+            continue
+        kinds = [FLOAT_ONNX[dtype[t]] for t in node.output if dtype.get(t) in FLOAT_ONNX] or \
+            [FLOAT_ONNX[dtype[t]] for t in node.input if dtype.get(t) in FLOAT_ONNX]
+        if not kinds:
+            continue
+        precision = "float32" if "float32" in kinds else "float16"
+        counts["fp32_nodes"] += precision == "float32"
+        if node.op_type in MATRIX_ONNX:
+            counts["matrix_total"] += 1
+            counts["matrix_fp16"] += precision == "float16"
+    return counts
+
+
+def autocast(path: Path, calib: Path, data_max: float):
+    # AutoCast logs every node it keeps; the table needs only the model
+    with contextlib.redirect_stdout(io.StringIO()):
+        return convert_to_mixed_precision(str(path), low_precision_type="fp16",
+                                          data_max=data_max, keep_io_types=True,
+                                          calibration_data=str(calib), providers=["cpu"])
+
+
+def theirs(case: Case, tmp: Path) -> tuple[dict, float]:
+    feeds = [onnx_feed(f) for f in case.calibration]
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        model, _ = tf2onnx.convert.from_graph_def(
+            case.graph_def, input_names=list(feeds[0]), output_names=case.outputs, opset=OPSET)
+    export = time.perf_counter() - start
+    path = tmp / "model.onnx"
+    onnx.save(model, str(path))
+    calib = tmp / "calibration_onnx.npz"
+    np.savez(calib, **concat(feeds))
+    sample = case.calibration[0]
+    rows = {}
+
+    def measure(label, make):
+        start = time.perf_counter()
+        try:
+            result = make()
+        except Exception as exc:  # noqa: BLE001 - a tool failing is a result to report
+            rows[label] = {"error": f"{type(exc).__name__}: {str(exc)[:90]}",
+                           "seconds": time.perf_counter() - start}
+            return None
+        seconds = time.perf_counter() - start
+        rows[label] = {**onnx_counts(result, sample), "seconds": seconds,
+                       "passed": heldout_passes(case, result, "reference"),
+                       "passed_ort": heldout_passes(case, result, "ort")}
+        return result
+
+    measure("AutoCast, data_max 512 (default)", lambda: autocast(path, calib, 512))
+
+    # the largest power of two whose conversion passes every held-out batch (on float16
+    # arithmetic): AutoCast's best trade, chosen on the held-out data itself
+    best = None
+    start = time.perf_counter()
+    for data_max in reversed(DATA_MAX_POWERS):
+        try:
+            model_dm = autocast(path, calib, data_max)
+        except Exception:  # noqa: BLE001 - a failing value just does not pass
+            continue
+        if heldout_passes(case, model_dm, "reference") == len(case.heldout):
+            best = data_max
+            break
+    search = time.perf_counter() - start
+    if best is None:
+        rows["AutoCast, largest passing data_max"] = {"error": "no power of 2 passes",
+                                                      "seconds": search}
+    else:
+        label = f"AutoCast, largest passing data_max ({best})"
+        measure(label, lambda: autocast(path, calib, best))
+        rows[label]["search_seconds"] = search
+
+    def validate(res_fp32, res_converted):
+        return judged(case.outputs, res_fp32, res_converted)
+
+    joined = concat(feeds)
+    with contextlib.redirect_stdout(io.StringIO()):
+        measure("onnxconverter-common auto_convert_mixed_precision",
+                lambda: auto_mixed_precision.auto_convert_mixed_precision(
+                    model, joined, validate_fn=validate, keep_io_types=True))
+    return rows, export
+
+
+# ----------------------------------------------------------------------------- the table
+
+def startup_seconds() -> float:
+    """What every CLI run of ours pays before converting: the interpreter, TensorFlow, us."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    start = time.perf_counter()
+    subprocess.run([PROJECT_PYTHON, "-c", "import amp_rewrite.cli.run, tensorflow"], env=env,
+                   check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def cpu_line() -> str:
+    name, flags = "unknown CPU", []
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+        name = found.group(1).strip() if found else name
+        have = set(re.search(r"^flags\s*:\s*(.+)$", text, re.M).group(1).split())
+        flags = [f for f in ("avx2", "avx512f", "avx512_fp16", "avx512_bf16", "amx_bf16",
+                             "amx_fp16") if f in have]
+    return f"{name} ({', '.join(flags) or 'no AVX2'})"
+
+
+def cell(row: dict, key: str) -> str:
+    if "error" in row:
+        return "n/a" if row["error"].startswith("n/a") else "failed"
+    if key == "matrix":
+        return f"{row['matrix_fp16']} / {row['matrix_total']}"
+    if key == "passed":
+        ort_part = f" ({row['passed_ort']}/8)" if "passed_ort" in row else ""
+        return f"{row['passed']}/8{ort_part}"
+    return str(row[key])
+
+
+def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -> str:
+    lines = [SECTION, "",
+             "`benchmarks/range_aware.py`: the same frozen FP32 models and data for every "
+             "method, one after the other in one run (see the script's docstring for the "
+             f"models, the data and how each column is measured). {cpu_line()}, "
+             f"{os.cpu_count()} cores; TensorFlow {tf.__version__}, Python "
+             f"{platform.python_version()}; tf2onnx {tf2onnx.__version__} (opset {OPSET}), "
+             f"onnx {onnx.__version__}, onnxruntime {ort.__version__} (CPU provider), "
+             f"nvidia-modelopt {modelopt.__version__}, onnxconverter-common "
+             f"{onnxconverter_common.__version__}. Command: "
+             "`PYTHONPATH=$PWD /work/benchvenv/bin/python benchmarks/range_aware.py --write`.",
+             ""]
+    for name, rows, export in results:
+        lines += [f"**{name}** (tf2onnx export {export:.2f} s)", "",
+                  "| method | matrix ops float16 | float32 nodes | held-out pass (onnxruntime "
+                  "CPU) | time |",
+                  "| --- | --- | --- | --- | --- |"]
+        for label, row in rows.items():
+            if "error" in row and not row["error"].startswith("n/a"):
+                lines.append(f"| {label} | failed: {row['error'].replace('|', '/')} | | | "
+                             f"{row.get('seconds', 0):.2f} s |")
+                continue
+            seconds = f"{row['seconds']:.2f} s" if "seconds" in row else ""
+            if "search_seconds" in row:
+                seconds += f" (search {row['search_seconds']:.1f} s)"
+            lines.append(f"| {label} | {cell(row, 'matrix')} | {cell(row, 'fp32_nodes')} | "
+                         f"{cell(row, 'passed')} | {seconds} |")
+        lines.append("")
+    missing = [f for f, have in (("convert --calibration", flags["calibration"]),
+                                 ("tune --headroom", flags["tune_headroom"])) if not have]
+    lines += [f"Our times are whole CLI commands: the interpreter, TensorFlow and amp-rewrite "
+              f"start in {startup:.1f} s of each. Held-out pass: ours on TensorFlow's float16 CPU "
+              "kernels; the ONNX tools' on onnx's reference evaluator (real float16 tensors), "
+              "in brackets on onnxruntime's CPU provider, which computes most float16 ops in "
+              "float32 (no overflow shows there: onnxconverter-common, which validates with it, "
+              "keeps almost everything float16)."]
+    if missing:
+        lines.append(f"Not on this tree yet: {', '.join(missing)} (n/a rows).")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    p.add_argument("--only", action="append", default=[],
+                   help="run only the models whose name contains this (repeatable)")
+    args = p.parse_args()
+    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
+    configure_logging(logging.ERROR)   # AutoCast logs every node it keeps, at INFO
+    flags = cli_flags()
+    startup = startup_seconds()
+    results = []
+    for name, builder in cases().items():
+        if args.only and not any(o.lower() in name.lower() for o in args.only):
+            continue
+        case = build(name, builder)
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            (tmp / "model.pb").write_bytes(case.graph_def.SerializeToString())
+            for i, feed in enumerate(case.calibration):
+                np.savez(tmp / f"calib{i}.npz", **feed)
+            np.savez(tmp / "calibration.npz", **concat(case.calibration))
+            for i, feed in enumerate(case.heldout):
+                np.savez(tmp / f"heldout{i}.npz", **feed)
+            rows = ours(case, tmp, flags)
+            onnx_rows, export = theirs(case, tmp)
+        results.append((name, {**rows, **onnx_rows}, export))
+        print(f"done: {name}", file=sys.stderr, flush=True)
+    return publish(table(results, flags, startup), args.write)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
