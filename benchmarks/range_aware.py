@@ -107,7 +107,6 @@ from modelopt.onnx.autocast import configure_logging, convert_to_mixed_precision
 import tune_graphs  # noqa: E402
 from benchmd import publish  # noqa: E402
 
-from amp_rewrite.core import hardware  # noqa: E402
 from amp_rewrite.core.dtypes import FLOAT, HALF, HEADROOM  # noqa: E402
 from amp_rewrite.core.ops import MATRIX_OPS  # noqa: E402
 from amp_rewrite.tools.verify import ErrorStats, _judge, criteria, verify  # noqa: E402
@@ -279,31 +278,32 @@ def ours(case: Case, tmp: Path, flags: dict) -> dict:
     inputs = [a for p in calib for a in ("--inputs", str(p))]
     calibration = [a for p in calib for a in ("--calibration", str(p))]
     headroom_off = ["--headroom", "1"] if flags["tune_headroom"] else []
-    methods = {
-        "amp-rewrite convert": [str(pb)],
-        "amp-rewrite convert --calibration": [str(pb), *calibration]
-        if flags["calibration"] else None,
-        "amp-rewrite tune (no margin)": ["tune", str(pb), *inputs, *headroom_off],
-        f"amp-rewrite tune --headroom {HEADROOM:g}":
-            ["tune", str(pb), *inputs, "--headroom", f"{HEADROOM:g}"]
-            if flags["tune_headroom"] else None,
+    methods = {   # key -> (label, CLI arguments or None where the flag is missing)
+        "convert": ("amp-rewrite convert", [str(pb)]),
+        "calibration": ("amp-rewrite convert --calibration",
+                        [str(pb), *calibration] if flags["calibration"] else None),
+        "tune": ("amp-rewrite tune" + (" --headroom 1 (no margin)" if headroom_off else ""),
+                 ["tune", str(pb), *inputs, *headroom_off]),
+        "tune_margin": (f"amp-rewrite tune --headroom {HEADROOM:g}",
+                        ["tune", str(pb), *inputs, "--headroom", f"{HEADROOM:g}"]
+                        if flags["tune_headroom"] else None),
     }
     rows = {}
-    for label, args in methods.items():
+    for key, (label, args) in methods.items():
         if args is None:
-            rows[label] = {"error": "n/a: flag not on this tree yet"}
+            rows[key] = {"label": label, "error": "n/a: flag not on this tree yet"}
             continue
-        out = tmp / (re.sub(r"\W+", "_", label) + ".pb")
+        out = tmp / f"{key}.pb"
         seconds, proc = cli(*args, "-o", str(out), "--force")
         if proc.returncode != 0 or not out.exists():
             last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:]
-            rows[label] = {"error": f"exit {proc.returncode}: {' '.join(last)[:100]}",
-                           "seconds": seconds}
+            rows[key] = {"label": label, "seconds": seconds,
+                         "error": f"exit {proc.returncode}: {' '.join(last)[:100]}"}
             continue
         converted = tf.compat.v1.GraphDef()
         converted.ParseFromString(out.read_bytes())
         passed = sum(verify(str(pb), str(out), inputs=str(h), rel_l2=REL_L2).ok for h in heldout)
-        rows[label] = {**tf_counts(converted), "seconds": seconds, "passed": passed}
+        rows[key] = {"label": label, **tf_counts(converted), "seconds": seconds, "passed": passed}
     return rows
 
 
@@ -402,21 +402,21 @@ def theirs(case: Case, tmp: Path) -> tuple[dict, float]:
     sample = case.calibration[0]
     rows = {}
 
-    def measure(label, make):
+    def measure(key, label, make):
         start = time.perf_counter()
         try:
             result = make()
         except Exception as exc:  # noqa: BLE001 - a tool failing is a result to report
-            rows[label] = {"error": f"{type(exc).__name__}: {str(exc)[:90]}",
-                           "seconds": time.perf_counter() - start}
+            rows[key] = {"label": label, "error": f"{type(exc).__name__}: {str(exc)[:90]}",
+                         "seconds": time.perf_counter() - start}
             return None
         seconds = time.perf_counter() - start
-        rows[label] = {**onnx_counts(result, sample), "seconds": seconds,
+        rows[key] = {"label": label, **onnx_counts(result, sample), "seconds": seconds,
                        "passed": heldout_passes(case, result, "reference"),
                        "passed_ort": heldout_passes(case, result, "ort")}
         return result
 
-    measure("AutoCast, data_max 512 (default)", lambda: autocast(path, calib, 512))
+    measure("autocast", "AutoCast, data_max 512 (default)", lambda: autocast(path, calib, 512))
 
     # the largest power of two whose conversion passes every held-out batch (on float16
     # arithmetic): AutoCast's best trade, chosen on the held-out data itself
@@ -432,25 +432,25 @@ def theirs(case: Case, tmp: Path) -> tuple[dict, float]:
             break
     search = time.perf_counter() - start
     if best is None:
-        rows["AutoCast, largest passing data_max"] = {"error": "no power of 2 passes",
-                                                      "seconds": search}
+        rows["autocast_best"] = {"label": "AutoCast, largest passing data_max",
+                                 "error": "no power of 2 passes", "seconds": search}
     else:
-        label = f"AutoCast, largest passing data_max ({best})"
-        measure(label, lambda: autocast(path, calib, best))
-        rows[label]["search_seconds"] = search
+        measure("autocast_best", f"AutoCast, largest passing data_max ({best})",
+                lambda: autocast(path, calib, best))
+        rows["autocast_best"]["search_seconds"] = search
 
     def validate(res_fp32, res_converted):
         return judged(case.outputs, res_fp32, res_converted)
 
     joined = concat(feeds)
     with contextlib.redirect_stdout(io.StringIO()):
-        measure("onnxconverter-common auto_convert_mixed_precision",
+        measure("occ", "onnxconverter-common auto_convert_mixed_precision",
                 lambda: auto_mixed_precision.auto_convert_mixed_precision(
                     model, joined, validate_fn=validate, keep_io_types=True))
         # its own runtime (onnxruntime CPU) sees no float16 overflow; the same search with
         # onnx's reference evaluator running its trials does
         with reference_trials():
-            measure("onnxconverter-common, trials on float16 arithmetic",
+            measure("occ_fp16", "onnxconverter-common, trials on float16 arithmetic",
                     lambda: auto_mixed_precision.auto_convert_mixed_precision(
                         model, joined, validate_fn=validate, keep_io_types=True))
     return rows, export
@@ -535,7 +535,8 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
                   "| method | matrix ops float16 | float32 nodes | held-out pass (onnxruntime "
                   "CPU) | time |",
                   "| --- | --- | --- | --- | --- |"]
-        for label, row in rows.items():
+        for row in rows.values():
+            label = row["label"]
             if "error" in row and not row["error"].startswith("n/a"):
                 lines.append(f"| {label} | failed: {row['error'].replace('|', '/')} | | | "
                              f"{row.get('seconds', 0):.2f} s |")
@@ -546,6 +547,7 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
             lines.append(f"| {label} | {cell(row, 'matrix')} | {cell(row, 'fp32_nodes')} | "
                          f"{cell(row, 'passed')} | {seconds} |")
         lines.append("")
+    lines += summary(results)
     missing = [f for f, have in (("convert --calibration", flags["calibration"]),
                                  ("tune --headroom", flags["tune_headroom"])) if not have]
     lines += [f"Our times are whole CLI commands: the interpreter, TensorFlow and amp-rewrite "
@@ -557,6 +559,34 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
     if missing:
         lines.append(f"Not on this tree yet: {', '.join(missing)} (n/a rows).")
     return "\n".join(lines)
+
+
+SUMMARY = {"tune": "tune, no margin", "tune_margin": f"tune --headroom {HEADROOM:g}",
+           "calibration": "convert --calibration", "autocast": "AutoCast 512",
+           "autocast_best": "AutoCast, best data_max"}
+
+
+def summary(results) -> list[str]:
+    """The goal, per model: does ``tune --headroom`` pass as many held-out batches as AutoCast
+    (default ``data_max``) with at least as many matrix ops in float16 as the unguarded tune?"""
+    lines = ["**Summary**: matrix ops in float16, held-out batches passed (float16 arithmetic).",
+             "", "| model | " + " | ".join(SUMMARY.values()) + " | goal met |",
+             "| --- |" + " --- |" * (len(SUMMARY) + 1)]
+    for name, rows, _ in results:
+        cells = []
+        for key in SUMMARY:
+            row = rows.get(key, {"error": "n/a"})
+            cells.append("n/a" if row.get("error", "").startswith("n/a") else "failed"
+                         if "error" in row else f"{row['matrix_fp16']}/{row['matrix_total']}, "
+                         f"{row['passed']}/8")
+        margin, plain, theirs_ = (rows.get(k, {}) for k in ("tune_margin", "tune", "autocast"))
+        if any("passed" not in r for r in (margin, plain, theirs_)):
+            goal = "n/a"
+        else:
+            goal = "yes" if (margin["passed"] >= theirs_["passed"]
+                             and margin["matrix_fp16"] >= plain["matrix_fp16"]) else "no"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {goal} |")
+    return lines + [""]
 
 
 def main() -> int:
