@@ -491,13 +491,17 @@ def reference_trials():
 
 # ----------------------------------------------------------------------------- the table
 
-def startup_seconds() -> float:
-    """What every CLI run of ours pays before converting: the interpreter, TensorFlow, us."""
+def startup_seconds(runs: int = 3) -> float:
+    """What every CLI run of ours pays before converting: the interpreter, TensorFlow, us
+    (the median of ``runs``: on a shared machine one start varies by seconds)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    start = time.perf_counter()
-    subprocess.run([PROJECT_PYTHON, "-c", "import amp_rewrite.cli.run, tensorflow"], env=env,
-                   check=True, capture_output=True)
-    return time.perf_counter() - start
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([PROJECT_PYTHON, "-c", "import amp_rewrite.cli.run, tensorflow"],
+                       env=env, check=True, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def cpu_line() -> str:
@@ -556,7 +560,7 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
     missing = [f for f, have in (("convert --calibration", flags["calibration"]),
                                  ("tune --headroom", flags["tune_headroom"])) if not have]
     lines += [f"Our times are whole CLI commands: the interpreter, TensorFlow and amp-rewrite "
-              f"start in {startup:.1f} s of each. Held-out pass: ours on TensorFlow's float16 CPU "
+              f"start in about {startup:.1f} s of each (median of 3 starts). Held-out pass: ours on TensorFlow's float16 CPU "
               "kernels; the ONNX tools' on onnx's reference evaluator (real float16 tensors), "
               "in brackets on onnxruntime's CPU provider, which computes most float16 ops in "
               "float32 (no overflow shows there: onnxconverter-common, which validates with it, "
