@@ -3,13 +3,18 @@ the range margin) against NVIDIA Model Optimizer's AutoCast and onnxconverter-co
 ``auto_convert_mixed_precision``, on the same frozen FP32 models and the same data.
 
 Each model is a frozen FP32 GraphDef with inputs drawn so that float16 overflows (or, for the
-softmax graph, loses the differences that matter) on some batches: the tune tests' four graphs
-(``tests/tune_graphs.py``), a small Keras CNN trained on scikit-learn's digits and a small
-Keras Transformer encoder, each fed rows scaled by a factor drawn log-uniformly per row. Two
-calibration batches and 8 held-out batches come from the same distribution (fixed seeds).
+softmax over biased scores, loses the differences that matter) on some batches: the tune tests'
+graphs (``tests/tune_graphs.py``; the scaled softmax with its logits at half of 65504 on the
+calibration batches, as ``tests/test_tune_margin.py`` builds it), a small Keras CNN trained on
+scikit-learn's digits and a small Keras Transformer encoder, fed rows scaled by a factor drawn
+per row (log-uniformly; log-normally for the scaled softmax). Two calibration batches of 16
+rows and 8 held-out batches of 64 rows come from the same distribution (fixed seeds): a small
+calibration set, as the tune tests tune on 16 rows, and held-out batches whose largest rows
+reach past what it saw.
 
-Methods (each gets the same two calibration batches; none sees the held-out ones, except the
-AutoCast ``data_max`` search, which picks its value *on* them and so is favoured):
+Methods (each gets the same calibration batches, two but for the scaled softmax's one; none sees
+the held-out ones, except the AutoCast ``data_max`` search, which picks its value *on* them and
+so is favoured):
 
 * amp-rewrite, through its CLI (``/work/main/.venv/bin/python -m amp_rewrite``, this tree on
   ``PYTHONPATH``): plain ``convert``; ``convert --calibration`` (one flag per batch, default
@@ -119,7 +124,10 @@ from amp_rewrite.tools.verify import ErrorStats, _judge, criteria, verify  # noq
 SECTION = "## Range-aware precision"
 PROJECT_PYTHON = "/work/main/.venv/bin/python"
 OPSET = 17
-BATCH = 32
+# rows per batch: calibration sets are small (two batches of 16, as the tune tests tune on 16
+# rows), held-out batches larger, so their largest rows reach past what calibration saw
+CALIBRATION_ROWS = 16
+HELDOUT_ROWS = 64
 CALIBRATION_SEEDS = (1, 2)
 HELDOUT_SEEDS = tuple(range(100, 108))
 REL_L2 = 1e-2                      # verify's float16 default
@@ -128,6 +136,7 @@ NOT_COMPUTE_TF = {"Cast", "Const", "Placeholder", "Identity", "NoOp"}
 NOT_COMPUTE_ONNX = {"Cast", "Constant", "Shape", "Size", "Identity"}
 MATRIX_ONNX = {"MatMul", "Gemm", "Conv", "Einsum"}
 FLOAT_ONNX = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
+F16_MAX = 65504.0
 DATA_MAX_POWERS = tuple(2 ** k for k in range(1, 17))
 
 
@@ -152,15 +161,28 @@ def _row_scales(rng, n, low, high):
 
 
 def _vectors(width, low, high):
-    def sample(seed):
+    def sample(seed, rows):
         rng = np.random.default_rng(seed)
-        x = rng.standard_normal((BATCH, width)).astype(np.float32)
-        return {"x": x * _row_scales(rng, BATCH, low, high)[:, None]}
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        return {"x": x * _row_scales(rng, rows, low, high)[:, None]}
     return sample
 
 
-def _images(seed):
-    return tune_graphs.images(BATCH, seed)
+def _images(seed, rows):
+    return tune_graphs.images(rows, seed)
+
+
+def _scaled_softmax():
+    """:func:`tune_graphs.scaled_softmax` as ``tests/test_tune_margin.py`` builds it: rows of
+    :func:`tune_graphs.loud_rows` (each row's amplitude log-normal), one calibration batch (16
+    rows, seed 3, the test's tuning batch) and logits scaled so that its largest is half of
+    65504."""
+    def sample(seed, rows):
+        return tune_graphs.loud_rows(rows, seed=seed)
+    seeds = (3,)
+    calibration = concat([sample(s, CALIBRATION_ROWS) for s in seeds])
+    largest = np.abs(tf_run(tune_graphs.scaled_softmax(1.0), calibration, ["logits:0"])[0]).max()
+    return tune_graphs.scaled_softmax(F16_MAX / 2 / largest), ["probs:0"], sample, seeds
 
 
 def _digits_cnn():
@@ -185,10 +207,10 @@ def _digits_cnn():
         fn.get_concrete_function(tf.TensorSpec([None, 8, 8, 1], tf.float32, name="x")))
     pool = x[1400:]
 
-    def sample(seed):
+    def sample(seed, rows):
         rng = np.random.default_rng(seed)
-        rows = pool[rng.choice(len(pool), BATCH, replace=False)]
-        return {"x": rows * _row_scales(rng, BATCH, 1.0, 4.0)[:, None, None, None]}
+        picked = pool[rng.choice(len(pool), rows, replace=False)]
+        return {"x": picked * _row_scales(rng, rows, 1.0, 4.0)[:, None, None, None]}
     return frozen.graph.as_graph_def(), [t.name for t in frozen.outputs], sample
 
 
@@ -215,15 +237,16 @@ def _encoder():
     frozen = convert_variables_to_constants_v2(
         fn.get_concrete_function(tf.TensorSpec([None, 16, 32], tf.float32, name="x")))
 
-    def sample(seed):
+    def sample(seed, rows):
         rng = np.random.default_rng(seed)
-        x = rng.standard_normal((BATCH, 16, 32)).astype(np.float32)
-        return {"x": x * _row_scales(rng, BATCH, 0.0, 2.5)[:, None, None]}
+        x = rng.standard_normal((rows, 16, 32)).astype(np.float32)
+        return {"x": x * _row_scales(rng, rows, 0.0, 2.5)[:, None, None]}
     return frozen.graph.as_graph_def(), [t.name for t in frozen.outputs], sample
 
 
 def cases() -> dict:
-    """name -> builder of (graph_def, output tensors, sample(seed) -> feeds)."""
+    """name -> builder of (graph_def, output tensors, sample(seed, rows) -> feeds[, calibration
+    seeds if not CALIBRATION_SEEDS])."""
     return {
         "large sum (tune_graphs.large_sum), rows x 10**U(0, 1)":
             lambda: (tune_graphs.large_sum(), ["logits:0"], _vectors(64, 0.0, 1.0)),
@@ -233,15 +256,17 @@ def cases() -> dict:
             lambda: (tune_graphs.deep_mlp(), ["out:0"], _vectors(64, 0.0, 0.5)),
         "CNN, one loud conv (tune_graphs.deep_cnn)":
             lambda: (tune_graphs.deep_cnn(), ["out:0"], _images),
+        "softmax over scaled logits (tune_graphs.scaled_softmax), loud rows": _scaled_softmax,
         "Keras CNN on digits, rows x 10**U(1, 4)": _digits_cnn,
         "Keras Transformer encoder, rows x 10**U(0, 2.5)": _encoder,
     }
 
 
 def build(name: str, builder) -> Case:
-    graph_def, outputs, sample = builder()
-    case = Case(name, graph_def, outputs, [sample(s) for s in CALIBRATION_SEEDS],
-                [sample(s) for s in HELDOUT_SEEDS])
+    graph_def, outputs, sample, *seeds = builder()
+    case = Case(name, graph_def, outputs,
+                [sample(s, CALIBRATION_ROWS) for s in (seeds[0] if seeds else CALIBRATION_SEEDS)],
+                [sample(s, HELDOUT_ROWS) for s in HELDOUT_SEEDS])
     case.refs = [tf_run(graph_def, feed, outputs) for feed in case.heldout]
     return case
 
@@ -560,8 +585,9 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
     missing = [f for f, have in (("convert --calibration", flags["calibration"]),
                                  ("tune --headroom", flags["tune_headroom"])) if not have]
     lines += [f"Our times are whole CLI commands: the interpreter, TensorFlow and amp-rewrite "
-              f"start in about {startup:.1f} s of each (median of 3 starts). Held-out pass: ours on TensorFlow's float16 CPU "
-              "kernels; the ONNX tools' on onnx's reference evaluator (real float16 tensors), "
+              f"start in about {startup:.1f} s of each (median of 3 starts). Held-out pass: "
+              "ours on TensorFlow's float16 CPU kernels; the ONNX tools' on onnx's reference "
+              "evaluator (real float16 tensors), "
               "in brackets on onnxruntime's CPU provider, which computes most float16 ops in "
               "float32 (no overflow shows there: onnxconverter-common, which validates with it, "
               "keeps almost everything float16)."]
