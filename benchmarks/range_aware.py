@@ -65,7 +65,7 @@ Run, from the repository root::
 
     PYTHONPATH=$PWD /work/benchvenv/bin/python benchmarks/range_aware.py [--write] [--only NAME]
 
-(about 7 minutes on 2 cores, most of it the AutoCast ``data_max`` search on the encoder, 16
+(about 9 minutes on 2 cores, most of it the AutoCast ``data_max`` search on the encoder, 16
 conversions each run on 8 batches by numpy; ``--write`` puts the tables in BENCHMARKS.md). It is
 no test and the ONNX tools are no dependency of the project: benchmarks only.
 
