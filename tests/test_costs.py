@@ -252,13 +252,36 @@ def _fusion_cases():
         y = tf.nn.bias_add(mm(), c(8))
         with tf.control_dependencies([x]):
             tf.nn.relu(y, name="relu_with_control_input")
+        # a frozen Keras batch norm: scale and offset computed from its four Consts on every
+        # run, which constant folding makes Consts before the remapper looks
+        u = lambda n: tf.constant(r.uniform(0.5, 1.5, n).astype(np.float32))  # noqa: E731
+        zeros = lambda n: tf.constant(np.zeros(n, np.float32))  # noqa: E731
+
+        def keras_bn(h, beta, mean):
+            scale = u(4) * tf.math.rsqrt(u(4) + 1e-3)
+            return h * scale + (beta - mean * scale)
+
+        tf.nn.relu6(keras_bn(conv(), c(4), c(4)), name="relu6_conv_trained_bn")
+        tf.nn.relu6(keras_bn(dw(), c(4), c(4)), name="relu6_dw_trained_bn")
+        tf.nn.relu6(keras_bn(conv(), zeros(4), zeros(4)), name="relu6_conv_untrained_bn")
+        for name, op in (("conv", conv), ("dw", dw)):
+            for act in ("relu6", "relu", "tanh"):
+                y, _, _ = v1.nn.fused_batch_norm(op(), u(4), c(4), mean=c(4), variance=u(4),
+                                                 is_training=False)
+                getattr(tf.nn, act)(y, name=f"{act}_{name}_fused_bn")
+        y, _, _ = v1.nn.fused_batch_norm(conv(), u(4), c(4), is_training=True)
+        tf.nn.relu6(y, name="relu6_conv_training_bn")
     want = {"swish_sigmoid": False, "lone": True, "swish_read_twice": True,
             "relu_matmul_bias": False, "tanh_matmul_bias": False, "tanh_conv_bias": True,
             "sigmoid_conv_bias": True, "relu6_conv_bias": False, "relu6_dw_bias": False,
             "leaky_dw_bias": True, "relu6_conv_add_vector": False,
             "relu6_conv_add_scalar": True, "relu6_conv_add_one": True, "relu_after_zeros": True,
             "relu6_conv_bias_zeros": True, "relu6_conv_scale_offset": False,
-            "relu_matmul_scale_bias": True, "relu_with_control_input": True}
+            "relu_matmul_scale_bias": True, "relu_with_control_input": True,
+            "relu6_conv_trained_bn": False, "relu6_dw_trained_bn": True,
+            "relu6_conv_untrained_bn": True, "relu6_conv_fused_bn": False,
+            "relu_conv_fused_bn": False, "tanh_conv_fused_bn": False, "relu6_dw_fused_bn": True,
+            "relu_dw_fused_bn": False, "tanh_dw_fused_bn": True, "relu6_conv_training_bn": True}
     return g.as_graph_def(), want
 
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..core.dtypes import FLOATING
-from ..core.errors import InputError
 from ..core.ir import Graph, Node, TensorRef
 from ..core.ops import ENTER_OPS, MATRIX_OPS, is_variable_write
-from ..schema.consts import values_or_listed
-from ..schema.shapes import Shapes, const_behind
+from ..schema.shapes import Shapes, const_behind, folded_value
 
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
@@ -168,6 +168,8 @@ def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None) -> bo
         return False
     if node.op == "Sigmoid" and _swish(graph, node, inputs[0]):
         return False
+    if graph.node(inputs[0].node).op in _BATCH_NORMS:
+        return not _fused_batch_norm(graph, node, inputs[0], island)
     contraction = _biased_contraction(graph, node, inputs[0], island)
     return contraction is None or node.op not in _FUSES[contraction.op]
 
@@ -185,10 +187,12 @@ def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
     """The contraction the remapper would fuse ``act`` into, or None. ``ref`` must be a bias
     added to a Conv2D's, depthwise convolution's or MatMul's output: a BiasAdd whose bias is not
     all zeros (grappler's constant folding removes an add of zeros), or an add of a non-zero
-    Const with one value per output channel after an NHWC contraction; between them may sit a
-    Mul by a Const vector that constant folding multiplies into an NHWC Conv2D's Const filter.
-    Each step is the only reader of the one before, none has control edges, and all are in
-    ``island`` where one is given."""
+    vector with one value per output channel after an NHWC contraction; between them may sit a
+    Mul by a vector that constant folding multiplies into an NHWC Conv2D's Const filter. A bias
+    or a scale may be a Const or computed from Consts alone (a frozen Keras batch norm's,
+    :func:`~amp_rewrite.schema.shapes.folded_value`): constant folding computes it before the
+    remapper runs. Each step is the only reader of the one before, none has
+    control edges, and all are in ``island`` where one is given."""
     if ref.port or _controlled(graph, act.name):
         return None
     bias = graph.node(ref.node)
@@ -198,21 +202,21 @@ def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
     if len(inputs) != 2:
         return None
     if bias.op == "BiasAdd":
-        src, vec = inputs[0], _float_const(graph, inputs[1])
-        if vec is not None and not _nonzero(vec):
+        src, vec = inputs[0], _float_values(graph, inputs[1])
+        if vec is not None and not vec.any():
             return None
     else:
-        consts = [(i, c) for i, r in enumerate(inputs) if (c := _float_const(graph, r)) is not None]
+        consts = [(i, v) for i, r in enumerate(inputs) if (v := _float_values(graph, r)) is not None]
         if len(consts) != 1:
             return None
         src, vec = inputs[1 - consts[0][0]], consts[0][1]
-        dims = [d.size for d in vec.attr["value"].tensor.tensor_shape.dim]
-        if not dims or any(d != 1 for d in dims[:-1]) or not _nonzero(vec):
+        dims = list(vec.shape)
+        if not dims or any(d != 1 for d in dims[:-1]) or not vec.any():
             return None
     up = graph.node(src.node)
     if up.op == "Mul" and _sole_step(graph, up.name, island):
         muls = graph.inputs(up.name)
-        scaled = [i for i, r in enumerate(muls) if _float_const(graph, r) is not None]
+        scaled = [i for i, r in enumerate(muls) if _float_values(graph, r) is not None]
         conv = graph.node(muls[1 - scaled[0]].node) if len(scaled) == 1 else None
         if (conv is not None and conv.op == "Conv2D" and _nhwc(conv)
                 and _float_const(graph, graph.inputs(conv.name)[1]) is not None):
@@ -224,6 +228,34 @@ def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
         if not _nhwc(up) or channels is None or dims[-1] != channels:
             return None
     return up
+
+
+_BATCH_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+# what follows an inference FusedBatchNorm into one kernel (measured against grappler in
+# tests/test_costs.py): Conv2D + FusedBatchNorm + these make one _FusedConv2D; after a
+# depthwise convolution only a Relu joins the batch norm (a _FusedBatchNormEx)
+_FUSES_AFTER_BN = {"Conv2D": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh"}),
+                   "DepthwiseConv2dNative": frozenset({"Relu"})}
+
+
+def _fused_batch_norm(graph: Graph, act: Node, ref: TensorRef,
+                      island: set[str] | None) -> bool:
+    """Whether ``act`` fuses with the inference batch norm ``ref`` (``is_training`` false, its
+    four vectors Consts or computed from them, NHWC) and the contraction before it
+    (:data:`_FUSES_AFTER_BN`); each step the only reader of the one before, with no control
+    edges, and in ``island`` where one is given."""
+    bn = graph.node(ref.node)
+    training = bn.attr["is_training"].b if "is_training" in bn.attr else True   # OpDef default
+    if (ref.port or _controlled(graph, act.name) or training
+            or not _sole_step(graph, bn.name, island) or not _nhwc(bn)):
+        return False
+    inputs = graph.inputs(bn.name)
+    if len(inputs) != 5 or inputs[0].port or any(
+            _float_values(graph, r) is None for r in inputs[1:]):
+        return False
+    up = graph.node(inputs[0].node)
+    return (act.op in _FUSES_AFTER_BN.get(up.op, ()) and _nhwc(up)
+            and _sole_step(graph, up.name, island))
 
 
 def _controlled(graph: Graph, name: str) -> bool:
@@ -252,19 +284,17 @@ def _out_channels(graph: Graph, node: Node) -> int | None:
     return shape[2] * shape[3] if node.op.startswith("Depthwise") else shape[3]
 
 
+def _float_values(graph: Graph, ref: TensorRef) -> np.ndarray | None:
+    """The float values ``ref`` holds where constant folding knows them before the remapper
+    runs (a Const, or computed from Consts alone), or None."""
+    values = folded_value(graph, ref)
+    return values if values is not None and values.dtype.kind == "f" else None
+
+
 def _float_const(graph: Graph, ref: TensorRef) -> Node | None:
     """The float Const ``ref`` reads (through Identity), or None; its values are not read."""
     node = const_behind(graph, ref)
     return node if node is not None and node.attr["value"].tensor.dtype in FLOATING else None
-
-
-def _nonzero(node: Node) -> bool:
-    """Whether a Const holds a value other than zero (a splat read as listed, not expanded);
-    a malformed one counts as no bias."""
-    try:
-        return bool(values_or_listed(node).any())
-    except InputError:
-        return False
 
 
 def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:

@@ -117,6 +117,48 @@ def const_behind(graph: Graph, ref: TensorRef) -> Node | None:
     return None
 
 
+# elementwise ops grappler's constant folding computes where every input is a Const: what a
+# frozen Keras batch norm does to its four vectors (scale = gamma * rsqrt(var + eps), offset =
+# beta - mean * scale) on every run, folded before the remapper looks for fusions
+_FOLDED = {"Identity": lambda a: a, "Snapshot": lambda a: a, "Neg": np.negative,
+           "Rsqrt": lambda a: 1 / np.sqrt(a), "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
+           "Inv": np.reciprocal, "Square": np.square, "Mul": np.multiply, "Add": np.add,
+           "AddV2": np.add, "Sub": np.subtract, "RealDiv": np.divide, "Maximum": np.maximum,
+           "Minimum": np.minimum}
+# the largest value worked out: batch-norm vectors are one value per channel
+_FOLDED_MAX = 1 << 16
+
+
+def folded_value(graph: Graph, ref: TensorRef, depth: int = 12) -> np.ndarray | None:
+    """The value of ``ref`` where it is a Const or computed from Consts alone by the elementwise
+    ops constant folding evaluates (:data:`_FOLDED`, through up to ``depth`` of them), with no
+    control input on the way and at most 65536 values each; None otherwise (a variable, a
+    placeholder, another op, a malformed Const)."""
+    node = graph.node(ref.node)
+    if ref.port:
+        return None
+    if node.op == "Const":
+        tensor = node.attr["value"].tensor
+        if math.prod(d.size for d in tensor.tensor_shape.dim) > _FOLDED_MAX:
+            return None
+        try:
+            return tensor_util.MakeNdarray(tensor)
+        except (TypeError, ValueError):
+            return None
+    fn = _FOLDED.get(node.op)
+    if fn is None or not depth or graph.control_inputs(node.name):
+        return None
+    args = [folded_value(graph, r, depth - 1) for r in graph.inputs(node.name)]
+    if not args or any(a is None for a in args):
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(*args))
+    except (TypeError, ValueError):
+        return None
+    return out if out.size <= _FOLDED_MAX else None
+
+
 def _const_shape(shapes: Shapes, ref: TensorRef) -> Shape | None:
     node = shapes.graph.node(ref.node)
     if node.op == "Const":
