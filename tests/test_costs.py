@@ -327,3 +327,45 @@ def test_a_frozen_graph_kept_float32_for_unfused_activations_hints_at_folding(tm
     assert main([str(src), "-o", str(tmp_path / "out.pb"), "--target", "bfloat16",
                  "--device", "cpu"]) == 0
     assert "--fold-constants may" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def variable_mlp(tmp_path_factory):
+    """A SavedModel whose weights are variables: two 32x32 layers (intensity 32, under the
+    default 50), the second inside a tf.while_loop, so its variable reaches the loop body as
+    an argument of an argument."""
+    r = np.random.default_rng(0)
+    module = tf.Module()
+    module.w0 = tf.Variable(r.normal(0, 0.1, (32, 32)).astype(np.float32))
+    module.w1 = tf.Variable(r.normal(0, 0.1, (32, 32)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32)])
+    def serve(x):
+        h = tf.nn.relu(tf.matmul(x, module.w0))
+        _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.nn.relu(tf.matmul(
+            h, module.w1))), [tf.constant(0), h])
+        return {"y": h}
+
+    module.serve = serve
+    path = tmp_path_factory.mktemp("sm") / "mlp"
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    return path
+
+
+def test_variables_reach_function_bodies_with_their_shapes(variable_mlp):
+    from amp_rewrite.schema.functiondef import function_to_graph, variable_argument_shapes
+    gd = load(variable_mlp).graph_def
+    shapes = variable_argument_shapes(gd)
+    signatures = {f.signature.name: f.signature for f in gd.library.function}
+    seen = []
+    for fdef in gd.library.function:
+        fg = function_to_graph(fdef, signatures, shapes.get(fdef.signature.name))
+        seen += [matrix_intensity(fg.graph, n) for n in fg.graph.nodes() if n.op == "MatMul"]
+    assert seen == [pytest.approx(32.0)] * 2   # one MatMul in the call, one in the loop body
+
+
+def test_small_variable_matmuls_of_a_savedmodel_stay_float32_on_a_cpu(variable_mlp, tmp_path):
+    report = convert_file(variable_mlp, tmp_path / "out", target="bfloat16", device="cpu")
+    matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
+    assert len(matrix) == 2 and all(n.code == "cost" for n in matrix), [
+        (n.name, n.code) for n in matrix]

@@ -33,6 +33,7 @@ from ..schema.functiondef import (
     graph_to_function,
     is_concrete,
     reachable,
+    variable_argument_shapes,
 )
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..transforms.boundaries import BoundaryLowering
@@ -67,9 +68,10 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     by_name = {f.signature.name: f for f in library.function}
     graphs: dict[str, FunctionGraph] = {}
     calibrated = retraced(scoped_ranges(ranges or {}, names), [by_name[n] for n in names])
+    handles = variable_argument_shapes(graph_def)   # the cost model's weight shapes in bodies
     for name in names:
         fg = _convert_function(by_name[name], library, signatures, rules, report, target, keep,
-                               calibrated.get(name), headroom)
+                               calibrated.get(name), headroom, handles.get(name))
         if fg is not None:
             graphs[name] = fg
     kept_signatures = set(roots) | gradient_linked(library) | set(reachable((), library, leave))
@@ -157,7 +159,7 @@ def retraced(calibrated: dict[str, dict[str, float]], fdefs) -> dict[str, dict[s
 
 def _convert_function(fdef, library, signatures, rules, report, target: Target,
                       keep, ranges: Mapping[str, float] | None = None,
-                      headroom: float = HEADROOM) -> FunctionGraph | None:
+                      headroom: float = HEADROOM, handle_shapes=None) -> FunctionGraph | None:
     """Paint one function body; None (with a warning) when the user's body cannot be painted
     (an :class:`InputError`: a body our IR or TensorFlow would not take). Our own bugs on the
     way, :class:`~amp_rewrite.core.errors.IRError` and :class:`LintError` (neither is an
@@ -169,7 +171,7 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
                                "signature): left as it is")
         return None
     try:
-        fg = function_to_graph(fdef, signatures)
+        fg = function_to_graph(fdef, signatures, handle_shapes)
         body_keep = kept(boundary=fg.boundary(),
                          user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)

@@ -9,7 +9,8 @@ neighbours cost more than the 16-bit matrix unit saves (measured on an AVX512-BF
 isolated bfloat16 MatMul between casts breaks even near 50; see BENCHMARKS.md "Small matrix
 ops").
 
-A weight is a Const, a variable read, or what an op's output updates (a weight gradient
+A weight is a Const, a variable read (in a function body, of the resource argument the
+variable reaches it as: ``schema.functiondef.variable_argument_shapes``), or what an op's output updates (a weight gradient
 feeds the variable's update); other shapes are not inferred (None: unknown).
 
 :func:`runtime_estimate` weighs a whole island on a CPU with a bfloat16 matrix unit: time its
@@ -89,6 +90,10 @@ def _stored_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
         return dims if all(d >= 0 for d in dims) else None
     if node.op in ("VarHandleOp", "VariableV2", "Variable"):
         dims = [d.size for d in node.attr["shape"].shape.dim] if "shape" in node.attr else []
+        return dims if dims and all(d >= 0 for d in dims) else None
+    if node.op == "Placeholder" and "_handle_shapes" in node.attr:   # a function's variable
+        shapes = node.attr["_handle_shapes"].list.shape
+        dims = [d.size for d in shapes[0].dim] if len(shapes) == 1 else []
         return dims if dims and all(d >= 0 for d in dims) else None
     if node.op in _PASS_THROUGH and depth:
         inputs = graph.inputs(name)

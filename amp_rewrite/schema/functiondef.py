@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2
 
-from ..core.dtypes import INVALID
+from ..core.dtypes import INVALID, RESOURCE
 from ..core.errors import InputError, UnsupportedGraphError
 from ..core.ir import Graph, TensorRef
 from ..core.ops import CALL_OPS, CASE_OPS, IF_OPS, WHILE_OPS
@@ -160,17 +160,30 @@ def _flat_input(text: str, ports: dict[str, dict[tuple[str, int], int]], fname: 
     return f"{node}:{port}"
 
 
-def function_to_graph(fdef: function_pb2.FunctionDef, signatures: dict) -> FunctionGraph:
+def function_to_graph(fdef: function_pb2.FunctionDef, signatures: dict,
+                      handle_shapes: dict[str, list[int]] | None = None) -> FunctionGraph:
     """The body of a concrete function as IR, with Placeholder arguments and sentinel results;
-    a node whose op is a function of ``signatures`` (a direct call) is typed by its signature."""
+    a node whose op is a function of ``signatures`` (a direct call) is typed by its signature.
+    An argument's Placeholder has the ``shape`` its ``_output_shapes`` arg attr states, and a
+    resource argument named in ``handle_shapes`` (:func:`variable_argument_shapes`) the shape
+    of the variable it holds as ``_handle_shapes``, for the cost model; neither reaches the
+    FunctionDef :func:`graph_to_function` writes."""
     fname = fdef.signature.name
     body_names = {nd.name for nd in fdef.node_def}
     gd = graph_pb2.GraphDef()
-    for arg in fdef.signature.input_arg:
+    for i, arg in enumerate(fdef.signature.input_arg):
         if arg.name in body_names:
             raise UnsupportedGraphError(f"function {fname!r}: argument {arg.name!r} has the name "
                                         "of a node of its body")
-        gd.node.add(name=arg.name, op="Placeholder").attr["dtype"].type = arg.type
+        placeholder = gd.node.add(name=arg.name, op="Placeholder")
+        placeholder.attr["dtype"].type = arg.type
+        stated = fdef.arg_attr[i].attr.get("_output_shapes") if i in fdef.arg_attr else None
+        if arg.type != RESOURCE and stated is not None and len(stated.list.shape) == 1:
+            placeholder.attr["shape"].shape.CopyFrom(stated.list.shape[0])
+        if arg.type == RESOURCE and handle_shapes and arg.name in handle_shapes:
+            shape = placeholder.attr["_handle_shapes"].list.shape.add()
+            for d in handle_shapes[arg.name]:
+                shape.dim.add(size=d)
     ports = {nd.name: {key: i for i, key in enumerate(output_layout(nd, signatures))}
              for nd in fdef.node_def}
     defaults = {}
@@ -206,6 +219,77 @@ def _function_input(fg: FunctionGraph, ref: TensorRef, signatures: dict) -> str:
         return ref.node
     arg, index = output_layout(fg.graph.node(ref.node).proto, signatures)[ref.port]
     return f"{ref.node}:{arg}:{index}"
+
+
+def variable_argument_shapes(graph_def: graph_pb2.GraphDef) -> dict[str, dict[str, list[int]]]:
+    """Function name -> resource argument -> the static shape of the variable it receives, where
+    every call site that passes one agrees: a VarHandleOp's ``shape`` attr (through Identity),
+    passed by the graph or, argument to argument, by a function's call, While, If or Case to
+    the functions it calls (a SavedModel's variables reach its bodies only so)."""
+    by_name = {f.signature.name: f for f in graph_def.library.function}
+    found: dict[str, dict[str, list[int] | None]] = {}
+
+    def record(callee: str, index: int, shape: list[int] | None) -> bool:
+        fdef = by_name.get(callee)
+        if (fdef is None or index >= len(fdef.signature.input_arg) or shape is None
+                or fdef.signature.input_arg[index].type != RESOURCE):
+            return False
+        arg = fdef.signature.input_arg[index].name
+        seen = found.setdefault(callee, {})
+        if arg in seen:
+            if seen[arg] is not None and seen[arg] != shape:
+                seen[arg] = None   # call sites disagree: unknown
+                return True
+            return False
+        seen[arg] = shape
+        return True
+
+    def visit(nodes: dict, resolve) -> bool:
+        changed = False
+        for nd in nodes.values():
+            for callee, offset in _callees(nd, by_name):
+                data = [t for t in nd.input if not t.startswith("^")]
+                for i, text in enumerate(data[offset:]):
+                    changed |= record(callee, i, resolve(text))
+        return changed
+
+    def var_shape(nodes: dict, name: str, args: dict, depth: int = 8):
+        nd = nodes.get(name)
+        if nd is None:
+            return args.get(name)
+        if nd.op == "VarHandleOp" and "shape" in nd.attr and not nd.attr["shape"].shape.unknown_rank:
+            dims = [d.size for d in nd.attr["shape"].shape.dim]
+            return dims if all(d >= 0 for d in dims) else None
+        if nd.op == "Identity" and nd.input and depth:
+            return var_shape(nodes, nd.input[0].split(":")[0], args, depth - 1)
+        return None
+
+    top = {nd.name: nd for nd in graph_def.node}
+    visit(top, lambda t: var_shape(top, t.split(":")[0], {}))
+    bodies = {name: {nd.name: nd for nd in f.node_def} for name, f in by_name.items()}
+    for _ in range(16):   # nesting depth: a While in a call in a call ...
+        changed = False
+        for name, nodes in bodies.items():
+            args = found.get(name, {})
+            changed |= visit(nodes, lambda t, n=nodes, a=args: var_shape(n, t.split(":")[0], a))
+        if not changed:
+            break
+    return {f: {a: s for a, s in args.items() if s is not None} for f, args in found.items()}
+
+
+def _callees(nd, by_name) -> list[tuple[str, int]]:
+    """The functions a node calls with its data inputs, and the first input each receives."""
+    if nd.op in by_name:
+        return [(nd.op, 0)]
+    if nd.op in CALL_OPS:
+        return [(nd.attr["f"].func.name, 0)]
+    if nd.op in WHILE_OPS:
+        return [(nd.attr["body"].func.name, 0), (nd.attr["cond"].func.name, 0)]
+    if nd.op in IF_OPS:
+        return [(nd.attr[b].func.name, 1) for b in ("then_branch", "else_branch")]
+    if nd.op in CASE_OPS:
+        return [(f.name, 1) for f in nd.attr["branches"].list.func]
+    return []
 
 
 def graph_to_function(fg: FunctionGraph, signatures: dict) -> function_pb2.FunctionDef:
