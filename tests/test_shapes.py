@@ -135,3 +135,28 @@ def test_open_channels_and_a_v1_loop_end_in_known_or_unknown_not_in_a_hang():
     assert shapes.shape(TensorRef("dw", 0)) == (-1, 8, 8, 8)   # the filter says 4 x 2 channels
     assert shapes.shape(TensorRef("squeezed", 0)) is None
     assert shapes.shape(TensorRef("relu", 0)) is None
+
+
+def test_a_stated_output_shape_stands_in_for_a_missing_rule_and_constant_folding_is_followed():
+    """An op with no rule (Roll) takes the ``_output_shapes`` a SavedModel's function nodes
+    carry, and what is computed from it; folded_value works out a frozen batch norm's offset
+    from its Consts as constant folding does, and nothing computed from a placeholder."""
+    from amp_rewrite.schema.shapes import folded_value
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 5, 7], name="x")
+        tf.nn.relu(tf.roll(x, 1, 2, name="roll"), name="act")
+        scale = tf.constant([2.0, 4.0]) * tf.math.rsqrt(tf.constant([4.0, 16.0]))
+        tf.subtract(tf.constant([1.0, 1.0]), tf.constant([0.5, 0.25]) * scale, name="offset")
+        tf.add(x, 1.0, name="from_x")
+    gd = g.as_graph_def()
+    graph = Graph.from_graph_def(gd)
+    assert Shapes(graph).shape(TensorRef("act", 0)) is None
+    roll = next(n for n in gd.node if n.name == "roll")
+    stated = roll.attr["_output_shapes"].list.shape.add()
+    for d in (-1, 5, 7):
+        stated.dim.add(size=d)
+    graph = Graph.from_graph_def(gd)
+    assert Shapes(graph).shape(TensorRef("act", 0)) == (-1, 5, 7)
+    np.testing.assert_allclose(folded_value(graph, TensorRef("offset", 0)), [0.5, 0.75])
+    assert folded_value(graph, TensorRef("from_x", 0)) is None

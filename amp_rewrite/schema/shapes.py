@@ -4,8 +4,9 @@ TensorFlow infers every shape when a graph is imported, but importing costs seco
 of 100k nodes (6 s measured), more than the whole conversion; this walks only the nodes it is
 asked about and their producers, with the shape rules of the ops that carry most of a model's
 activations: elementwise ops, convolutions, pooling, pads, matrix products, reshapes,
-reductions, concatenations. Anything else is unknown (None), and so is everything computed
-from it.
+reductions, concatenations; where an op has no rule (or its rule cannot tell), the
+``_output_shapes`` attr TensorFlow leaves on a SavedModel's function nodes. Anything else is
+unknown (None), and so is everything computed from it.
 
 A shape is a tuple of ints, -1 where the graph leaves a dimension open (the batch, mostly).
 :meth:`Shapes.elements` counts per sample: an open first dimension counts as 1, any other open
@@ -175,7 +176,19 @@ def _rule(shapes: Shapes, ref: TensorRef) -> Shape | None:
     if ref.port != 0:   # FusedBatchNorm's statistics, Unique's indices ...: not activations
         return None
     handler = _HANDLERS.get(node.op)
-    return handler(shapes, shapes.graph.inputs(ref.node), node) if handler else None
+    found = handler(shapes, shapes.graph.inputs(ref.node), node) if handler else None
+    return found if found is not None else _stated(node)
+
+
+def _stated(node) -> Shape | None:
+    """The shape of output 0 as the node's ``_output_shapes`` attr states it (TensorFlow writes
+    them into a SavedModel's function bodies: a loop body's TensorListGetItem, say), or None."""
+    if "_output_shapes" not in node.attr:
+        return None
+    listed = node.attr["_output_shapes"].list.shape
+    if not listed or listed[0].unknown_rank:
+        return None
+    return tuple(d.size for d in listed[0].dim)
 
 
 # ----------------------------------------------------------------- one handler per op kind

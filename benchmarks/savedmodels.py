@@ -1,0 +1,161 @@
+"""Keras models as SavedModels (weights in variables): FP32, amp-rewrite's bfloat16 and
+grappler's own bfloat16 pass on this CPU, in one run.
+
+Each model is exported with ``model.export`` (a TF2 SavedModel: its weights are variables
+that reach the serving function as resource arguments), converted with
+``convert_file(..., target="bfloat16", device="cpu")``, and both SavedModels are loaded into
+TF1 sessions (``tf.compat.v1.saved_model.loader.load``): the FP32 one twice, once with
+grappler's ``auto_mixed_precision_onednn_bfloat16`` pass on. After a warm-up run each,
+``--rounds`` rounds run the three round-robin, the order rotating per round; the table gives
+medians and FP32 median / variant median, at batch ``--batch``.
+
+Run: ``.venv/bin/python benchmarks/savedmodels.py [--rounds 9] [--batch 8] [--write]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from benchmd import publish  # noqa: E402
+from train_step import session_config, time_round_robin  # noqa: E402
+
+from amp_rewrite import convert_file  # noqa: E402
+from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.core.ops import MATRIX_OPS  # noqa: E402
+
+v1 = tf.compat.v1
+SECTION = "## Keras SavedModels"
+
+
+def models():
+    """name -> (builder, input kind)."""
+    import keras
+    L = keras.layers
+
+    def text(rnn):
+        ids = keras.Input((64,), dtype="int32")
+        return keras.Model(ids, L.Dense(2)(rnn(128)(L.Embedding(5000, 128)(ids))))
+
+    def mlp():
+        x = keras.Input((64,))
+        return keras.Model(x, L.Dense(10)(L.Dense(64, activation="relu")(
+            L.Dense(64, activation="relu")(x))))
+
+    def embedding():
+        ids = keras.Input((64,), dtype="int32")
+        h = L.GlobalAveragePooling1D()(L.Embedding(20000, 64)(ids))
+        return keras.Model(ids, L.Dense(2)(L.Dense(64, activation="relu")(h)))
+
+    return {"GRU text classifier (seq 64, 128 units)": (lambda: text(L.GRU), "tokens"),
+            "LSTM text classifier (seq 64, 128 units)": (lambda: text(L.LSTM), "tokens"),
+            "small MLP (64-64-64-10)": (mlp, "features"),
+            "embedding model (20000x64, mean, 64, 2)": (embedding, "tokens"),
+            "Xception (71x71, weights=None)": (lambda: keras.applications.Xception(
+                weights=None, input_shape=(71, 71, 3), classifier_activation=None), "images")}
+
+
+def _feed(kind: str, batch: int):
+    rng = np.random.default_rng(0)
+    if kind == "tokens":
+        return rng.integers(0, 5000, (batch, 64)).astype(np.int32)
+    if kind == "features":
+        return rng.normal(size=(batch, 64)).astype(np.float32)
+    return rng.uniform(0, 1, (batch, 71, 71, 3)).astype(np.float32)
+
+
+def _load(path: Path, grappler_amp: bool):
+    g = tf.Graph()
+    sess = v1.Session(graph=g, config=session_config(grappler_amp))
+    with g.as_default():
+        meta = v1.saved_model.loader.load(sess, ["serve"], str(path))
+    sig = meta.signature_def["serving_default"]
+    inp = next(iter(sig.inputs.values())).name
+    out = next(iter(sig.outputs.values())).name
+    return sess, inp, out
+
+
+def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
+    import keras
+    keras.utils.set_random_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32, ours = Path(tmp) / "fp32", Path(tmp) / "bf16"
+        build().export(str(fp32), verbose=False)
+        report = convert_file(fp32, ours, target="bfloat16", device="cpu")
+        runs = {"fp32": _load(fp32, False), "ours": _load(ours, False),
+                "grappler": _load(fp32, True)}
+        value = _feed(kind, batch)
+        outputs = {k: np.asarray(s.run(o, {i: value}), np.float64) for k, (s, i, o) in runs.items()}
+        times = time_round_robin({k: functools.partial(s.run, o, {i: value})
+                                  for k, (s, i, o) in runs.items()}, rounds, warmup=1)
+        for s, _, _ in runs.values():
+            s.close()
+    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    ref = outputs["fp32"]
+    err = {k: float(np.linalg.norm(outputs[k] - ref) / max(np.linalg.norm(ref), 1e-30))
+           for k in ("ours", "grappler")}
+    matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
+    low = sum(n.precision == "bfloat16" for n in matrix)
+    return {"name": name, "matrix": f"{low}/{len(matrix)}", **{f"{k}_ms": v for k, v in med.items()},
+            "ours_err": err["ours"], "grappler_err": err["grappler"],
+            "hint": any("--fold-constants" in w for w in report.warnings)}
+
+
+def run(rounds: int = 9, batch: int = 8, only=()) -> str:
+    rows = []
+    for name, (build, kind) in models().items():
+        if only and not any(o in name for o in only):
+            continue
+        try:
+            rows.append(measure(name, build, kind, rounds, batch))
+        except Exception as exc:  # noqa: BLE001 - a model that fails is a row saying so
+            rows.append({"name": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"})
+        print(rows[-1], file=sys.stderr, flush=True)
+    lines = [SECTION, "",
+             "`benchmarks/savedmodels.py`: Keras models exported as TF2 SavedModels (weights "
+             f"in variables), batch {batch}; FP32, amp-rewrite's bfloat16 conversion (`--device "
+             "cpu`) and grappler's `auto_mixed_precision_onednn_bfloat16` on the FP32 "
+             f"SavedModel, each in a TF1 session, round-robin in one process, {rounds} rounds "
+             f"after a warm-up run, medians; on {hardware.describe()}, {os.cpu_count()} cores "
+             "shared with other jobs, "
+             f"TensorFlow {tf.__version__}, Python {platform.python_version()}. Ratios are FP32 "
+             "time / variant time.",
+             "",
+             "| model | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | grappler ms "
+             "(ratio) | ours / grappler speed | rel. L2 error ours / grappler |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | |")
+            continue
+        lines.append(
+            f"| {r['name']} | {r['matrix']} | {r['fp32_ms']:.2f} | {r['ours_ms']:.2f} "
+            f"({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['grappler_ms']:.2f} "
+            f"({r['fp32_ms'] / r['grappler_ms']:.2f}x) | {r['grappler_ms'] / r['ours_ms']:.2f}x | "
+            f"{r['ours_err']:.1e} / {r['grappler_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--only", action="append", default=[], help="model names to run")
+    p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = p.parse_args()
+    return publish(run(args.rounds, args.batch, args.only), args.write)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
