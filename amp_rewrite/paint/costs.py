@@ -128,6 +128,14 @@ SAVED_PS_PER_FLOP = 0.9
 # ConcatV2, EfficientNetB0's Mul ran faster in bfloat16 than in float32).
 EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "LeakyRelu": 101,
                         "Sigmoid": 706, "Tanh": 198, "Softplus": 886, "Erf": 235, "Exp": 163}
+# ... and a weight read from a variable is cast to bfloat16 on every run (a Const is stored in
+# bfloat16 by painting, once): a Cast costs about 150 ps per element on this CPU, op dispatch
+# included (a float32 -> bfloat16 -> float32 round trip of 49k and 1M elements, 255 and 320
+# ps per element; BENCHMARKS.md "Keras SavedModels"). It is paid once a run whatever the batch,
+# while the matrix ops save per sample: where the graph leaves the batch open, the estimate
+# takes DEFAULT_BATCH samples a run (the batch of the benchmarks that measured it).
+CAST_PS_PER_ELEMENT = 150
+DEFAULT_BATCH = 8
 # what TensorFlow's remapper (grappler remapper.cc) fuses on a CPU into each contraction + bias:
 # Tanh and Sigmoid only after a MatMul, LeakyRelu not after a depthwise convolution
 _FUSES = {"Conv2D": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"}),
@@ -146,13 +154,22 @@ class Estimate:
     saved_us: float = 0.0                 # what the matrix ops save
     lost_us: float = 0.0                  # what the unfused slow ops lose
     slow: dict[str, int] = field(default_factory=dict)   # op -> how many unfused
+    cast_us: float = 0.0                  # casting variable weights, per sample
+    weights: int = 0                      # elements of variable weights cast a run
 
     @property
     def slower(self) -> bool:
-        return self.lost_us > self.saved_us
+        return self.lost_us + self.cast_us > self.saved_us
 
     def describe(self, tname: str) -> str:
         """The reason an island stays float32, from "whose" on."""
+        if self.cast_us >= self.lost_us:
+            return (f"whose variable weights ({self.weights} elements) cast to {tname} on every "
+                    f"run would cost about {self.cast_us:.2f} µs a sample on a CPU, with "
+                    f"{self.lost_us:.2f} µs its unfused activations lose, more than the "
+                    f"{self.saved_us:.2f} µs its {self.flops / 1e6:.2f} MFLOPs of matrix work "
+                    f"save (an open batch as {DEFAULT_BATCH}; BENCHMARKS.md \"Keras SavedModels\"; "
+                    "--min-matrix-intensity 0 paints it anyway)")
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.slow.items()))
         return (f"whose unfused {tname} activations ({ops}) would lose about "
                 f"{self.lost_us:.0f} µs a run on a CPU, more than the {self.saved_us:.0f} µs its "
@@ -305,13 +322,20 @@ def _float_const(graph: Graph, ref: TensorRef) -> Node | None:
 def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
     """Time the nodes ``names`` (an island) save and lose in bfloat16 on a CPU, or
     None where a matrix op's FLOPs or a slow op's elements are not known from the graph (a
-    gradient's convolution, an Einsum: their FLOPs are not worked out). An island with no
-    unfused slow op loses nothing (an empty estimate), and no shape is worked out for it."""
+    gradient's convolution, an Einsum: their FLOPs are not worked out). Lost: what unfused slow
+    activations lose, and casting the weights matrix ops read from variables, once a run.
+    An island with neither loses nothing (an empty estimate), and no shape is worked out for
+    it."""
     est = Estimate()
     members = set(names)
     island = sorted(members)
     slow = [name for name in island if slow_unfused(graph, graph.node(name), members)]
-    if not slow:
+    # one cast per variable read, however many matrix ops share it (an unrolled loop's steps)
+    weights = {name: _variable_weight(graph, graph.node(name)) for name in island
+               if graph.node(name).op in MATRIX_OPS}
+    casts: dict[str, float] = {}
+    est.weights = sum({src: n for src, n in weights.values() if n}.values())
+    if not slow and not est.weights:
         return est
     for name in slow:
         op = graph.node(name).op
@@ -330,8 +354,43 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
             if per is None or count is None:
                 return None
             est.flops += per * count
+            src, elements = weights[name]
+            if elements:   # cast once a run: per sample, a share of the run's batch
+                out = shapes.shape(TensorRef(name, 0))
+                batch = DEFAULT_BATCH if out is None or not out or out[0] < 0 else 1
+                casts[src] = max(casts.get(src, 0.0),
+                                 elements * CAST_PS_PER_ELEMENT * 1e-6 / batch)
+    est.cast_us = sum(casts.values())
     est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
     return est
+
+
+def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:
+    """The variable ``node`` reads as its weight (through pass-through ops; a SavedModel's
+    function argument holding one included) and its elements; ("", 0) where its weight is a
+    Const or is not known."""
+    refs = ([graph.inputs(node.name)[_FILTER[node.op]]] if node.op in _FILTER
+            else graph.inputs(node.name) if node.op == "MatMul" else [])
+    for ref in refs:
+        src = _stored_source(graph, ref.node)
+        if src is not None and src.op != "Const":
+            shape = _stored_shape(graph, src.name)
+            if shape is not None:
+                return src.name, math.prod(shape)
+    return "", 0
+
+
+def _stored_source(graph: Graph, name: str, depth: int = 8) -> Node | None:
+    """The Const or variable :func:`_stored_shape` would read for ``name``, or None."""
+    node = graph.node(name)
+    if node.op in ("Const", "VarHandleOp", "VariableV2", "Variable") or (
+            node.op == "Placeholder" and "_handle_shapes" in node.attr):
+        return node
+    if node.op in _PASS_THROUGH and depth:
+        inputs = graph.inputs(name)
+        if inputs:
+            return _stored_source(graph, inputs[0].node, depth - 1)
+    return None
 
 
 def _conv_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:

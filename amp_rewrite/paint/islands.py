@@ -10,8 +10,9 @@ one big matrix op keeps its small ones too: inside it they need no casts. Measur
 
 bfloat16 on a CPU also weighs each island that passes as a whole
 (:func:`amp_rewrite.paint.costs.runtime_estimate`): where its activations that TensorFlow runs unfused
-in slow bfloat16 loops lose more time than its matrix ops save, it stays float32 (code
-``cost``). Only islands holding such an activation are weighed, so shapes are worked out for
+in slow bfloat16 loops, and the casts of the weights its matrix ops read from variables (on
+every run), lose more time than its matrix ops save, it stays float32 (code ``cost``). Only
+islands holding such an activation or such a weight are weighed, so shapes are worked out for
 those alone.
 """
 
