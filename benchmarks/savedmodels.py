@@ -3,10 +3,11 @@ grappler's own bfloat16 pass on this CPU, in one run.
 
 Each model is exported with ``model.export`` (a TF2 SavedModel: its weights are variables
 that reach the serving function as resource arguments), converted with
-``convert_file(..., target="bfloat16", device="cpu")``, and both SavedModels are loaded into
+``convert_file(..., target="bfloat16", device="cpu")`` (and with ``min_matrix_intensity=0``,
+painted whole as before the cost model weighed it), and the SavedModels are loaded into
 TF1 sessions (``tf.compat.v1.saved_model.loader.load``): the FP32 one twice, once with
 grappler's ``auto_mixed_precision_onednn_bfloat16`` pass on. After a warm-up run each,
-``--rounds`` rounds run the three round-robin, the order rotating per round; the table gives
+``--rounds`` rounds run the four round-robin, the order rotating per round; the table gives
 medians and FP32 median / variant median, at batch ``--batch``.
 
 Run: ``.venv/bin/python benchmarks/savedmodels.py [--rounds 9] [--batch 8] [--write]``.
@@ -90,11 +91,12 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
     import keras
     keras.utils.set_random_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        fp32, ours = Path(tmp) / "fp32", Path(tmp) / "bf16"
+        fp32, ours, painted = Path(tmp) / "fp32", Path(tmp) / "bf16", Path(tmp) / "painted"
         build().export(str(fp32), verbose=False)
         report = convert_file(fp32, ours, target="bfloat16", device="cpu")
+        convert_file(fp32, painted, target="bfloat16", device="cpu", min_matrix_intensity=0)
         runs = {"fp32": _load(fp32, False), "ours": _load(ours, False),
-                "grappler": _load(fp32, True)}
+                "painted": _load(painted, False), "grappler": _load(fp32, True)}
         value = _feed(kind, batch)
         outputs = {k: np.asarray(s.run(o, {i: value}), np.float64) for k, (s, i, o) in runs.items()}
         times = time_round_robin({k: functools.partial(s.run, o, {i: value})
@@ -104,11 +106,11 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     ref = outputs["fp32"]
     err = {k: float(np.linalg.norm(outputs[k] - ref) / max(np.linalg.norm(ref), 1e-30))
-           for k in ("ours", "grappler")}
+           for k in ("ours", "painted", "grappler")}
     matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
     low = sum(n.precision == "bfloat16" for n in matrix)
     return {"name": name, "matrix": f"{low}/{len(matrix)}", **{f"{k}_ms": v for k, v in med.items()},
-            "ours_err": err["ours"], "grappler_err": err["grappler"],
+            **{f"{k}_err": v for k, v in err.items()},
             "hint": any("--fold-constants" in w for w in report.warnings)}
 
 
@@ -132,18 +134,20 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
              f"TensorFlow {tf.__version__}, Python {platform.python_version()}. Ratios are FP32 "
              "time / variant time.",
              "",
-             "| model | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | grappler ms "
-             "(ratio) | ours / grappler speed | rel. L2 error ours / grappler |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | painted "
+             "whole (`--min-matrix-intensity 0`) ms (ratio) | grappler ms (ratio) | ours / "
+             "grappler speed | rel. L2 error ours / painted / grappler |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | |")
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | |")
             continue
         lines.append(
             f"| {r['name']} | {r['matrix']} | {r['fp32_ms']:.2f} | {r['ours_ms']:.2f} "
-            f"({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['grappler_ms']:.2f} "
+            f"({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['painted_ms']:.2f} "
+            f"({r['fp32_ms'] / r['painted_ms']:.2f}x) | {r['grappler_ms']:.2f} "
             f"({r['fp32_ms'] / r['grappler_ms']:.2f}x) | {r['grappler_ms'] / r['ours_ms']:.2f}x | "
-            f"{r['ours_err']:.1e} / {r['grappler_err']:.1e} |")
+            f"{r['ours_err']:.1e} / {r['painted_err']:.1e} / {r['grappler_err']:.1e} |")
     return "\n".join(lines)
 
 

@@ -130,7 +130,9 @@ def test_the_commands_take_a_keras_file(gru, tmp_path, scratch_tmp, capsys):
     head, = [n["name"].split("/", 1)[1] for n in json.loads(report.read_text())["nodes"]
              if n["op"] == "MatMul" and "probs" in n["name"]]
     code, out, err = run_cli(capsys, ["explain", keras_file, head, *common])
-    assert code == 0 and f"{head} (MatMul): runs in bfloat16" in out, out + err
+    # its weight, a variable in the export, has a known shape: too small for bfloat16 on a CPU
+    assert code == 0 and f"{head} (MatMul): kept float32" in out and "FLOPs per element" in out, \
+        out + err
     code, out, err = run_cli(capsys, ["bench", keras_file, converted, "--inputs", data,
                                       "--runs", "2", "--warmup", "1"])
     assert code == 0 and "speed-up" in out, out + err
