@@ -19,8 +19,9 @@ so is favoured):
 * amp-rewrite, through its CLI (``/work/main/.venv/bin/python -m amp_rewrite``, this tree on
   ``PYTHONPATH``): plain ``convert``; ``convert --calibration`` (one flag per batch, default
   headroom); ``tune`` with the range margin off (``--headroom 1``, where the flag exists: the
-  "unguarded" tune) and ``tune --headroom H`` (``H`` = ``amp_rewrite.core.dtypes.HEADROOM``),
-  each tuning on the two batches as two ``--inputs`` samples. A flag the CLI does not have yet
+  "unguarded" tune), ``tune --headroom H`` (``H`` = ``amp_rewrite.core.dtypes.HEADROOM``) and
+  that with the precision margin ``--error-margin 2`` and ``4`` (trials pass on the samples at
+  the tolerance / 2 or / 4), each tuning on the two batches as two ``--inputs`` samples. A flag the CLI does not have yet
   shows as "n/a".
 * The ONNX tools, after one tf2onnx export of the FP32 GraphDef (opset 17, time in the
   "export" column): AutoCast (``modelopt.onnx.autocast.convert_to_mixed_precision``,
@@ -298,7 +299,8 @@ def cli_flags() -> dict:
     _, main_help = cli("--help")
     _, tune_help = cli("tune", "--help")
     return {"calibration": "--calibration" in main_help.stdout,
-            "tune_headroom": "--headroom" in tune_help.stdout}
+            "tune_headroom": "--headroom" in tune_help.stdout,
+            "tune_error_margin": "--error-margin" in tune_help.stdout}
 
 
 def ours(case: Case, tmp: Path, flags: dict) -> dict:
@@ -317,6 +319,10 @@ def ours(case: Case, tmp: Path, flags: dict) -> dict:
         "tune_margin": (f"amp-rewrite tune --headroom {HEADROOM:g}",
                         ["tune", str(pb), *inputs, "--headroom", f"{HEADROOM:g}"]
                         if flags["tune_headroom"] else None),
+        **{f"tune_error{margin}": (
+            f"amp-rewrite tune --headroom {HEADROOM:g} --error-margin {margin}",
+            ["tune", str(pb), *inputs, "--headroom", f"{HEADROOM:g}", "--error-margin",
+             str(margin)] if flags["tune_error_margin"] else None) for margin in (2, 4)},
     }
     rows = {}
     for key, (label, args) in methods.items():
@@ -583,7 +589,9 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
         lines.append("")
     lines += summary(results)
     missing = [f for f, have in (("convert --calibration", flags["calibration"]),
-                                 ("tune --headroom", flags["tune_headroom"])) if not have]
+                                 ("tune --headroom", flags["tune_headroom"]),
+                                 ("tune --error-margin", flags["tune_error_margin"]))
+               if not have]
     lines += [f"Our times are whole CLI commands: the interpreter, TensorFlow and amp-rewrite "
               f"start in about {startup:.1f} s of each (median of 3 starts). Held-out pass: "
               "ours on TensorFlow's float16 CPU kernels; the ONNX tools' on onnx's reference "
@@ -597,6 +605,7 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
 
 
 SUMMARY = {"tune": "tune, no margin", "tune_margin": f"tune --headroom {HEADROOM:g}",
+           "tune_error2": f"tune --headroom {HEADROOM:g} --error-margin 2",
            "calibration": "convert --calibration", "autocast": "AutoCast 512",
            "autocast_best": "AutoCast, best data_max"}
 

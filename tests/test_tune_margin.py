@@ -164,3 +164,55 @@ def test_a_model_verify_cannot_trace_is_tuned_without_the_margin_and_says_so(tmp
     assert result.message.startswith("range margin skipped: ")
     assert "writes a lookup table" in result.message
     assert "range margin skipped" in result.summary()
+
+
+def test_an_error_margin_holds_the_tolerance_on_batches_the_tuning_passed_narrowly(
+        tmp_path, capsys):
+    """The precision analogue of the range margin: a softmax over scores near 48, where
+    float16's step (1/32) costs about 0.01 of rel_l2, batch to batch a little over or under.
+    The tuning batch passes at 0.0087, so tune keeps nothing and fails on held-out batches;
+    with ``--error-margin 2`` a trial must reach 0.005 on the tuning batch, which keeps the
+    scores float32 and passes every held-out batch, judged against the tolerance itself."""
+    graph_def = tune_graphs.attention_softmax(bias=48.0)
+    tuning = tune_graphs.inputs(32, n=16, seed=1)
+    held = [tune_graphs.inputs(32, n=16, seed=s) for s in range(2, 12)]
+    src = tmp_path / "attention.pb"
+    src.write_bytes(graph_def.SerializeToString())
+    np.savez(tmp_path / "tune.npz", **tuning)
+    holdout = []
+    for i, feed in enumerate(held):
+        np.savez(tmp_path / f"held{i}.npz", **feed)
+        holdout += ["--holdout", tmp_path / f"held{i}.npz"]
+
+    def errors(converted, feeds):
+        """rel_l2 of ``converted`` per feed, run here, not by tune."""
+        return [graphs.rel_l2(graphs.run(converted, {"x:0": f["x"]}, ["out:0"])[0],
+                              graphs.run(graph_def, {"x:0": f["x"]}, ["out:0"])[0])
+                for f in feeds]
+
+    # the premise: a precision loss, not a range one (every value is finite and far below
+    # 65504), that the tuning batch passes just under the tolerance and held-out batches fail
+    painted, _ = convert(graph_def)
+    assert TOL / 2 < errors(painted, [tuning])[0] <= TOL
+    assert sum(e > TOL for e in errors(painted, held)) >= 2
+
+    out = tmp_path / "tuned.pb"
+    argv = ["tune", src, "-o", out, "--inputs", tmp_path / "tune.npz", *holdout]
+    code, stdout, err = run_cli(capsys, argv)
+    assert code == 1 and "held-out samples: output 'out:0' rel_l2" in err
+    assert "0 node(s) kept" in stdout and not out.exists()
+
+    code, stdout, err = run_cli(capsys, argv + ["--error-margin", "2"])
+    assert code == 0, err
+    assert "tolerance 0.01 (tuned to 0.005: error margin 2)" in stdout
+    assert "keep_fp32 biased (BiasAdd)" in stdout and "(ok)" in stdout
+    written = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+    assert errors(written, [tuning])[0] <= TOL / 2
+    assert max(errors(written, held)) <= TOL
+    assert graphs.dtypes_of(written, name="scores")["scores"]["T"] == "float16"  # still low
+
+    # a margin under 1 would loosen the tolerance, and inf would meet nothing: refused
+    for bad in ("0.5", "inf", "nan"):
+        code, _, err = run_cli(capsys, argv + ["--error-margin", bad, "--force"])
+        assert code == 2 and f"--error-margin {bad}" in err, err
+        assert len(err.strip().splitlines()) == 1

@@ -24,16 +24,17 @@ def large_sum(seed=0, width=64, hidden=256):
     return g.as_graph_def()
 
 
-def attention_softmax(seed=0, width=32, keys=64):
+def attention_softmax(seed=0, width=32, keys=64, bias=2000.0):
     """A softmax over large values: attention scores that differ by about 1 on top of a
-    large shared bias (near 2000), where float16's step is 1: the shift the softmax removes
-    exactly in float32 rounds the differences away in float16."""
+    large shared bias (near ``bias``, 2000 by default, where float16's step is 1): the shift
+    the softmax removes exactly in float32 rounds the differences away in float16 (a smaller
+    ``bias``, a finer step: less error)."""
     rng = graphs._rng(seed)
     g = tf.Graph()
     with g.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None, width], name="x")
         wk = tf.constant(rng.standard_normal((width, keys)).astype(np.float32) * 0.2, name="keys")
-        bias = tf.constant(2000 + rng.standard_normal(keys).astype(np.float32), name="bias")
+        bias = tf.constant(bias + rng.standard_normal(keys).astype(np.float32), name="bias")
         scores = tf.nn.bias_add(tf.matmul(x, wk, name="scores"), bias, name="biased")
         weights = tf.nn.softmax(scores, name="attention")
         values = tf.constant(rng.standard_normal((keys, 10)).astype(np.float32), name="values")

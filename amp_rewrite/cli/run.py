@@ -275,6 +275,10 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
                    help="keep float32 every tensor whose largest magnitude on the samples "
                    "comes within a factor H of the target's largest value (default: "
                    "HEADROOM in amp_rewrite/core/dtypes.py, as convert; 1: only those past it)")
+    p.add_argument("--error-margin", type=float, default=1.0, metavar="F",
+                   help="pass a trial on the samples only at the tolerance / F, so the result "
+                   "keeps within the tolerance on batches it was not tuned on (default 1: no "
+                   "margin; --holdout is judged against the tolerance itself)")
     p.add_argument("--metric", choices=["rel_l2", "max_abs", "top1"], default="rel_l2",
                    help="worst over the outputs: relative L2 error, largest absolute error, or "
                    "share of rows whose argmax moved (default rel_l2)")
@@ -377,6 +381,10 @@ def _check_calibration_flags(command: str, args) -> None:
     if headroom is not None and not 1 <= headroom < float("inf"):
         raise InputError(f"--headroom {headroom:g}: must be a number of at least 1 (the 16-bit "
                          "dtype's largest value is divided by it)")
+    margin = getattr(args, "error_margin", None)
+    if margin is not None and not 1 <= margin < float("inf"):
+        raise InputError(f"--error-margin {margin:g}: must be a number of at least 1 (the "
+                         "tolerance is divided by it on the tuning samples)")
     if command in ("convert", "explain") and not args.calibration:
         given = [flag for flag, value in (("--headroom", headroom),
                                           ("--checkpoint", args.checkpoint)) if value is not None]

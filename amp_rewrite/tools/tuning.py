@@ -13,6 +13,11 @@ starts from the painted graph and searches with the error attribution of ``verif
    models run as ``verify`` runs them (:func:`amp_rewrite.tools.runner.open_model` and
    :func:`~amp_rewrite.tools.runner.open_converted`: the same outputs and weights, the same
    session), so a tuned model passes ``verify`` on the same samples and tolerance.
+   *The error margin* (``error_margin`` F, default 1): a trial passes on the tuning samples
+   only when their worst score is at most tolerance / F (``verify``'s other checks are
+   unchanged). The samples' error is an estimate of the error on the data the model meets
+   next: a result that meets the tolerance just barely on them exceeds it on the next batch
+   about as often as not. Held-out samples are still judged against the tolerance itself.
    *The range margin* (trial 1, when it keeps anything): the float32 model is traced on every
    sample (the trace ``verify --per-node`` takes), and each tensor whose largest magnitude
    comes within ``headroom`` of the target's largest value
@@ -239,14 +244,21 @@ class TuneResult:
     trial_log: list[dict] = field(default_factory=list)
     target: str = "float16"
     headroom: float = HEADROOM        # the range margin's safety factor
+    error_margin: float = 1.0         # trials passed at tolerance / error_margin
 
     @property
     def graph_def(self):
         return self.model.graph_def
 
+    def _margin_note(self) -> str:
+        if self.error_margin == 1:
+            return ""
+        return (f" (tuned to {self.tolerance / self.error_margin:g}: error margin "
+                f"{self.error_margin:g})")
+
     def summary(self) -> str:
         lines = [f"metric {self.metric} (worst of {self.samples} sample(s)), tolerance "
-                 f"{self.tolerance:g}: painted graph {self.before:.3g} -> "
+                 f"{self.tolerance:g}{self._margin_note()}: painted graph {self.before:.3g} -> "
                  f"{'tuned' if self.ok else 'best tried'} {self.after:.3g}",
                  f"{self.trials} trials in {self.seconds:.1f} s; {len(self.kept)} node(s) kept "
                  f"in float32; nodes in low precision {self.lowp_before} -> {self.lowp_after}"]
@@ -275,7 +287,7 @@ class _Trial:
     report: Report
     runner: Runner | None
     force: frozenset[str] = frozenset()
-    ok: bool = False          # every sample within the tolerance, and verify's checks agree
+    ok: bool = False          # every sample within tolerance / error margin, verify agrees
     verify_failed: str = ""   # what verify's default checks refuse where the metric passes
 
     @property
@@ -304,9 +316,12 @@ class _Tuner:
                  metric: Metric, tolerance: float, max_trials: int, signature: str | None,
                  outputs: Sequence[str], progress, workdir: Path, verify_checks: bool = False,
                  headroom: float = HEADROOM, per_output: Callable | None = None,
-                 metric_name: str = "rel_l2"):
+                 metric_name: str = "rel_l2", error_margin: float = 1.0):
         self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
         self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
+        # what a trial must meet on the tuning samples; verify's checks and the held-out
+        # samples are judged against the tolerance itself (the margin is for unseen data)
+        self.accept = tolerance / error_margin
         self.headroom, self.metric_name = headroom, metric_name
         self.skipped = ""       # why the range margin could not be taken, if it could not
         # the built-in metric applied to one output (None: a metric function, which scores
@@ -332,10 +347,10 @@ class _Tuner:
     def check_baseline(self) -> None:
         for i, (feed, want) in enumerate(zip(self.feeds, self.ref_outputs)):
             again = self._score(want, self._outputs(self.ref, feed))
-            if not again <= self.tolerance:
+            if not again <= self.accept:
                 raise InputError(
                     f"the tolerance cannot be met: the float32 model scored against itself (run "
-                    f"twice on sample {i}) gives {again:.3g} > {self.tolerance:g}, so no "
+                    f"twice on sample {i}) gives {again:.3g} > {self.accept:g}, so no "
                     "conversion can pass; the metric must give 0 (at most the tolerance) for "
                     "equal outputs, and the model's outputs must not vary between runs")
 
@@ -354,7 +369,7 @@ class _Tuner:
         self.seen[(keep, force)] = t
         t.scores = [self._score(want, self._outputs(runner, feed))
                     for feed, want in zip(self.feeds, self.ref_outputs)]
-        ok = t.score <= self.tolerance
+        ok = t.score <= self.accept
         if ok and self.verify_checks:
             t.verify_failed = self._verify_refuses(t)
             ok = not t.verify_failed
@@ -497,7 +512,7 @@ class _Tuner:
             if self.trials >= self.max_trials:
                 return start, kept, current, False, (
                     f"not met within --max-trials {self.max_trials}: in the last trial, "
-                    f"{_failure(current, self.tolerance)} with {len(kept)} node(s) kept")
+                    f"{_failure(current, self.accept)} with {len(kept)} node(s) kept")
             new = self.culprits(current, kept, names)
             why = "attribution"
             if not new:
@@ -508,7 +523,7 @@ class _Tuner:
                 if not new:
                     return start, kept, current, False, (
                         f"the tolerance cannot be met: with every node the conversion may keep "
-                        f"in float32 kept, {_failure(current, self.tolerance)}")
+                        f"in float32 kept, {_failure(current, self.accept)}")
             kept.update((k.node, k) for k in new)
             if current is not start:
                 current.close()
@@ -644,7 +659,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
          progress: Callable[[int, int, float, int], None] | None = None,
          report: str | os.PathLike | None = None, init_ops: Sequence[str] = (),
          headroom: float = HEADROOM, allow_holdout_failure: bool = False,
-         **options) -> TuneResult:
+         error_margin: float = 1.0, **options) -> TuneResult:
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
 
@@ -661,7 +676,10 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     on them as on ``feeds`` (``result.holdout_failure`` says which output fails and by how
     much), else it is a failure, unless ``allow_holdout_failure``. ``headroom``: the range
     margin's safety factor (module docstring, step 1; at least 1, where only tensors past the
-    range on ``feeds`` are kept up front). ``relax``: also move nodes the lists kept float32
+    range on ``feeds`` are kept up front). ``error_margin``: the precision margin (module
+    docstring, step 1): a trial passes on ``feeds`` only at ``metric <= tolerance /
+    error_margin`` (at least 1; 1 is no margin), while ``holdout`` and ``verify``'s other
+    checks are judged against ``tolerance``. ``relax``: also move nodes the lists kept float32
     into low precision where the tolerance holds (module docstring, step 4). ``options``:
     those of :class:`~amp_rewrite.conversion.graph.Options`. ``init_ops``: ops to run once
     per session after the initializers found (``--init-op``;
@@ -693,6 +711,9 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     if not (headroom >= 1 and math.isfinite(headroom)):
         raise InputError(f"--headroom {headroom!r}: must be a finite number >= 1 (1: no margin "
                          "beyond the target's range)")
+    if not (error_margin >= 1 and math.isfinite(error_margin)):
+        raise InputError(f"--error-margin {error_margin!r}: must be a finite number >= 1 (a "
+                         "trial passes at the tolerance divided by it; 1: no margin)")
     if max_trials < 1:
         raise InputError("--max-trials must be at least 1")
     if not isinstance(model, Model) and is_keras_file(model):
@@ -702,7 +723,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                         holdout=holdout, rules_out=rules_out, signature=signature,
                         outputs=outputs, force=force, relax=relax, progress=progress,
                         report=report, headroom=headroom,
-                        allow_holdout_failure=allow_holdout_failure, **options)
+                        allow_holdout_failure=allow_holdout_failure,
+                        error_margin=error_margin, **options)
     if not isinstance(model, Model):
         model = load(model)
     out_paths = _check_outputs(model, output, rules_out, force, report)
@@ -714,7 +736,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
         tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
                        max_trials, signature, outputs, progress, Path(workdir),
                        verify_checks=name == "rel_l2", headroom=headroom,
-                       per_output=per_output, metric_name=name)
+                       per_output=per_output, metric_name=name, error_margin=error_margin)
         held = _feed_list(holdout, ref, "holdout")
         try:
             tuner.check_baseline()
@@ -724,7 +746,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                 0.0, start.score, final.score, list(kept.values()),
                 final.forced, _lowp(start.report),
                 _lowp(final.report), final.model, final.report, message=note,
-                trial_log=tuner.log, target=opts.target, headroom=headroom)
+                trial_log=tuner.log, target=opts.target, headroom=headroom,
+                error_margin=error_margin)
             if held:
                 wanted = [tuner._outputs(ref, f) for f in held]
                 result.holdout_before = _score_on(tuner, start, held, wanted, judge=False)[0]
