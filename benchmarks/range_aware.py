@@ -606,6 +606,7 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
 
 SUMMARY = {"tune": "tune, no margin", "tune_margin": f"tune --headroom {HEADROOM:g}",
            "tune_error2": f"tune --headroom {HEADROOM:g} --error-margin 2",
+           "tune_error4": f"tune --headroom {HEADROOM:g} --error-margin 4",
            "calibration": "convert --calibration", "autocast": "AutoCast 512",
            "autocast_best": "AutoCast, best data_max"}
 
