@@ -21,6 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras import layers
+from saved_trainers import all_variables as variables
 from sklearn.datasets import load_digits
 
 from amp_rewrite import convert_file
@@ -129,25 +130,6 @@ def train(model, steps: int, seed: int, watch=None) -> np.ndarray:
         if watch is not None:
             watch(step)
     return np.array(losses)
-
-
-def variables(obj) -> dict:
-    """Every variable reachable from ``obj`` (a :class:`GAN` or a loaded SavedModel), by its
-    path in the object graph, each once: the same paths on both."""
-    out, seen = {}, set()
-
-    def walk(o, path):
-        for name, child in tf.train.TrackableView(o).children(o).items():
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            where = f"{path}/{name}" if path else name
-            if isinstance(child, tf.Variable):
-                out[where] = child
-            else:
-                walk(child, where)
-    walk(obj, "")
-    return out
 
 
 def start_from(loaded, seed: int, folder: Path) -> None:

@@ -189,3 +189,22 @@ def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None) 
                max(float(np.max(np.abs(a.numpy() - b.numpy())))
                    for a, b in zip(converted.params, reference.params)),
                int(np.sum(ours != theirs)))
+
+
+def all_variables(obj) -> dict:
+    """Every variable reachable from ``obj`` (a trainer, a GAN or a loaded SavedModel), by its
+    path in the object graph, each once: the same paths on both."""
+    out, seen = {}, set()
+
+    def walk(o, path):
+        for name, child in tf.train.TrackableView(o).children(o).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            where = f"{path}/{name}" if path else name
+            if isinstance(child, tf.Variable):
+                out[where] = child
+            else:
+                walk(child, where)
+    walk(obj, "")
+    return out

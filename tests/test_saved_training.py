@@ -22,6 +22,7 @@ from tensorflow.python.training import py_checkpoint_reader
 from amp_rewrite import UnsupportedGraphError, cli, convert_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from saved_trainers import all_variables  # noqa: E402
 from train_step_savedmodel import Classifier  # noqa: E402
 
 
@@ -39,24 +40,6 @@ def save_trainer(module, path) -> None:
 def digits():
     d = load_digits()
     return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
-
-
-def all_variables(obj) -> dict:
-    """Every variable reachable from a loaded object, by path, each once."""
-    out, seen = {}, set()
-
-    def walk(o, path):
-        for name, child in tf.train.TrackableView(o).children(o).items():
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            p = f"{path}/{name}" if path else name
-            if isinstance(child, tf.Variable):
-                out[p] = child
-            else:
-                walk(child, p)
-    walk(obj, "")
-    return out
 
 
 def bits(variables: dict) -> dict:

@@ -83,13 +83,7 @@ def test_tuned_on_a_batch_that_passes_it_holds_on_held_out_batches_that_overflow
 def test_a_result_failing_held_out_samples_exits_1_and_writes_only_when_allowed(
         softmax, tmp_path, capsys):
     graph_def, tuning, held = softmax
-    src = tmp_path / "softmax.pb"
-    src.write_bytes(graph_def.SerializeToString())
-    np.savez(tmp_path / "tune.npz", **tuning)
-    holdout = []
-    for i, feed in enumerate(held):
-        np.savez(tmp_path / f"held{i}.npz", **feed)
-        holdout += ["--holdout", tmp_path / f"held{i}.npz"]
+    src, holdout = _files(tmp_path, "softmax.pb", graph_def, tuning, held)
     before = sorted(p.name for p in tmp_path.iterdir())
     out = tmp_path / "tuned.pb"
     # --headroom 1: no margin beyond the range itself, which the tuning batch stays under:
@@ -176,13 +170,7 @@ def test_an_error_margin_holds_the_tolerance_on_batches_the_tuning_passed_narrow
     graph_def = tune_graphs.attention_softmax(bias=48.0)
     tuning = tune_graphs.inputs(32, n=16, seed=1)
     held = [tune_graphs.inputs(32, n=16, seed=s) for s in range(2, 12)]
-    src = tmp_path / "attention.pb"
-    src.write_bytes(graph_def.SerializeToString())
-    np.savez(tmp_path / "tune.npz", **tuning)
-    holdout = []
-    for i, feed in enumerate(held):
-        np.savez(tmp_path / f"held{i}.npz", **feed)
-        holdout += ["--holdout", tmp_path / f"held{i}.npz"]
+    src, holdout = _files(tmp_path, "attention.pb", graph_def, tuning, held)
 
     def errors(converted, feeds):
         """rel_l2 of ``converted`` per feed, run here, not by tune."""
@@ -216,3 +204,16 @@ def test_an_error_margin_holds_the_tolerance_on_batches_the_tuning_passed_narrow
         code, _, err = run_cli(capsys, argv + ["--error-margin", bad, "--force"])
         assert code == 2 and f"--error-margin {bad}" in err, err
         assert len(err.strip().splitlines()) == 1
+
+
+def _files(folder, name, graph_def, tuning, held) -> tuple:
+    """The graph as ``folder/name``, the tuning sample as ``tune.npz`` and each held-out one as
+    ``held{i}.npz``: the graph's path and the ``--holdout`` arguments naming them."""
+    src = folder / name
+    src.write_bytes(graph_def.SerializeToString())
+    np.savez(folder / "tune.npz", **tuning)
+    holdout = []
+    for i, feed in enumerate(held):
+        np.savez(folder / f"held{i}.npz", **feed)
+        holdout += ["--holdout", folder / f"held{i}.npz"]
+    return src, holdout
