@@ -57,8 +57,8 @@ UNRECORDED = {
 @dataclass
 class TensorRange:
     """What one float tensor held over the samples: its largest finite magnitude, how many
-    values it held (every sample, every execution), how many were nonzero and finite, and how
-    many were not finite; per 16-bit dtype name (``float16``, ``bfloat16``), how many nonzero
+    values it held (every sample, every execution), how many were nonzero and finite, how
+    many were not finite and, of those, how many infinite; per 16-bit dtype name (``float16``, ``bfloat16``), how many nonzero
     values lie below its smallest normal (``subnormal``) and how many round to zero there
     (``flushed``)."""
 
@@ -70,6 +70,7 @@ class TensorRange:
     values: int = 0
     nonzero: int = 0
     nonfinite: int = 0
+    infinite: int = 0
     subnormal: dict[str, int] = field(default_factory=dict)
     flushed: dict[str, int] = field(default_factory=dict)
 
@@ -85,6 +86,7 @@ class TensorRange:
         finite = np.isfinite(mag)
         bad = mag.size - int(np.count_nonzero(finite))
         if bad:
+            self.infinite += int(np.count_nonzero(np.isinf(mag)))
             mag = mag[finite]
         self.values += a.size
         self.nonfinite += bad

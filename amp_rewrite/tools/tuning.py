@@ -102,6 +102,7 @@ from ..io.save import check_destination, save, stage
 from ..report.decisions import Report
 from ..rules.loader import NodeRule
 from ..training.detect import training_parts
+from .ranges import Ranges
 from .runner import (
     Runner,
     fill_iterator_inputs,
@@ -436,13 +437,12 @@ class _Tuner:
         graph ``start`` holds in low precision that compute or read a tensor within the
         headroom of the target's range on the tuning samples."""
         target = TARGETS[self.options.target]
-        largest: dict[str, float] = {}
+        ranges = Ranges()
         info: dict = {}
         try:
             for feed in self.feeds:
                 trace = self.ref.trace(feed)
-                for name, values in trace.values.items():
-                    largest[name] = max(largest.get(name, 0.0), _largest(values))
+                ranges.add(trace)
                 info.update(trace.info)
         except InputError as exc:
             # a model verify --per-node refuses to trace (a signature writing a table, a
@@ -450,6 +450,9 @@ class _Tuner:
             self.skipped = f"range margin skipped: {exc}"
             log.warning("%s", self.skipped)
             return {}
+        # an infinity the float32 model holds itself is past any range (NaNs are left out)
+        largest = {name: math.inf if t.infinite else t.max_abs
+                   for name, t in ranges.tensors.items()}
         near = {name: v for name, v in largest.items() if near_limit(v, target, self.headroom)}
         past = [name for name, v in near.items() if not v <= LARGEST[target]]
         harmless = self._harmless(start, past, info) if past else set()
@@ -624,17 +627,6 @@ def _consumers(model: Model) -> dict[str, set[str]]:
     for a, b in _edges(model):
         readers.setdefault(a, set()).add(b)
     return readers
-
-
-def _largest(values: Iterable[np.ndarray]) -> float:
-    """The largest magnitude among ``values`` (inf if one is infinite; NaNs left out)."""
-    out = 0.0
-    for value in values:
-        magnitude = np.abs(np.asarray(value, np.float64))
-        magnitude = magnitude[~np.isnan(magnitude)]
-        if magnitude.size:
-            out = max(out, float(magnitude.max()))
-    return out
 
 
 def _open(model: Model, signature: str | None, outputs: Sequence[str],
