@@ -14,13 +14,12 @@ import numpy as np
 from tensorflow.core.framework import tensor_pb2
 from tensorflow.python.framework import tensor_util
 
-from ..core.dtypes import DOUBLE, FLOAT, HALF
+from ..core.dtypes import DOUBLE, FLOAT, HALF, LARGEST
 from ..core.errors import InputError
 from ..core.ir import Node
 
 # where a Const lists its values when they are not in tensor_content (half: as bits)
 _LISTED = {FLOAT: "float_val", HALF: "half_val", DOUBLE: "double_val"}
-FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 def const_values(node: Node) -> np.ndarray:
@@ -66,7 +65,7 @@ def fits(node: Node, target: int) -> bool:
         return True
     values = values_or_listed(node)
     finite = np.isfinite(values)
-    return not np.any(np.abs(values[finite]) > FLOAT16_MAX)
+    return not np.any(np.abs(values[finite]) > LARGEST[HALF])
 
 
 def is_all_ones(node: Node) -> bool:
