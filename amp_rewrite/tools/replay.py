@@ -37,7 +37,10 @@ import re
 from typing import Mapping, Sequence
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+from tensorflow.python.ops.resource_variable_ops import get_eager_safe_handle_data
 
 from ..core.dtypes import FLOATING, RESOURCE, VARIANT
 from ..core.errors import InputError, ReplayError
@@ -93,8 +96,6 @@ def variable_dtype(handle) -> int | None:
     """The dtype (an enum) of the variable an eager resource handle points to, as the handle
     says (its handle data); None for a handle that says none (a lookup table, another
     resource)."""
-    import tensorflow as tf
-    from tensorflow.python.ops.resource_variable_ops import get_eager_safe_handle_data
     if handle.dtype != tf.resource:
         return None
     data = get_eager_safe_handle_data(handle)
@@ -110,7 +111,6 @@ class SavedState:
     run would start from."""
 
     def __init__(self, captured: Sequence):
-        import tensorflow as tf
         self.handles, self.values = [], []
         for handle in captured:
             dtype = variable_dtype(handle)
@@ -136,7 +136,6 @@ def saved_state(fn) -> SavedState | None:
 
 
 def _assign(handles: Sequence, values: Sequence) -> None:
-    import tensorflow as tf
     for handle, value in zip(handles, values):
         tf.raw_ops.AssignVariableOp(resource=handle, value=value)
 
@@ -145,7 +144,6 @@ def _assign(handles: Sequence, values: Sequence) -> None:
 def _state_at_call(inputs: Sequence, state: Sequence[tuple[int, object]]):
     """Inside, the variables a call was handed (``inputs[i]`` for each ``(i, value)`` of
     ``state``) hold what they held when the call ran; after, what they held before."""
-    import tensorflow as tf
     handles = [inputs[i] for i, _ in state]
     values = [value for _, value in state]
     found = [tf.raw_ops.ReadVariableOp(resource=h, dtype=v.dtype) for h, v in zip(handles, values)]
@@ -188,7 +186,6 @@ class SignatureReplay:
         a train step the conversion loss-scaled, the tensors holding scaled values are divided
         by the scale (:func:`unscale`). TensorFlow's errors pass through (the caller ran the
         signature itself on them: see :func:`~amp_rewrite.tools.traces.replay_errors`)."""
-        import tensorflow as tf
         if self.state is not None:
             self.state.restore()
         args = [tf.constant(feeds[k]) for k in self.user_keys] + self.captured
@@ -440,8 +437,6 @@ class Body:
 
     def __init__(self, name: str, fdef, renamed, library,
                  variables: Mapping[int, int] | None = None):
-        import tensorflow as tf
-        from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
         scratch = tf.Graph()
         with scratch.as_default():
             # converting checks that the functions the body's attrs name exist: register them
