@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..core.dtypes import BOOL, FLOATING
@@ -163,7 +164,6 @@ def _named_twice(matched: Mapping[str, InputSpec]):
 
 
 def _dtype_text(dtype: int) -> str:
-    import tensorflow as tf
     return tf.dtypes.as_dtype(dtype).name
 
 
@@ -203,7 +203,6 @@ def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ..
                   seed: int = 0) -> dict[str, np.ndarray]:
     """Random feeds, one per input: normal floats, small non-negative ints, random bools
     (``shapes``: ``--shape``, checked by :func:`input_shapes`)."""
-    import tensorflow as tf
     rng = np.random.default_rng(seed)
     shapes = input_shapes(specs, shapes)
     feeds = {}
@@ -300,7 +299,6 @@ def init_devices() -> None:
     line that no environment variable silences; it means nothing for a CPU run, so it is kept
     off stderr unless amp-rewrite logs at DEBUG level (``-v``).
     """
-    import tensorflow as tf
     if log.isEnabledFor(logging.DEBUG):
         tf.config.list_physical_devices()
         return
@@ -378,7 +376,6 @@ class GraphRunner(Runner):
     def __init__(self, analysis: Analysis, outputs: Sequence[str] = (),
                  checkpoint: str | None = None, *, initialize: bool = True,
                  init_ops: Sequence[str] = ()):
-        import tensorflow as tf
         init_devices()
         self.analysis = analysis
         self.model, self.path = analysis.model, analysis.path
@@ -406,7 +403,6 @@ class GraphRunner(Runner):
     def _import(self):
         """Import the analysis's runnable copy; returns the MetaGraph's saver (None for a
         GraphDef)."""
-        import tensorflow as tf
         with self.graph.as_default():
             if self.model.meta_graph is None:
                 tf.graph_util.import_graph_def(self.analysis.runnable, name="")
@@ -467,7 +463,6 @@ class GraphRunner(Runner):
     def initialize(self, checkpoint: str | None = None, skip: Mapping | set = ()) -> None:
         """Restore the variables from ``checkpoint``, else run the initializers of those not
         in ``skip`` (local variables, which checkpoints do not hold, always)."""
-        import tensorflow as tf
         variables = self._variables()
         if checkpoint:
             if self._saver is None:
@@ -537,7 +532,6 @@ class GraphRunner(Runner):
         """Run the initializers (:attr:`init_ops`), in order, once in this session: fed with
         the values ``feeds`` gives the placeholders among the inputs (an iterator over a
         dataset built from a placeholder reads it here)."""
-        import tensorflow as tf
         if self._started:
             return
         feed_dict = {s.tensor: feeds[s.name] for s in self.inputs
@@ -553,7 +547,6 @@ class GraphRunner(Runner):
     def next_batch(self, specs: Sequence[InputSpec], feeds: Mapping[str, np.ndarray]) -> dict:
         """The next batch of the iterators whose outputs ``specs`` are, by input name, read in
         one run (after :meth:`start` with ``feeds``): each call takes the next batch."""
-        import tensorflow as tf
         self.start(feeds)
         names = ", ".join(s.name for s in specs)
         try:
@@ -616,7 +609,6 @@ class GraphRunner(Runner):
 
     def _fetch_what_runs(self, feeds, wanted: list[str]) -> dict[str, np.ndarray]:
         """``wanted`` fetched in one run, else one at a time, leaving out those that fail."""
-        import tensorflow as tf
         try:
             return dict(zip(wanted, self.fetch(feeds, wanted)))
         except tf.errors.OpError:
@@ -640,7 +632,6 @@ class SavedModelRunner(Runner):
     the saved weights and optimizer state, whatever ran before."""
 
     def __init__(self, path: Path, signature: str | None = None):
-        import tensorflow as tf
         init_devices()
         try:
             loaded = tf.saved_model.load(str(path))
@@ -662,7 +653,6 @@ class SavedModelRunner(Runner):
         self._state = saved_state(self.fn)   # taken before any run: the checkpoint's values
 
     def callable(self):
-        import tensorflow as tf
         def call(feeds):
             if self._state is not None:
                 self._state.restore()

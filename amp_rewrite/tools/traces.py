@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
+import tensorflow as tf
 
 from ..core.errors import ReplayError, RunError
 
@@ -79,7 +80,6 @@ def run_errors(path):
     """A run that TensorFlow refuses (shapes that do not fit, a failed assertion ...) is the
     input's problem: one line naming the model and TensorFlow's reason (a
     :class:`~amp_rewrite.core.errors.RunError`)."""
-    import tensorflow as tf
     try:
         yield
     except (tf.errors.OpError, ValueError, TypeError) as exc:
@@ -96,7 +96,6 @@ def replay_errors(path, what: str):
     chained to the error itself (``-v`` shows it), never the "check --shape / --inputs" of
     :func:`run_errors`. Deliberate refusals (an :class:`InputError` other than a run
     TensorFlow refused) pass through."""
-    import tensorflow as tf
     head = (f"{path}: TensorFlow runs {what} on these inputs, but our replay of it (which "
             "records its tensors for verify --per-node and tune) failed")
     try:
