@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 from saved_trainers import all_variables as variables
+from saved_trainers import scale_history
 from sklearn.datasets import load_digits
 
 from amp_rewrite import convert_file
@@ -195,12 +196,7 @@ def compare(folder: Path, seed: int, steps: int, models: tuple | None = None) ->
         raise AssertionError(f"the two SavedModels start apart: "
                              f"{sorted(k for k in theirs if ours.get(k) != theirs[k])[:3]}")
     state = converted.amp_loss_scale
-    history = [(0, float(state.scale.numpy()))]
-
-    def watch(step):
-        value = float(state.scale.numpy())
-        if value != history[-1][1]:
-            history.append((step + 1, value))
+    history, watch = scale_history(state)
     fp32_losses = train(fp32, steps, seed)
     half = train(converted, steps, seed, watch)
     return Run(seed, fp32_losses, half, history, int(state.skipped_steps.numpy()),

@@ -12,6 +12,7 @@ on the held-out digits.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,12 +176,7 @@ def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None) 
     _train(reference, x, y, steps, seed)
     converted = tf.saved_model.load(str(folder / "f16"))
     scale = converted.amp_loss_scale
-    history = [(0, float(scale.scale.numpy()))]
-
-    def watch(step):
-        value = float(scale.scale.numpy())
-        if value != history[-1][1]:
-            history.append((step + 1, value))
+    history, watch = scale_history(scale)
     _train(converted, x, y, steps, seed, watch)
     ours, theirs = _predictions(converted, x), _predictions(reference, x)
     return Run(name, seed, float(np.mean(theirs == y[TRAIN:])), float(np.mean(ours == y[TRAIN:])),
@@ -208,3 +204,15 @@ def all_variables(obj) -> dict:
                 walk(child, where)
     walk(obj, "")
     return out
+
+
+def scale_history(state) -> tuple[list, Callable[[int], None]]:
+    """The loss scale's history ``[(step, scale), ...]`` from its start, and the callback that
+    a training loop calls after each step to record where the scale moved."""
+    history = [(0, float(state.scale.numpy()))]
+
+    def watch(step: int) -> None:
+        value = float(state.scale.numpy())
+        if value != history[-1][1]:
+            history.append((step + 1, value))
+    return history, watch
