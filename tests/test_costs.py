@@ -400,3 +400,48 @@ def test_casting_variable_weights_every_run_is_weighed_against_the_batch(tmp_pat
     # a Const weight is stored in bfloat16 once: the frozen twin stays bfloat16
     _, frozen = convert(chain([256, 256, 256]), target="bfloat16", device="cpu")
     assert frozen.node("mm0").precision == "bfloat16"
+
+
+def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
+    """The open-batch SavedModel of the test above, told its batch with --shape (the signature's
+    input key): 4096 samples a run pay for the cast (bfloat16, as where the signature states
+    it), 64 do not; the reason names the batch it took."""
+    model = _variable_matmul(tmp_path / "open", None)
+    big = convert_file(model, tmp_path / "a", target="bfloat16", device="cpu",
+                       shapes={"x": (4096, 256)})
+    assert next(n for n in big.nodes if n.op == "MatMul").precision == "bfloat16"
+    small = convert_file(model, tmp_path / "b", target="bfloat16", device="cpu",
+                         shapes={"x": (64, 256)})
+    mm = next(n for n in small.nodes if n.op == "MatMul")
+    assert mm.code == "cost" and "an open batch as 64" in mm.reason
+
+
+def test_shape_names_an_input_that_fits_and_only_where_a_cost_model_weighs(tmp_path, capsys):
+    from amp_rewrite.cli.run import main
+    model = _variable_matmul(tmp_path / "open", None)
+    cases = {"y=8,256": "--shape y: the model has no input of that name (its inputs: x",
+             "x=8,128": "--shape x=8,128 does not fit the input's shape (?,256)",
+             "x=8": "--shape x=8 does not fit the input's shape (?,256)",
+             "x=8,x": "expected NAME=D1,D2,..."}
+    for flag, message in cases.items():
+        assert main([str(model), "-o", str(tmp_path / "o"), "--target", "bfloat16",
+                     "--device", "cpu", "--shape", flag]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert main([str(model), "-o", str(tmp_path / "o"), "--shape", "x=8,256"]) == 2
+    assert "has no such cost model: drop --shape" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_shape_fills_the_dimensions_a_graph_leaves_open():
+    """The inverted residual with its pixels open: no element count, so no estimate, and the
+    lists paint it; told the shape (by the placeholder's name), the estimate finds its Relu6
+    unfused and keeps it float32, as where the graph states the pixels."""
+    gd = inverted_residual()
+    x = next(n for n in gd.node if n.name == "x")
+    for d in x.attr["shape"].shape.dim[1:3]:
+        d.size = -1
+    _, open_ = convert(gd, target="bfloat16", device="cpu")
+    assert open_.node("expand").precision == "bfloat16"
+    _, told = convert(gd, target="bfloat16", device="cpu", shapes={"x:0": (8, 14, 14, 128)})
+    assert told.node("expand").code == "cost" and "2 Relu6" in told.node("expand").reason

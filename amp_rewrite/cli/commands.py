@@ -89,7 +89,7 @@ def _options(args) -> Options:
         lowp_io=args.lowp_io, fold_constants=args.fold_constants, loss_scale=args.loss_scale,
         loss_scale_options=args.loss_scale_options,
         min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
-        cost_aware=args.cost_aware)
+        cost_aware=args.cost_aware, shapes=parse_shapes(args.shape))
     return _calibrated(options, args)
 
 
@@ -115,7 +115,8 @@ def explain(args) -> int:
     # (and without its hints, which explain has no flags for).
     options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
                       lowp_io=args.lowp_io, loss_scale="none",
-                      min_matrix_intensity=args.min_matrix_intensity)
+                      min_matrix_intensity=args.min_matrix_intensity,
+                      shapes=parse_shapes(args.shape))
     _, report = convert_model(load(args.input), _calibrated(options, args))
     for name in args.node:
         try:

@@ -68,6 +68,14 @@ def _rule_flags(p: argparse.ArgumentParser) -> None:
                    help="rule file stacked on the defaults (repeatable, applied in order)")
 
 
+def _batch_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="the shape input NAME runs at (repeatable; its first dimension is the "
+                        "batch), for the cost model of bfloat16 on cpu, which weighs casts of "
+                        "variable weights (once a run) against matrix savings (per sample); "
+                        "an open batch counts as 8 without it")
+
+
 def _convert_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision. "
                 "Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
@@ -96,6 +104,7 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="never slower than float32 on this machine: for --device cpu --target "
                         "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
                         "island float32 (code cost)")
+    _batch_flag(p)
     _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")
@@ -178,6 +187,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--keep", action="append", default=[], metavar="NAME")
         p.add_argument("--lowp-io", action="store_true")
         p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+        _batch_flag(p)
         _calibration_flags(p)
     elif command == "rules":
         p.add_argument("action", choices=["show"], help="show the effective op lists")

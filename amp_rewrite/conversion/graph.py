@@ -13,12 +13,14 @@ functions are loss-scaled too.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..check import lint
@@ -26,7 +28,7 @@ from ..core import hardware
 from ..core.dtypes import HEADROOM, TARGET_NAMES, TARGETS
 from ..core.errors import InputError, LintError, UnsupportedGraphError
 from ..core.ir import Graph, copy_except
-from ..core.ops import MATRIX_OPS
+from ..core.ops import MATRIX_OPS, PLACEHOLDER_OPS
 from ..report.decisions import Report
 from ..rules.loader import RuleSet, load_rules
 from ..schema.functiondef import check_call_types, reachable, saver_functions
@@ -73,6 +75,10 @@ class Options:
     # tensor within ``headroom`` of the target's largest value stays float32 (code range)
     calibration: Mapping[str, float] | None = None
     headroom: float = HEADROOM
+    # input name (a placeholder, or a signature's input key) -> the shape the model runs at
+    # (``--shape``), for the cost model: bfloat16 on a CPU weighs variable-weight casts per run
+    # against matrix savings per sample, so it needs the batch (paint.costs.DEFAULT_BATCH else)
+    shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -94,6 +100,15 @@ class Options:
         if not (isinstance(self.headroom, (int, float)) and 1 <= self.headroom < math.inf):
             raise InputError(f"--headroom must be a number of at least 1 (a share of the "
                              f"16-bit dtype's largest value), not {self.headroom!r}")
+        if self.shapes and (self.target, self.device) != ("bfloat16", "cpu"):
+            raise InputError("--shape tells the cost model of --target bfloat16 --device cpu "
+                             f"the batch; a {self.target} conversion for {self.device} has no "
+                             "such cost model: drop --shape")
+        for name, dims in dict(self.shapes or {}).items():
+            if not (isinstance(dims, (list, tuple)) and all(
+                    isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims)):
+                raise InputError(f"--shape {name}: the shape must be a list of dimensions of at "
+                                 f"least 0, not {dims!r}")
         if self.calibration is not None:
             if not isinstance(self.calibration, Mapping):
                 raise InputError("calibration must map tensor names to the largest magnitude "
@@ -111,13 +126,48 @@ class Options:
             least = DEFAULT_MIN_INTENSITY.get((self.target, self.device), 0.0)
         if self.cost_aware and self.slower_here():
             least = math.inf   # no island gains here: every one stays float32 (paint.islands)
-        return Target(self.target, DEVICES[self.device], float(least))
+        batches = [dims[0] for dims in (self.shapes or {}).values() if len(dims)]
+        # several inputs of different batches: the smallest, as weight casts weigh most there
+        return Target(self.target, DEVICES[self.device], float(least),
+                      batch=max(1, min(batches)) if batches else None)
 
     def slower_here(self) -> bool:
         """Whether the conversion asked for runs slower than float32 on this machine:
         bfloat16 for a CPU that has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16)."""
         return ((self.target, self.device) == ("bfloat16", "cpu")
                 and hardware.bf16_matrix_unit() is None)
+
+
+def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
+                 meta: meta_graph_pb2.MetaGraphDef) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``--shape``'s names resolved to the placeholders of ``graph`` they feed: a placeholder's
+    name (``:0`` allowed) or an input key of one of ``meta``'s signatures. A name that is
+    neither, or a shape that does not fit the placeholder's stated one, is an InputError."""
+    signature_inputs = {key: info.name for sig in meta.signature_def.values()
+                        for key, info in sig.inputs.items()}
+    resolved = []
+    for name, dims in shapes.items():
+        node_name = name[:-2] if name.endswith(":0") else name
+        if not (node_name in graph and graph.node(node_name).op in PLACEHOLDER_OPS):
+            tensor = signature_inputs.get(name, "")
+            node_name = tensor.split(":")[0]
+            if not (node_name in graph and graph.node(node_name).op in PLACEHOLDER_OPS):
+                # a model with signatures is fed through them; a bare graph by placeholder
+                known = sorted(signature_inputs) or sorted(
+                    n.name for n in graph.nodes() if n.op in PLACEHOLDER_OPS
+                    and n.attr["dtype"].type != types_pb2.DT_RESOURCE)
+                listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
+                raise InputError(f"--shape {name}: the model has no input of that name "
+                                 f"(its inputs: {listed or 'none'})")
+        stated = graph.node(node_name).attr["shape"].shape
+        dims = tuple(dims)
+        if not stated.unknown_rank and (len(stated.dim) != len(dims) or any(
+                d.size >= 0 and d.size != g for d, g in zip(stated.dim, dims))):
+            text = ",".join("?" if d.size < 0 else str(d.size) for d in stated.dim)
+            raise InputError(f"--shape {name}={','.join(map(str, dims))} does not fit the "
+                             f"input's shape ({text})")
+        resolved.append((node_name, dims))
+    return tuple(resolved)
 
 
 def _hint_folding(report: Report) -> None:
@@ -161,7 +211,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
              and not constfold.has_variables(source) else None)
     calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
-    target = options.painting_target()
+    target = dataclasses.replace(options.painting_target(),
+                                 input_shapes=input_shapes(options.shapes or {}, graph, meta))
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if fused is not None and (fused.scales_folded or fused.bias_adds):

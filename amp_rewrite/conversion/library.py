@@ -175,7 +175,9 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
         body_keep = kept(boundary=fg.boundary(),
                          user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
-        sub, _ = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures,
+        # the placeholders --shape names are the main graph's; a body's arguments are others
+        body_target = dataclasses.replace(target, input_shapes=())
+        sub, _ = rewrite(fg.graph, body_rules, body_target, keep=body_keep, calls=signatures,
                          ranges=ranges, headroom=headroom)
     except InputError as exc:   # only the user's: never AmpRewriteError, which holds our bugs
         # TensorFlow ran this body; if it is not a graph we can take, it stays as it was

@@ -190,7 +190,8 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
             keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool = False,
             min_matrix_intensity: float | None = None,
             cost_aware: bool = False, calibration: Mapping[str, float] | None = None,
-            headroom: float = HEADROOM) -> tuple[graph_pb2.GraphDef, Report]:
+            headroom: float = HEADROOM, shapes: Mapping[str, Sequence[int]] | None = None,
+            ) -> tuple[graph_pb2.GraphDef, Report]:
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
     The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
@@ -204,13 +205,15 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     CPUs gain from bfloat16"); ``calibration`` maps tensor names to the largest magnitude
     the float32 graph gave them on data (``amp_rewrite.tools.ranges.calibrate(...).maxima()``):
     a node that computes or reads one within ``headroom`` of the target's largest value stays
-    float32 (docs/ranges.md). Painting and casts only: loss scaling needs the
+    float32 (docs/ranges.md); ``shapes`` maps placeholder names to the shapes the model runs
+    at, for the cost model (its batch above all: docs/decisions.md "The batch the cost model
+    assumes"). Painting and casts only: loss scaling needs the
     MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
     """
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io,
                       fold_constants=fold_constants, loss_scale="none",
                       min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware,
-                      calibration=calibration, headroom=headroom)
+                      calibration=calibration, headroom=headroom, shapes=dict(shapes or {}))
     converted, report = convert_model(Model.of_graph_def(graph_def), options)
     return converted.graph_def, report
 

@@ -32,11 +32,15 @@ log = logging.getLogger(__name__)
 class Target:
     """What a conversion aims at: the dtype (``"float16"``/``"bfloat16"``), the device type
     unplaced nodes run on (``"GPU"``/``"CPU"``), and the least matrix work per element of data
-    moved (:func:`~amp_rewrite.paint.costs.matrix_intensity`) worth moving to 16 bits (0: any)."""
+    moved (:func:`~amp_rewrite.paint.costs.matrix_intensity`) worth moving to 16 bits (0: any);
+    for the cost model, the shapes the graph's placeholders are fed with (name, shape) and the
+    batch an open first dimension stands for (None: the cost model's default)."""
 
     dtype: str
     device: str
     min_intensity: float = 0.0
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    batch: int | None = None
 
 
 def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
@@ -65,7 +69,8 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     upgraded = upgrades.upgrade(graph, target.device)
     painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
                      lowp_io=lowp_io, min_intensity=target.min_intensity, ranges=ranges,
-                     headroom=headroom)
+                     headroom=headroom, input_shapes=dict(target.input_shapes),
+                     batch=target.batch)
     stats = casts.apply_painting(graph, painting, before)
     upgrades.restore(graph, upgraded)
     report = build_report(graph, before, painting, target=target.dtype, device=target.device,

@@ -50,7 +50,8 @@ __all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "pa
 def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
           keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
           min_intensity: float = 0.0, ranges: Mapping[str, float] | None = None,
-          headroom: float = HEADROOM) -> Painting:
+          headroom: float = HEADROOM, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+          batch: int | None = None) -> Painting:
     """Decide the precision of every (node, type attribute) of ``graph``; the graph is not changed.
 
     ``keep`` maps the names of nodes whose dtypes must not change to ``(code, reason)``, the
@@ -59,10 +60,13 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     (:func:`~amp_rewrite.paint.costs.matrix_intensity`) under ``min_intensity`` stays float32 (code
     ``cost``). ``ranges`` maps tensor names (``node:port``) to the largest magnitude calibration
     observed: a node that computes or reads one within ``headroom`` of the target's largest
-    value stays float32 (code ``range``, :mod:`.calibrated`).
+    value stays float32 (code ``range``, :mod:`.calibrated`). ``input_shapes`` (placeholder
+    name -> shape) and ``batch`` (what an open first dimension stands for) are what the model
+    runs at, for the cost model's estimate (bfloat16 on a CPU, :mod:`.islands`).
     """
     s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),
-                   lowp_io=lowp_io, min_intensity=min_intensity)
+                   lowp_io=lowp_io, min_intensity=min_intensity, input_shapes=input_shapes,
+                   batch=batch)
     s.block_fixed()
     block_ranges(s, ranges or {}, headroom)
     seed_allow(s)

@@ -133,7 +133,8 @@ EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "Leak
 # included (a float32 -> bfloat16 -> float32 round trip of 49k and 1M elements, 255 and 320
 # ps per element; BENCHMARKS.md "Keras SavedModels"). It is paid once a run whatever the batch,
 # while the matrix ops save per sample: where the graph leaves the batch open, the estimate
-# takes DEFAULT_BATCH samples a run (the batch of the benchmarks that measured it).
+# takes the batch ``convert --shape`` gives, else DEFAULT_BATCH samples a run (BENCHMARKS.md
+# "Batch size and weight casts" measured where painting pays off as the batch grows).
 CAST_PS_PER_ELEMENT = 150
 DEFAULT_BATCH = 8
 # what TensorFlow's remapper (grappler remapper.cc) fuses on a CPU into each contraction + bias:
@@ -156,6 +157,7 @@ class Estimate:
     slow: dict[str, int] = field(default_factory=dict)   # op -> how many unfused
     cast_us: float = 0.0                  # casting variable weights, per sample
     weights: int = 0                      # elements of variable weights cast a run
+    batch: int = DEFAULT_BATCH            # samples a run an open batch was taken as
 
     @property
     def slower(self) -> bool:
@@ -168,7 +170,8 @@ class Estimate:
                     f"run would cost about {self.cast_us:.2f} µs a sample on a CPU, with "
                     f"{self.lost_us:.2f} µs its unfused activations lose, more than the "
                     f"{self.saved_us:.2f} µs its {self.flops / 1e6:.2f} MFLOPs of matrix work "
-                    f"save (an open batch as {DEFAULT_BATCH}; BENCHMARKS.md \"Keras SavedModels\"; "
+                    f"save (an open batch as {self.batch}, --shape sets it; BENCHMARKS.md "
+                    "\"Batch size and weight casts\"; "
                     "--min-matrix-intensity 0 paints it anyway)")
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.slow.items()))
         return (f"whose unfused {tname} activations ({ops}) would lose about "
@@ -319,14 +322,16 @@ def _float_const(graph: Graph, ref: TensorRef) -> Node | None:
     return node if node is not None and node.attr["value"].tensor.dtype in FLOATING else None
 
 
-def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
+def runtime_estimate(graph: Graph, shapes: Shapes, names,
+                     batch: int | None = None) -> Estimate | None:
     """Time the nodes ``names`` (an island) save and lose in bfloat16 on a CPU, or
     None where a matrix op's FLOPs or a slow op's elements are not known from the graph (a
     gradient's convolution, an Einsum: their FLOPs are not worked out). Lost: what unfused slow
     activations lose, and casting the weights matrix ops read from variables, once a run.
     An island with neither loses nothing (an empty estimate), and no shape is worked out for
-    it."""
-    est = Estimate()
+    it. ``batch``: the samples a run where the graph leaves the batch open (None:
+    :data:`DEFAULT_BATCH`)."""
+    est = Estimate(batch=batch or DEFAULT_BATCH)
     members = set(names)
     island = sorted(members)
     slow = [name for name in island if slow_unfused(graph, graph.node(name), members)]
@@ -357,9 +362,10 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names) -> Estimate | None:
             src, elements = weights[name]
             if elements:   # cast once a run: per sample, a share of the run's batch
                 out = shapes.shape(TensorRef(name, 0))
-                batch = DEFAULT_BATCH if out is None or not out or out[0] < 0 else 1
+                # a stated batch is in the element counts already: all per run
+                per_run = est.batch if out is None or not out or out[0] < 0 else 1
                 casts[src] = max(casts.get(src, 0.0),
-                                 elements * CAST_PS_PER_ELEMENT * 1e-6 / batch)
+                                 elements * CAST_PS_PER_ELEMENT * 1e-6 / per_run)
     est.cast_us = sum(casts.values())
     est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
     return est

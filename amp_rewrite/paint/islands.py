@@ -39,7 +39,8 @@ def drop_cheap_islands(s: PaintState) -> None:
         text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix unit, "
                 f"so {s.tname} would run slower than float32 here")
     weigh = (s.tname, s.device) == ("bfloat16", "CPU")
-    shapes = Shapes(s.graph)   # worked out on demand, for the islands runtime_estimate weighs
+    # worked out on demand, for the islands runtime_estimate weighs
+    shapes = Shapes(s.graph, s.input_shapes)
     seen: set[int] = set()
     for start in sorted(s.allow):
         if start in seen:
@@ -57,7 +58,7 @@ def drop_cheap_islands(s: PaintState) -> None:
                 if not weigh:
                     continue
                 names = {s.items[i][0] for i in island}
-                est = runtime_estimate(s.graph, shapes, names)
+                est = runtime_estimate(s.graph, shapes, names, s.batch)
                 if est is None or not est.slower:
                     continue
                 text = f"in a {s.tname} island {est.describe(s.tname)}"

@@ -23,9 +23,14 @@ class PaintState:
     """One painting in progress (see the module doc)."""
 
     def __init__(self, graph: Graph, rules: RuleSet, *, target: int, device: str,
-                 keep: Mapping[str, tuple[str, str]], lowp_io: bool, min_intensity: float = 0.0):
+                 keep: Mapping[str, tuple[str, str]], lowp_io: bool, min_intensity: float = 0.0,
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                 batch: int | None = None):
         self.graph, self.rules, self.target, self.device = graph, rules, target, device
         self.lowp_io, self.min_intensity = lowp_io, min_intensity
+        # what the model runs at, for the cost model (paint.islands): placeholder shapes and
+        # the batch an open first dimension stands for (None: costs.DEFAULT_BATCH)
+        self.input_shapes, self.batch = dict(input_shapes or {}), batch
         self.tname = TARGET_NAMES.get(target, dtype_name(target))
         order = graph.topological_order()
         self.nodes: dict[str, Node] = {name: graph.node(name) for name in order}

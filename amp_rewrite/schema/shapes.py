@@ -16,6 +16,7 @@ dimension makes the count unknown.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import numpy as np
 from tensorflow.python.framework import tensor_util
@@ -51,8 +52,11 @@ class Shapes:
     """Shapes of one graph's tensors, worked out on demand and remembered (the graph must not
     change while this is in use)."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, given: Mapping[str, Shape] | None = None):
+        """``given``: placeholder name -> the shape it is fed with (``convert --shape``),
+        stated over what the graph says (which may leave the batch open)."""
         self.graph = graph
+        self.given = dict(given or {})
         self._known: dict[TensorRef, Shape | None] = {}
 
     def elements(self, ref: TensorRef) -> int | None:
@@ -195,6 +199,8 @@ def _stated(node) -> Shape | None:
 # Each takes the Shapes being worked out, the node's data inputs and the node, and returns the
 # shape of the node's output 0 (None: not known).
 def _placeholder(shapes: Shapes, ref: TensorRef, node) -> Shape | None:
+    if node.name in shapes.given:
+        return tuple(shapes.given[node.name])
     shape = node.attr["shape"].shape if "shape" in node.attr else None
     if shape is None or shape.unknown_rank:
         return None
