@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+import tensorflow as tf
 
 from ..core import hardware
 from ..core.errors import AmpRewriteError, InputError
@@ -312,7 +313,6 @@ def _run_child(argv: Sequence[str]) -> int:
 def gpu_kernels(path, *, shapes: Mapping | None = None, inputs: str | None = None,
                 signature: str | None = None) -> KernelReport:
     """Run a graph file once on the GPU with a full trace and classify the kernels it launched."""
-    import tensorflow as tf
     runner = open_model(path, signature=signature)
     if not isinstance(runner, GraphRunner):
         raise InputError(f"{path}: the GPU kernel trace needs a graph file (GraphDef or MetaGraph)")
@@ -365,7 +365,7 @@ def misaligned_dims(path, *, shapes: Mapping | None = None, signature: str | Non
     found = []
     with GraphRunner(Analysis(model, signature)) as runner:
         ops = [op for op in runner.graph.get_operations()
-               if "T" in op.node_def.attr and op.get_attr("T") == _half() and _is_matrix(op)]
+               if "T" in op.node_def.attr and op.get_attr("T") == tf.float16 and _is_matrix(op)]
         sampled = _sample_shapes(runner, ops, feeds)
         for op in ops:
             dims = _matrix_dims(op, lambda t: sampled.get(t.name, _static(t)))
@@ -395,11 +395,6 @@ def _is_matrix(op) -> bool:
 
 def _static(t):
     return t.shape.as_list() if t.shape.rank is not None else None
-
-
-def _half():
-    import tensorflow as tf
-    return tf.float16
 
 
 def _matrix_dims(op, shape=_static) -> dict | None:
@@ -434,7 +429,6 @@ def kernel_report(path, *, device: str = "auto", shapes: Mapping | None = None,
                   inputs: str | None = None, signature: str | None = None) -> KernelReport:
     """Run ``path`` once and report its matrix kernels, plus the float16 alignment check."""
     if device != "cpu":
-        import tensorflow as tf
         gpus = tf.config.list_physical_devices("GPU")
         if device == "gpu" and not gpus:
             raise InputError("--device gpu: TensorFlow sees no GPU on this machine")
