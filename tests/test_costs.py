@@ -383,8 +383,8 @@ def _variable_matmul(path, batch):
 
 
 def test_casting_variable_weights_every_run_is_weighed_against_the_batch(tmp_path):
-    """Cast on every run, the 65k weights cost about 1.2 µs a sample at the default batch of 8,
-    ten times what the MatMul saves: float32, and the reason says so. With 4096 samples a run
+    """Cast on every run, the 65k weights cost about 9.8 µs a sample at the default batch of 1,
+    eighty times what the MatMul saves: float32, and the reason says so. With 4096 samples a run
     (a batch the signature states) the cast is paid once for all of them: bfloat16."""
     small = convert_file(_variable_matmul(tmp_path / "open", None), tmp_path / "a",
                          target="bfloat16", device="cpu")
@@ -405,8 +405,18 @@ def test_casting_variable_weights_every_run_is_weighed_against_the_batch(tmp_pat
 def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
     """The open-batch SavedModel of the test above, told its batch with --shape (the signature's
     input key): 4096 samples a run pay for the cast (bfloat16, as where the signature states
-    it), 64 do not; the reason names the batch it took."""
+    it), 64 do not; the reason names the batch it took. Converted without --shape (a batch of
+    one), the summary says from which batch it would gain and how to say so, and that batch
+    is where the decision turns."""
     model = _variable_matmul(tmp_path / "open", None)
+    default = convert_file(model, tmp_path / "d", target="bfloat16", device="cpu")
+    hint = [w for w in default.warnings if "--shape" in w]
+    assert len(hint) == 1 and "for a batch of 1; from a batch of 92 on" in hint[0], hint
+    assert hint[0].endswith("convert with --shape x=92,256")
+    for batch, precision in ((91, "float32"), (92, "bfloat16")):
+        report = convert_file(model, tmp_path / f"t{batch}", target="bfloat16", device="cpu",
+                              shapes={"x": (batch, 256)})
+        assert next(n for n in report.nodes if n.op == "MatMul").precision == precision, batch
     big = convert_file(model, tmp_path / "a", target="bfloat16", device="cpu",
                        shapes={"x": (4096, 256)})
     assert next(n for n in big.nodes if n.op == "MatMul").precision == "bfloat16"

@@ -30,6 +30,7 @@ from ..core.errors import InputError, LintError, UnsupportedGraphError
 from ..core.ir import Graph, copy_except
 from ..core.ops import MATRIX_OPS, PLACEHOLDER_OPS
 from ..report.decisions import Report
+from ..paint.costs import DEFAULT_BATCH
 from ..rules.loader import RuleSet, load_rules
 from ..schema.functiondef import check_call_types, reachable, saver_functions
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
@@ -170,6 +171,27 @@ def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
     return tuple(resolved)
 
 
+def _hint_batch(report: Report, meta: meta_graph_pb2.MetaGraphDef, batch: int) -> None:
+    """Matrix ops kept float32 because their variable weights, cast once a run, cost more than
+    they save for the samples an open batch stands for: say from which batch they would gain,
+    and how to say so (``--shape`` on a signature input, its other dimensions as stated)."""
+    kept_ops, pays = report.extra["batch_kept"]["ops"], report.extra["batch_kept"]["pays_from"]
+    example = f"NAME={pays},..."
+    inputs = (item for sig in meta.signature_def.values() for item in sig.inputs.items())
+    for key, info in inputs:   # the first input whose other dimensions the signature states
+        dims = [d.size for d in info.tensor_shape.dim]
+        if dims and not info.tensor_shape.unknown_rank and all(d >= 0 for d in dims[1:]):
+            example = ",".join(map(str, [f"{key}={pays}", *dims[1:]]))
+            break
+    text = (f"{kept_ops} matrix ops stayed float32 (code cost): their variable weights, cast to "
+            f"{report.target} on every run, cost more than they save for a batch of "
+            f"{batch}; "
+            f"from a batch of {pays} on they gain: if the model runs at such batches, "
+            f"convert with --shape {example}")
+    report.warnings.append(text)
+    log.warning(text)
+
+
 def _hint_folding(report: Report) -> None:
     """Matrix ops kept float32 because their activations would run unfused, in a graph
     --fold-constants could fold: folded, a trained batch norm becomes a bias TensorFlow fuses
@@ -231,6 +253,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                   ranges=options.calibration, headroom=options.headroom, leave=leave)
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
+    if report.extra.get("batch_kept"):
+        _hint_batch(report, meta, target.batch or DEFAULT_BATCH)
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)

@@ -270,3 +270,7 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     report.scopes.append(prefix)
     report.scopes.extend(f"{prefix}/{s}" for s in sub.scopes)
     report.saver_functions.extend(f"{prefix}/{s}" for s in sub.saver_functions)
+    if "batch_kept" in sub.extra:   # one hint for the model: its ops, the largest batch
+        mine = report.extra.setdefault("batch_kept", {"ops": 0, "pays_from": 0})
+        mine["ops"] += sub.extra["batch_kept"]["ops"]
+        mine["pays_from"] = max(mine["pays_from"], sub.extra["batch_kept"]["pays_from"])

@@ -80,6 +80,9 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     report.consts_converted = stats.consts
     if painting.unfused_kept:
         report.extra["unfused_kept"] = painting.unfused_kept
+    if painting.batch_kept:
+        report.extra["batch_kept"] = {"ops": sum(n for n, _ in painting.batch_kept),
+                                      "pays_from": max(b for _, b in painting.batch_kept)}
     if before.unregistered_ops:
         report.warnings.append("ops not registered with TensorFlow left as they are: "
                                + ", ".join(sorted(before.unregistered_ops)))

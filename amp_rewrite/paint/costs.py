@@ -136,7 +136,7 @@ EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "Leak
 # takes the batch ``convert --shape`` gives, else DEFAULT_BATCH samples a run (BENCHMARKS.md
 # "Batch size and weight casts" measured where painting pays off as the batch grows).
 CAST_PS_PER_ELEMENT = 150
-DEFAULT_BATCH = 8
+DEFAULT_BATCH = 1
 # what TensorFlow's remapper (grappler remapper.cc) fuses on a CPU into each contraction + bias:
 # Tanh and Sigmoid only after a MatMul, LeakyRelu not after a depthwise convolution
 _FUSES = {"Conv2D": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"}),
@@ -149,7 +149,7 @@ FOLDING_FUSES = _FUSES["Conv2D"] | _FUSES["DepthwiseConv2dNative"]
 @dataclass
 class Estimate:
     """An island's time in bfloat16 against float32, in microseconds a run of the shapes the
-    graph states (an open batch counted as 1)."""
+    graph states, or a sample where it leaves the batch open."""
 
     flops: float = 0.0                    # matrix FLOPs per sample
     saved_us: float = 0.0                 # what the matrix ops save
@@ -158,10 +158,26 @@ class Estimate:
     cast_us: float = 0.0                  # casting variable weights, per sample
     weights: int = 0                      # elements of variable weights cast a run
     batch: int = DEFAULT_BATCH            # samples a run an open batch was taken as
+    open_cast_us: float = 0.0             # of cast_us, what an open batch shares, a run
+
+    @property
+    def pays_from(self) -> int | None:
+        """The least batch at which this island would gain, where only the casts an open batch
+        shares keep it from gaining now; None where no batch would make it gain."""
+        shared = self.open_cast_us / self.batch
+        rest = self.saved_us - self.lost_us - (self.cast_us - shared)
+        if not self.open_cast_us or rest <= 0:
+            return None
+        return max(self.batch + 1, math.ceil(self.open_cast_us / rest))
 
     @property
     def slower(self) -> bool:
         return self.lost_us + self.cast_us > self.saved_us
+
+    def _from(self) -> str:
+        pays = self.pays_from
+        return (f": from a batch of {pays} on it would gain, --shape tells the batch"
+                if pays else "")
 
     def describe(self, tname: str) -> str:
         """The reason an island stays float32, from "whose" on."""
@@ -170,7 +186,7 @@ class Estimate:
                     f"run would cost about {self.cast_us:.2f} µs a sample on a CPU, with "
                     f"{self.lost_us:.2f} µs its unfused activations lose, more than the "
                     f"{self.saved_us:.2f} µs its {self.flops / 1e6:.2f} MFLOPs of matrix work "
-                    f"save (an open batch as {self.batch}, --shape sets it; BENCHMARKS.md "
+                    f"save (an open batch as {self.batch}{self._from()}; BENCHMARKS.md "
                     "\"Batch size and weight casts\"; "
                     "--min-matrix-intensity 0 paints it anyway)")
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.slow.items()))
@@ -338,7 +354,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
     # one cast per variable read, however many matrix ops share it (an unrolled loop's steps)
     weights = {name: _variable_weight(graph, graph.node(name)) for name in island
                if graph.node(name).op in MATRIX_OPS}
-    casts: dict[str, float] = {}
+    casts: dict[str, tuple[float, bool]] = {}   # variable -> µs a sample, open batch
     est.weights = sum({src: n for src, n in weights.values() if n}.values())
     if not slow and not est.weights:
         return est
@@ -363,10 +379,12 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
             if elements:   # cast once a run: per sample, a share of the run's batch
                 out = shapes.shape(TensorRef(name, 0))
                 # a stated batch is in the element counts already: all per run
-                per_run = est.batch if out is None or not out or out[0] < 0 else 1
-                casts[src] = max(casts.get(src, 0.0),
-                                 elements * CAST_PS_PER_ELEMENT * 1e-6 / per_run)
-    est.cast_us = sum(casts.values())
+                shared = out is None or not out or out[0] < 0
+                us = elements * CAST_PS_PER_ELEMENT * 1e-6 / (est.batch if shared else 1)
+                if us > casts.get(src, (0.0, False))[0]:
+                    casts[src] = (us, shared)
+    est.cast_us = sum(us for us, _ in casts.values())
+    est.open_cast_us = sum(us * est.batch for us, shared in casts.values() if shared)
     est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
     return est
 

@@ -42,6 +42,8 @@ class Painting:
     node_codes: dict[str, Decision] = field(default_factory=dict)  # nodes with no type attrs
     warnings: list[str] = field(default_factory=list)
     unfused_kept: int = 0   # matrix ops kept float32 for activations folding could fuse
+    # (matrix ops, least batch that would pay) of islands kept float32 for weight casts
+    batch_kept: list[tuple[int, int]] = field(default_factory=list)
     _index: dict[str, list[TNode]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
 

@@ -62,8 +62,11 @@ def drop_cheap_islands(s: PaintState) -> None:
                 if est is None or not est.slower:
                     continue
                 text = f"in a {s.tname} island {est.describe(s.tname)}"
+                matrix = sum(s.nodes[n].op in MATRIX_OPS for n in names)
                 if FOLDING_FUSES & set(est.slow):   # folded batch norms could make them fusable
-                    s.unfused_kept += sum(s.nodes[n].op in MATRIX_OPS for n in names)
+                    s.unfused_kept += matrix
+                if est.pays_from:   # a larger batch would share the weight casts enough
+                    s.batch_kept.append((matrix, est.pays_from))
         for idx in island:
             s.allow.pop(idx)
             s.blocked[idx] = Decision(False, "cost", text)

@@ -49,6 +49,9 @@ class PaintState:
         # matrix ops the runtime estimate kept float32 for activations that folded batch norms
         # could make fusable (paint.islands; the --fold-constants hint)
         self.unfused_kept = 0
+        # (matrix ops, least batch that would pay) of islands kept float32 for weight casts an
+        # open batch shares (paint.islands; the --shape hint)
+        self.batch_kept: list[tuple[int, int]] = []
         self._kernel: dict[int, bool] = {}
         self._reads_ref: dict[str, bool] = {}
 
