@@ -133,8 +133,11 @@ EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "Leak
 # included (a float32 -> bfloat16 -> float32 round trip of 49k and 1M elements, 255 and 320
 # ps per element; BENCHMARKS.md "Keras SavedModels"). It is paid once a run whatever the batch,
 # while the matrix ops save per sample: where the graph leaves the batch open, the estimate
-# takes the batch ``convert --shape`` gives, else DEFAULT_BATCH samples a run (BENCHMARKS.md
-# "Batch size and weight casts" measured where painting pays off as the batch grows).
+# takes the batch ``convert --shape`` gives, else DEFAULT_BATCH samples a run. One, the batch
+# where casts weigh most: a model served one sample at a time must not run slower than float32
+# (BENCHMARKS.md "Batch size and weight casts": Xception painted whole ran at 0.41x FP32 at
+# batch 1 and 1.03x at 8; the estimate turned between the same batches for every model there),
+# and where a larger batch would gain, the summary says from which batch on.
 CAST_PS_PER_ELEMENT = 150
 DEFAULT_BATCH = 1
 # what TensorFlow's remapper (grappler remapper.cc) fuses on a CPU into each contraction + bias:
