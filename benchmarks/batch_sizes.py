@@ -100,8 +100,13 @@ def run(rounds: int, batches, only=()) -> str:
             lines.append(f"| {name} | {r['batch']} | {r['fp32_ms']:.2f} | {r['painted_ms']:.2f} "
                          f"({r['fp32_ms'] / r['painted_ms']:.2f}x) | {r['ours_ms']:.2f} "
                          f"({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['matrix']} |")
-    lines += ["", f"Without `--shape`, an open batch counts as {DEFAULT_BATCH} "
-              "(`amp_rewrite/paint/costs.py` DEFAULT_BATCH)."]
+    lines += ["", "The cost model's column is the decision to check against the painted-whole "
+              "ratio: at a batch where painting whole runs slower than FP32 it should paint "
+              "nothing (its graph is then the FP32 one, and its ratio is 1 within the noise of "
+              "this shared machine), where painting whole gains it should paint. Without "
+              f"`--shape`, an open batch counts as {DEFAULT_BATCH} "
+              "(`amp_rewrite/paint/costs.py` DEFAULT_BATCH; docs/decisions.md \"The batch the "
+              "cost model assumes\")."]
     return "\n".join(lines)
 
 

@@ -1,6 +1,9 @@
+import logging
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Grappler's bfloat16 AMP pass, which the parity tests compare against, and oneDNN's kernel log,
@@ -15,3 +18,15 @@ for var in list(os.environ):
         del os.environ[var]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(autouse=True)
+def _package_logger_as_at_import():
+    """The CLI's main() gives the package logger its own stderr handler and stops propagation
+    (amp_rewrite.cli.run._setup_logging): after a test that ran it in-process, caplog, which
+    listens at the root, would hear nothing. Each test starts with the logger as imported."""
+    logger = logging.getLogger("amp_rewrite")
+    yield
+    logger.handlers[:] = []
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
