@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from amp_rewrite import convert
 from amp_rewrite.core.ir import Graph, TensorRef
-from amp_rewrite.paint.costs import _FLOPS_PER_OUTPUT
+from amp_rewrite.paint.costs import _FLOPS_PER_OUTPUT, matrix_intensity
 from amp_rewrite.schema.shapes import Shapes
 
 v1 = tf.compat.v1
@@ -131,3 +132,33 @@ def test_einsum_flops_from_its_equation_and_shapes():
     assert {n: _flops(graph, shapes, einsum_ops[n].name) for n in by_hand} == by_hand
     # a summed size the graph leaves open: unknown
     assert _flops(graph, shapes, "open_inner/Einsum") is None
+
+
+def einsum_dense(width: int) -> tf.compat.v1.GraphDef:
+    """Two EinsumDense-style projections (weights of width x 4 x width/4, Consts) and a relu."""
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 8, width], name="x")
+        w1 = tf.constant(r.normal(0, 0.1, (width, 4, width // 4)).astype(np.float32))
+        w2 = tf.constant(r.normal(0, 0.1, (4, width // 4, width)).astype(np.float32))
+        h = tf.nn.relu(tf.einsum("bsd,dnh->bsnh", x, w1, name="proj"))
+        tf.identity(tf.einsum("bsnh,nhd->bsd", h, w2, name="back"), name="out")
+    return g.as_graph_def()
+
+
+@pytest.mark.parametrize("width", [32, 512])
+def test_einsum_weights_count_as_matmul_weights(width):
+    """An Einsum reading a stored weight has a MatMul's intensity (p summed, q kept): 32 wide,
+    under the CPU's minimum, it stays float32 as a 32-wide MatMul would; 512 wide it is painted."""
+    gd = einsum_dense(width)
+    graph = Graph.from_graph_def(gd)
+    proj = next(n for n in graph.nodes() if n.op == "Einsum" and n.name.startswith("proj"))
+    assert matrix_intensity(graph, proj) == pytest.approx(2 * width * width / (2 * width))
+    _, report = convert(gd, target="bfloat16", device="cpu")
+    einsums = [n for n in report.nodes if n.op == "Einsum"]
+    assert len(einsums) == 2
+    if width == 32:
+        assert all(n.precision == "float32" and n.code == "cost" for n in einsums)
+    else:
+        assert all(n.precision == "bfloat16" for n in einsums)

@@ -62,6 +62,27 @@ def matrix_intensity(graph: Graph, node: Node) -> float | None:
         if node.op.startswith("Depthwise"):   # cout is a channel multiplier
             return 2.0 * window * cout / (1 + cout)
         return 2.0 * window * cin * cout / (cin + cout) if cin + cout else None
+    if node.op == "Einsum":
+        return _einsum_intensity(graph, node)
+    return None
+
+
+def _einsum_intensity(graph: Graph, node: Node) -> float | None:
+    """An Einsum reading a stored weight (a Keras EinsumDense kernel): as a MatMul's, p the
+    product of the weight's dimensions it sums over and q of those it keeps. None where no
+    operand is a stored weight with a shape that fits its labels (attention's two activations;
+    a weight gradient, whose split of the weight into p and q the equation does not tell)."""
+    parsed = parse_einsum(node.attr["equation"].s.decode())
+    if parsed is None:
+        return None
+    operands, output = parsed
+    for labels, ref in zip(operands, graph.inputs(node.name)):
+        shape = _stored_shape(graph, ref.node)
+        if shape is None or "." in labels or len(shape) != len(labels):
+            continue
+        p = math.prod(d for c, d in zip(labels, shape) if c not in output)
+        q = math.prod(d for c, d in zip(labels, shape) if c in output)
+        return 2.0 * p * q / (p + q) if p + q else None
     return None
 
 
@@ -371,7 +392,7 @@ def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:
     function argument holding one included) and its elements; ("", 0) where its weight is a
     Const or is not known."""
     refs = ([graph.inputs(node.name)[_FILTER[node.op]]] if node.op in _FILTER
-            else graph.inputs(node.name) if node.op == "MatMul" else [])
+            else graph.inputs(node.name) if node.op in ("MatMul", "Einsum") else [])
     for ref in refs:
         src = _stored_source(graph, ref.node)
         if src is not None and src.op != "Const":
