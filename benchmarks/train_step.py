@@ -1,10 +1,12 @@
 """Training step time on this CPU: FP32, amp-rewrite's bfloat16 graph, grappler's bfloat16 AMP.
 
-    .venv/bin/python benchmarks/train_step.py [--steps 40] [--warmup 5] [--write]
+    .venv/bin/python benchmarks/train_step.py [--steps 40] [--warmup 5] [--only TITLE] [--write]
 
 TF1 training graphs on digits data from scikit-learn (scaled up to fill the models): a wide
 MLP and a CNN with fused batch norm (Momentum), the tests' small MLP and embedding bag (Adam),
-an LSTM over the image rows (Adam) and a transformer block over them (Momentum). Each is run three ways in one process,
+an LSTM over the image rows (Adam) and a transformer block over them (Momentum); then a TF2
+train-step SavedModel of a Keras Transformer language model (:func:`bench_savedmodel`).
+Each is run three ways in one process,
 from the same initial weights on the same batches, timed round-robin (the order rotates every
 round, so clock drift falls on all three alike):
 
@@ -325,7 +327,8 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
         "One training step (forward, backward, optimizer update), median of "
         f"{rounds} steps after {warmup} warm-up steps, the three variants timed round-robin in one "
         f"process by `benchmarks/train_step.py` on {platform.machine()} with "
-        f"{os.cpu_count()} cores ({hardware.describe()}), TensorFlow {tf.__version__}. "
+        f"{os.cpu_count()} cores shared with other jobs ({hardware.describe()}), TensorFlow "
+        f"{tf.__version__}, Python {platform.python_version()}. "
         "Ratios are FP32 time / variant time (above 1: faster than FP32)."
         + ("" if hardware.onednn_enabled() else " TensorFlow's oneDNN ops were off "
            "(TF_ENABLE_ONEDNN_OPTS), so grappler's bfloat16 pass did not run: its column is FP32.")
@@ -350,7 +353,23 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
                  "`train_step.runtime_difference`; before placement, so without the oneDNN "
                  "fusions a session adds): 0 means the same ops in the same dtypes, so the two "
                  "speeds differ only by the machine's noise. Where amp-rewrite's cost model keeps every MatMul float32 (0 in bf16), its graph runs "
-                 "as the FP32 graph does, and its ratio to FP32 is noise too.")
+                 "as the FP32 graph does, and its ratio to FP32 is noise too.\n\n"
+                 "The Transformer row is a TF2 SavedModel as Keras users write one "
+                 "(`tests/saved_trainers.py` `Transformer`: token and position `Embedding`, "
+                 "pre-norm blocks of `MultiHeadAttention` under a causal and padding mask, "
+                 "`LayerNormalization`, a `Dense` GELU feed-forward layer, next-token softmax "
+                 "cross-entropy over the tokens that are not padding, Keras' Adam) with its train "
+                 "step saved as the `train` signature, converted by `convert_file(..., "
+                 "target=\"bfloat16\", device=\"cpu\")` with default options; each SavedModel "
+                 "is loaded into a TF1 session (grappler inlines the signature's function "
+                 "bodies, so its bfloat16 pass reaches them) and run on the same token batches "
+                 "from the same weights (`benchmarks/train_step.bench_savedmodel`). Its run-time "
+                 "difference is the GELU's gradient (Erfc, Square, Neg, Mul and a Reshape in "
+                 "each of the 4 blocks), which grappler's pass runs in bfloat16 and "
+                 "amp-rewrite's lists keep float32 (with a cast each). The cost model "
+                 "leaves this model's islands to the lists: Keras' `Dense` on a 3-D input "
+                 "flattens it to a shape computed at run time, so its MatMuls' FLOPs per sample "
+                 "are not known (the attention's Einsums and the gradients' FLOPs are).")
     return "\n".join(lines) + "\n"
 
 
