@@ -1,10 +1,12 @@
 """Training step time on this CPU: FP32, amp-rewrite's bfloat16 graph, grappler's bfloat16 AMP.
 
-    .venv/bin/python benchmarks/train_step.py [--steps 40] [--warmup 5] [--write]
+    .venv/bin/python benchmarks/train_step.py [--steps 40] [--warmup 5] [--only TITLE] [--write]
 
 TF1 training graphs on digits data from scikit-learn (scaled up to fill the models): a wide
 MLP and a CNN with fused batch norm (Momentum), the tests' small MLP and embedding bag (Adam),
-an LSTM over the image rows (Adam) and a transformer block over them (Momentum). Each is run three ways in one process,
+an LSTM over the image rows (Adam) and a transformer block over them (Momentum); then a TF2
+train-step SavedModel of a Keras Transformer language model (:func:`bench_savedmodel`).
+Each is run three ways in one process,
 from the same initial weights on the same batches, timed round-robin (the order rotates every
 round, so clock drift falls on all three alike):
 
@@ -26,20 +28,25 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import numpy as np  # noqa: E402
+import saved_trainers  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
+from amp_rewrite import convert_file  # noqa: E402
 from amp_rewrite.conversion.pipeline import Options, convert_model  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.core.ops import MATRIX_OPS  # noqa: E402
 from amp_rewrite.io.load import Model  # noqa: E402
 
 v1 = tf.compat.v1
@@ -241,13 +248,87 @@ def bench_model(title: str, body, batch: int, lr: float, optimizer: str, rounds:
             "converted": f"{summary['matrix_converted']}/{summary['matrix_total']}"}
 
 
+# the Transformer train-step SavedModel's size: big enough that a bfloat16 matrix unit matters
+TRANSFORMER = {"layers": 4, "width": 256, "heads": 4, "seq": 64, "vocab": 512}
+TRANSFORMER_BATCH = 16
+TRANSFORMER_TITLE = ("Transformer train-step SavedModel (Keras layers: Embedding, 4 x causal + "
+                     "padding-masked MultiHeadAttention 4 heads, LayerNormalization, GELU Dense "
+                     "256-1024-256; vocab 512, seq 64), Adam, batch 16")
+
+
+def _load_signature(path: Path, grappler_amp: bool, values: dict[str, np.ndarray]):
+    """A TF1 session over a SavedModel's ``train`` signature: (session, input, loss) names.
+
+    The TF1 loader restores a Keras 3 model's variables into copies the functions do not read
+    (``Variable_N``; the functions capture handles named by each variable's Keras path), so
+    every variable the session left uninitialized is set from ``values`` (path -> value)."""
+    g = tf.Graph()
+    sess = v1.Session(graph=g, config=session_config(grappler_amp))
+    with g.as_default():
+        meta = v1.saved_model.loader.load(sess, ["serve"], str(path))
+        handles = [op for op in g.get_operations() if op.type == "VarHandleOp"]
+        ready = sess.run([tf.raw_ops.VarIsInitializedOp(resource=h.outputs[0]) for h in handles])
+        feeds, assigns = {}, []
+        for handle, done in zip(handles, ready):
+            if done:
+                continue
+            value = values[handle.get_attr("shared_name").decode()]
+            feed = v1.placeholder(tf.as_dtype(value.dtype), value.shape)
+            feeds[feed] = value
+            assigns.append(tf.raw_ops.AssignVariableOp(resource=handle.outputs[0], value=feed))
+        sess.run(assigns, feeds)
+    sig = meta.signature_def["train"]
+    return sess, sig.inputs["tokens"].name, sig.outputs["loss"].name
+
+
+def bench_savedmodel(rounds: int, warmup: int) -> dict:
+    """The Transformer train step (tests/saved_trainers.py ``Transformer``) as a TF2 SavedModel,
+    three ways as :func:`bench_model` runs the TF1 graphs: each SavedModel loaded into a TF1
+    session (its variables from the same checkpoint), its ``train`` signature run on the same
+    token batches."""
+    batches = saved_trainers.token_batches(TRANSFORMER_BATCH, TRANSFORMER["seq"],
+                                           TRANSFORMER["vocab"], warmup + rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32, ours = Path(tmp) / "fp32", Path(tmp) / "bf16"
+        module = saved_trainers.Transformer(0, **TRANSFORMER)
+        saved_trainers.save_transformer(module, fp32)
+        values = {v.path: v.numpy() for v in module.params + list(module.opt.variables)}
+        report = convert_file(fp32, ours, target="bfloat16", device="cpu")
+        runs = {"fp32": _load_signature(fp32, False, values),
+                "amp-rewrite": _load_signature(ours, False, values),
+                "grappler": _load_signature(fp32, True, values)}
+        differ = runtime_difference(runs["amp-rewrite"][0].graph.as_graph_def(),
+                                    runs["fp32"][0].graph.as_graph_def(),
+                                    [runs["fp32"][2].split(":")[0]])
+    counters = {name: iter(batches) for name in runs}
+    losses = {name: [] for name in runs}
+
+    def stepper(name):
+        sess, inp, out = runs[name]
+
+        def step():
+            losses[name].append(sess.run(out, {inp: next(counters[name])}))
+        return step
+
+    times = time_round_robin({n: stepper(n) for n in runs}, rounds, warmup)
+    for sess, _, _ in runs.values():
+        sess.close()
+    matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
+    return {"title": TRANSFORMER_TITLE,
+            "median_ms": {n: statistics.median(t) * 1e3 for n, t in times.items()},
+            "differ": differ, "last_loss": {n: float(v[-1]) for n, v in losses.items()},
+            "first_loss": float(losses["fp32"][0]),
+            "converted": f"{sum(n.precision == 'bfloat16' for n in matrix)}/{len(matrix)}"}
+
+
 def table(results: list[dict], rounds: int, warmup: int) -> str:
     lines = [
         f"{SECTION}\n",
         "One training step (forward, backward, optimizer update), median of "
         f"{rounds} steps after {warmup} warm-up steps, the three variants timed round-robin in one "
         f"process by `benchmarks/train_step.py` on {platform.machine()} with "
-        f"{os.cpu_count()} cores ({hardware.describe()}), TensorFlow {tf.__version__}. "
+        f"{os.cpu_count()} cores shared with other jobs ({hardware.describe()}), TensorFlow "
+        f"{tf.__version__}, Python {platform.python_version()}. "
         "Ratios are FP32 time / variant time (above 1: faster than FP32)."
         + ("" if hardware.onednn_enabled() else " TensorFlow's oneDNN ops were off "
            "(TF_ENABLE_ONEDNN_OPTS), so grappler's bfloat16 pass did not run: its column is FP32.")
@@ -272,7 +353,23 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
                  "`train_step.runtime_difference`; before placement, so without the oneDNN "
                  "fusions a session adds): 0 means the same ops in the same dtypes, so the two "
                  "speeds differ only by the machine's noise. Where amp-rewrite's cost model keeps every MatMul float32 (0 in bf16), its graph runs "
-                 "as the FP32 graph does, and its ratio to FP32 is noise too.")
+                 "as the FP32 graph does, and its ratio to FP32 is noise too.\n\n"
+                 "The Transformer row is a TF2 SavedModel as Keras users write one "
+                 "(`tests/saved_trainers.py` `Transformer`: token and position `Embedding`, "
+                 "pre-norm blocks of `MultiHeadAttention` under a causal and padding mask, "
+                 "`LayerNormalization`, a `Dense` GELU feed-forward layer, next-token softmax "
+                 "cross-entropy over the tokens that are not padding, Keras' Adam) with its train "
+                 "step saved as the `train` signature, converted by `convert_file(..., "
+                 "target=\"bfloat16\", device=\"cpu\")` with default options; each SavedModel "
+                 "is loaded into a TF1 session (grappler inlines the signature's function "
+                 "bodies, so its bfloat16 pass reaches them) and run on the same token batches "
+                 "from the same weights (`benchmarks/train_step.bench_savedmodel`). Its run-time "
+                 "difference is the GELU's gradient (Erfc, Square, Neg, Mul and a Reshape in "
+                 "each of the 4 blocks), which grappler's pass runs in bfloat16 and "
+                 "amp-rewrite's lists keep float32 (with a cast each). The cost model "
+                 "leaves this model's islands to the lists: Keras' `Dense` on a 3-D input "
+                 "flattens it to a shape computed at run time, so its MatMuls' FLOPs per sample "
+                 "are not known (the attention's Einsums and the gradients' FLOPs are).")
     return "\n".join(lines) + "\n"
 
 
@@ -280,15 +377,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the models whose title holds this (repeatable)")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
-    return publish(run(args.steps, args.warmup), args.write)
+    return publish(run(args.steps, args.warmup, args.only), args.write)
 
 
-def run(steps: int = 40, warmup: int = 5) -> str:
-    """Every model's training step, three ways; the section's Markdown."""
+def run(steps: int = 40, warmup: int = 5, only=()) -> str:
+    """Every model's training step (the TF1 graphs, then the Transformer SavedModel), three
+    ways; the section's Markdown. ``only``: the titles holding one of these strings."""
+    chosen = [(title, spec) for title, spec in MODELS.items()
+              if not only or any(o in title for o in only)]
     results = [bench_model(title, body, batch, lr, optimizer, steps, warmup)
-               for title, (body, batch, lr, optimizer) in MODELS.items()]
+               for title, (body, batch, lr, optimizer) in chosen]
+    for r in results:
+        print(r, file=sys.stderr, flush=True)
+    if not only or any(o in TRANSFORMER_TITLE for o in only):
+        results.append(bench_savedmodel(steps, warmup))
+        print(results[-1], file=sys.stderr, flush=True)
     return table(results, steps, warmup)
 
 

@@ -116,6 +116,81 @@ class LSTM(_Base):
         return tf.matmul(self.lstm(tf.reshape(x, [-1, 8, 8])), self.params[-2]) + self.params[-1]
 
 
+class Transformer(tf.Module):
+    """A decoder-only Transformer language model as Keras users write one: token and position
+    ``Embedding`` layers, ``layers`` blocks of ``MultiHeadAttention`` (causal and padding mask
+    together: token 0 pads), ``LayerNormalization`` and a GELU ``Dense`` feed-forward layer
+    (pre-norm, residuals), a ``Dense`` head over the vocabulary, softmax cross-entropy over the
+    tokens that are not padding and Keras' Adam. ``train_step(tokens)`` predicts each next token
+    of a ``[batch, seq]`` int32 batch; ``serve(tokens)`` returns the logits."""
+
+    def __init__(self, seed: int = 0, layers: int = 2, width: int = 64, heads: int = 4,
+                 seq: int = 16, vocab: int = 64, lr: float = 1e-3):
+        super().__init__()
+        keras.utils.set_random_seed(seed)
+        L = keras.layers
+        self.seq, self.vocab = seq, vocab
+        self.embed = L.Embedding(vocab, width)
+        self.position = L.Embedding(seq, width)
+        self.blocks = [(L.LayerNormalization(), L.MultiHeadAttention(heads, width // heads),
+                        L.LayerNormalization(), L.Dense(4 * width, activation="gelu"),
+                        L.Dense(width)) for _ in range(layers)]
+        self.norm, self.head = L.LayerNormalization(), L.Dense(vocab)
+        self.logits(tf.zeros([1, seq], tf.int32))   # builds every layer
+        self.params = [v for layer in self._layers() for v in layer.trainable_variables]
+        self.opt = keras.optimizers.Adam(lr)
+        self.opt.build(self.params)
+        self.train_step = tf.function(self._train_step, input_signature=[
+            tf.TensorSpec([None, seq], tf.int32)])
+        self.serve = tf.function(self.logits, input_signature=[tf.TensorSpec([None, seq], tf.int32)])
+
+    def _layers(self):
+        return [self.embed, self.position] + [l for b in self.blocks for l in b] + [self.norm, self.head]
+
+    def logits(self, tokens):
+        pad = tf.not_equal(tokens, 0)                       # [batch, seq]
+        causal = tf.linalg.band_part(tf.ones([self.seq, self.seq], tf.bool), -1, 0)
+        mask = tf.logical_and(causal[None], pad[:, None, :])
+        h = self.embed(tokens) + self.position(tf.range(self.seq))[None]
+        for norm1, attention, norm2, ff_in, ff_out in self.blocks:
+            x = norm1(h)
+            h = h + attention(x, x, attention_mask=mask)
+            h = h + ff_out(ff_in(norm2(h)))
+        return self.head(self.norm(h))
+
+    def _train_step(self, tokens):
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        inputs = tf.pad(inputs, [[0, 0], [0, 1]])            # keep the signature's length
+        weights = tf.cast(tf.not_equal(targets, 0), tf.float32)
+        with tf.GradientTape() as tape:
+            logits = self.logits(inputs)[:, :-1]
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(targets, logits)
+            loss = tf.reduce_sum(losses * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        self.opt.apply_gradients(zip(tape.gradient(loss, self.params), self.params))
+        return {"loss": loss}
+
+
+def token_batches(batch: int, seq: int, vocab: int, count: int, seed: int = 0) -> list[np.ndarray]:
+    """``count`` batches of a learnable token language for :class:`Transformer`: each sequence
+    counts up from a random start by a random step (mod ``vocab - 1``, ids 1..vocab-1), then is
+    padded with 0 from a random length on (at least half the sequence)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        start = rng.integers(0, vocab - 1, (batch, 1))
+        step = rng.integers(1, 4, (batch, 1))
+        tokens = (start + step * np.arange(seq)[None]) % (vocab - 1) + 1
+        lengths = rng.integers(seq // 2, seq + 1, (batch, 1))
+        out.append(np.where(np.arange(seq)[None] < lengths, tokens, 0).astype(np.int32))
+    return out
+
+
+def save_transformer(module: Transformer, path: Path) -> None:
+    """The Transformer as a SavedModel: ``serving_default`` (logits) and ``train`` (one step)."""
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve,
+                                                       "train": module.train_step})
+
+
 MODELS = {"MLP": MLP, "CNN": CNN, "LSTM": LSTM}
 
 

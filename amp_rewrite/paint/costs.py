@@ -31,7 +31,8 @@ import numpy as np
 from ..core.dtypes import FLOATING
 from ..core.ir import Graph, Node, TensorRef
 from ..core.ops import ENTER_OPS, MATRIX_OPS, is_variable_write
-from ..schema.shapes import Shapes, const_behind, folded_value
+from ..schema.shapes import (Shapes, const_behind, convolution_output, einsum_sizes, folded_value,
+                             parse_einsum)
 
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
@@ -61,6 +62,27 @@ def matrix_intensity(graph: Graph, node: Node) -> float | None:
         if node.op.startswith("Depthwise"):   # cout is a channel multiplier
             return 2.0 * window * cout / (1 + cout)
         return 2.0 * window * cin * cout / (cin + cout) if cin + cout else None
+    if node.op == "Einsum":
+        return _einsum_intensity(graph, node)
+    return None
+
+
+def _einsum_intensity(graph: Graph, node: Node) -> float | None:
+    """An Einsum reading a stored weight (a Keras EinsumDense kernel): as a MatMul's, p the
+    product of the weight's dimensions it sums over and q of those it keeps. None where no
+    operand is a stored weight with a shape that fits its labels (attention's two activations;
+    a weight gradient, whose split of the weight into p and q the equation does not tell)."""
+    parsed = parse_einsum(node.attr["equation"].s.decode())
+    if parsed is None:
+        return None
+    operands, output = parsed
+    for labels, ref in zip(operands, graph.inputs(node.name)):
+        shape = _stored_shape(graph, ref.node)
+        if shape is None or "." in labels or len(shape) != len(labels):
+            continue
+        p = math.prod(d for c, d in zip(labels, shape) if c not in output)
+        q = math.prod(d for c, d in zip(labels, shape) if c in output)
+        return 2.0 * p * q / (p + q) if p + q else None
     return None
 
 
@@ -397,7 +419,7 @@ def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:
     function argument holding one included) and its elements; ("", 0) where its weight is a
     Const or is not known."""
     refs = ([graph.inputs(node.name)[_FILTER[node.op]]] if node.op in _FILTER
-            else graph.inputs(node.name) if node.op == "MatMul" else [])
+            else graph.inputs(node.name) if node.op in ("MatMul", "Einsum") else [])
     for ref in refs:
         src = _stored_source(graph, ref.node)
         if src is not None and src.op != "Const":
@@ -438,6 +460,72 @@ def _matmul_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
     return 2.0 * inner if inner > 0 else None
 
 
+def _input_grad_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
+    """A convolution's input gradient does the forward convolution's FLOPs (2·kh·kw·cin·cout
+    for each pixel of the gradient it reads, 2·kh·kw·multiplier per channel for a depthwise
+    one), spread over the input's pixels: per element of its output, 2·kh·kw·cout (the
+    multiplier) times the gradient's pixels over the input's (1 at stride 1, "SAME"). The
+    gradient's pixels are the forward convolution's, worked out from the output's shape (the
+    forward input's) and the op's strides, padding and dilations."""
+    f = _filter_shape(graph, node)
+    out = shapes.shape(TensorRef(node.name, 0))
+    grad = convolution_output(out, f, node)   # the forward convolution's output, from its attrs
+    if f is None or len(f) != 4 or grad is None or out is None:
+        return None
+    _, axes = _spatial_axes(node)
+    pixels = [(grad[a], out[a]) for a in axes]
+    if any(g <= 0 or o <= 0 for g, o in pixels):
+        return None
+    return 2.0 * f[0] * f[1] * f[3] * math.prod(g for g, _ in pixels) / math.prod(
+        o for _, o in pixels)
+
+
+def _filter_grad_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
+    """A convolution's filter gradient sums, for each filter element, one product a pixel of the
+    gradient it reads: 2·N·Hout·Wout FLOPs per element of its output (the filter), N an open
+    batch counted as 1 (per sample, as :meth:`Shapes.elements` counts); Hout and Wout the
+    forward convolution's, from its input's shape (input 0) and the op's attrs."""
+    f = shapes.shape(TensorRef(node.name, 0)) or _filter_shape(graph, node)   # its output
+    grad = convolution_output(shapes.shape(graph.inputs(node.name)[0]), f, node)
+    if grad is None:
+        return None
+    _, axes = _spatial_axes(node)
+    if any(grad[a] <= 0 for a in axes):
+        return None
+    return 2.0 * max(grad[0], 1) * grad[axes[0]] * grad[axes[1]]
+
+
+def _spatial_axes(node: Node) -> tuple[int, list[int]]:
+    return (1, [2, 3]) if not _nhwc(node) else (3, [1, 2])
+
+
+def _einsum_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
+    """2 × the product of the labels an Einsum sums over (in an operand, not in the output),
+    per element of its output; None where one of their sizes is open or the equation sums
+    over an ellipsis or takes a diagonal (:func:`~amp_rewrite.schema.shapes.parse_einsum`)."""
+    parsed = parse_einsum(node.attr["equation"].s.decode())
+    if parsed is None:
+        return None
+    operands, output = parsed
+    found = [shapes.shape(r) for r in graph.inputs(node.name)]
+    if len(found) != len(operands) or any(f is None for f in found):
+        return None
+    if "." not in output and any("." in o for o in operands):
+        return None   # an ellipsis summed over: how many dimensions it holds is per operand
+    sizes = einsum_sizes(operands, found)
+    if sizes is None:
+        return None
+    summed = {c for o in operands for c in o if c != "." and c not in output}
+    if any(sizes[c] < 0 for c in summed):
+        return None
+    return 2.0 * math.prod(sizes[c] for c in summed)
+
+
 _FLOPS_PER_OUTPUT = {"Conv2D": _conv_flops, "DepthwiseConv2dNative": _conv_flops,
                      "MatMul": _matmul_flops, "BatchMatMul": _matmul_flops,
-                     "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops}
+                     "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops,
+                     "Conv2DBackpropInput": _input_grad_flops,
+                     "DepthwiseConv2dNativeBackpropInput": _input_grad_flops,
+                     "Conv2DBackpropFilter": _filter_grad_flops,
+                     "DepthwiseConv2dNativeBackpropFilter": _filter_grad_flops,
+                     "Einsum": _einsum_flops}

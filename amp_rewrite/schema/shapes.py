@@ -45,7 +45,11 @@ _REDUCE = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "ArgMax"
 _FIRST = _REDUCE | frozenset({"MaxPool", "AvgPool", "Pad", "PadV2", "MirrorPad", "Reshape",
                               "Transpose", "ExpandDims", "Squeeze"})
 _MANY = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul", "BatchMatMulV2",
-                   "BatchMatMulV3", "ConcatV2"})
+                   "BatchMatMulV3", "ConcatV2", "Einsum"})
+# gradient convolutions: output 0 has the shape their sizes input holds (input_sizes of an input
+# gradient, filter_sizes of a filter gradient), a Const or the Shape/ShapeN of a tensor
+_SIZED = {"Conv2DBackpropInput": 0, "DepthwiseConv2dNativeBackpropInput": 0,
+          "Conv2DBackpropFilter": 1, "DepthwiseConv2dNativeBackpropFilter": 1}
 
 
 class Shapes:
@@ -100,6 +104,9 @@ class Shapes:
             return inputs
         if node.op in _MANY:
             return [r for r in inputs if self.graph.node(r.node).op != "Const"]
+        if node.op in _SIZED:
+            measured = _measured(self.graph, inputs[_SIZED[node.op]])
+            return [measured] if measured is not None else []
         return []   # no rule: unknown, whatever its inputs (and no walk up a loop's Merge)
 
     def value(self, ref: TensorRef) -> np.ndarray | None:
@@ -162,6 +169,18 @@ def folded_value(graph: Graph, ref: TensorRef, depth: int = 12) -> np.ndarray | 
     except (TypeError, ValueError):
         return None
     return out if out.size <= _FOLDED_MAX else None
+
+
+def _measured(graph: Graph, ref: TensorRef) -> TensorRef | None:
+    """The tensor whose shape ``ref`` is, where ``ref`` is a Shape op's output or a ShapeN's
+    (TensorFlow's convolution gradients read their sizes so), else None."""
+    node = graph.node(ref.node)
+    inputs = graph.inputs(ref.node)
+    if node.op == "Shape" and ref.port == 0 and inputs:
+        return inputs[0]
+    if node.op == "ShapeN" and ref.port < len(inputs):
+        return inputs[ref.port]
+    return None
 
 
 def _const_shape(shapes: Shapes, ref: TensorRef) -> Shape | None:
@@ -255,6 +274,81 @@ def _batch_matmul(shapes: Shapes, inputs, node) -> Shape | None:
     return batch + (rows, cols)
 
 
+def _sized(shapes: Shapes, inputs, node) -> Shape | None:
+    ref = inputs[_SIZED[node.op]]
+    measured = _measured(shapes.graph, ref)
+    if measured is not None:
+        return _const_shape(shapes, measured)
+    sizes = shapes.value(ref)
+    return None if sizes is None or sizes.ndim != 1 else tuple(int(d) for d in sizes)
+
+
+def _einsum(shapes: Shapes, inputs, node) -> Shape | None:
+    parsed = parse_einsum(node.attr["equation"].s.decode())
+    if parsed is None:
+        return None
+    operands, output = parsed
+    found = [_const_shape(shapes, r) for r in inputs]
+    if len(found) != len(operands) or any(f is None for f in found):
+        return None
+    sizes = einsum_sizes(operands, found)
+    if sizes is None:
+        return None
+    out = []
+    for label in output:
+        if label == ".":
+            out.extend(sizes["."])
+        else:
+            out.append(sizes[label])
+    return tuple(out)
+
+
+def parse_einsum(equation: str) -> tuple[list[str], str] | None:
+    """An Einsum equation's operand labels and output labels, an ellipsis as one ``.``; None
+    where a label repeats within one operand (a diagonal), the output is implicit (TensorFlow's
+    ``tf.einsum`` writes it out) or the equation is not one this reads."""
+    equation = equation.replace(" ", "").replace("...", ".")
+    lhs, arrow, output = equation.partition("->")
+    operands = lhs.split(",")
+    if not arrow or not all(o.replace(".", "").isalpha() or o in ("", ".") for o in operands):
+        return None
+    labels = [c for o in operands for c in o if c != "."]
+    if not output.replace(".", "").isalpha() and output not in ("", "."):
+        return None
+    if any(len(set(o)) != len(o) for o in operands + [output]):
+        return None
+    if any(c not in labels for c in output if c != "."):
+        return None
+    return operands, output
+
+
+def einsum_sizes(operands: list[str], found: list[Shape]) -> dict | None:
+    """Each label's size from the operands' shapes (a known size over an open one, a size over
+    a broadcast 1), and under ``.`` the ellipsis' dimensions broadcast together; None where the
+    shapes do not fit the labels."""
+    sizes: dict = {}
+    ellipses = []
+    for labels, shape in zip(operands, found):
+        named = labels.replace(".", "")
+        if len(shape) < len(named) or ("." not in labels and len(shape) != len(named)):
+            return None
+        before = labels.index(".") if "." in labels else len(labels)
+        after = len(labels) - before - 1 if "." in labels else 0
+        ellipses.append(tuple(shape[before:len(shape) - after]) if "." in labels else ())
+        dims = list(shape[:before]) + (list(shape[len(shape) - after:]) if after else [])
+        for label, dim in zip(named, dims):
+            seen = sizes.get(label)
+            if seen is None or seen == 1 or (seen < 0 and dim > 1):
+                sizes[label] = dim
+            elif dim not in (seen, 1, -1) and seen > 0:
+                return None
+    broadcast = _broadcast(ellipses)
+    if broadcast is None:
+        return None
+    sizes["."] = broadcast
+    return sizes
+
+
 def _reshaped(shapes: Shapes, inputs, node) -> Shape | None:
     return _reshape(shapes.shape(inputs[0]), shapes.value(inputs[1]))
 
@@ -318,7 +412,7 @@ _HANDLERS = {
     "Reshape": _reshaped,
     **dict.fromkeys(_REDUCE, _reduction),
     "ConcatV2": _concat, "Transpose": _transpose, "ExpandDims": _expand_dims,
-    "Squeeze": _squeeze,
+    "Squeeze": _squeeze, "Einsum": _einsum, **dict.fromkeys(_SIZED, _sized),
 }
 
 
@@ -382,8 +476,15 @@ def _window(x: Shape | None, window: list[int], node, channels: int | None) -> S
 def _conv(x: Shape | None, f: Shape | None, node) -> Shape | None:
     if f is None or len(f) != 4:
         return None
-    channels = f[3] if node.op == "Conv2D" else f[2] * f[3]
+    channels = f[2] * f[3] if node.op.startswith("Depthwise") else f[3]
     return _window(x, list(f[:2]), node, channels)
+
+
+def convolution_output(x: Shape | None, f, node) -> Shape | None:
+    """The output shape of the 2-D convolution (or depthwise one) ``node`` or its gradients'
+    forward convolution (same attrs) over ``x`` with a filter of shape ``f``; None where not
+    known."""
+    return _conv(x, tuple(f) if f is not None else None, node)
 
 
 def _reshape(x: Shape | None, target: np.ndarray | None) -> Shape | None:
