@@ -268,3 +268,7 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     report.scopes.append(prefix)
     report.scopes.extend(f"{prefix}/{s}" for s in sub.scopes)
     report.saver_functions.extend(f"{prefix}/{s}" for s in sub.saver_functions)
+    if "freezing" in sub.extra:   # what freezing would gain, summed over the bodies
+        total = report.extra.setdefault("freezing", {})
+        for key, value in sub.extra["freezing"].items():
+            total[key] = round(total.get(key, 0) + value, 3)

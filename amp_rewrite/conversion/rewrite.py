@@ -75,6 +75,8 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     report.consts_converted = stats.consts
     if painting.unfused_kept:
         report.extra["unfused_kept"] = painting.unfused_kept
+    if painting.freezing:
+        report.extra["freezing"] = painting.freezing
     if before.unregistered_ops:
         report.warnings.append("ops not registered with TensorFlow left as they are: "
                                + ", ".join(sorted(before.unregistered_ops)))

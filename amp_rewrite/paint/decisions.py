@@ -42,6 +42,7 @@ class Painting:
     node_codes: dict[str, Decision] = field(default_factory=dict)  # nodes with no type attrs
     warnings: list[str] = field(default_factory=list)
     unfused_kept: int = 0   # matrix ops kept float32 for activations folding could fuse
+    freezing: dict = field(default_factory=dict)   # costs.FreezeGain.to_dict(), if weighed
     _index: dict[str, list[TNode]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
 

@@ -15,6 +15,7 @@ from ..core.ir import Graph, Node
 from ..core.ops import PLACEHOLDER_OPS, VARIABLE_OPS
 from ..rules.loader import RuleSet
 from ..schema.opdefs import device_type, get_dtype, kernel_supports, node_types, output_dtype
+from .costs import FreezeGain
 from .decisions import Decision
 from .typegraph import TypeGraph
 
@@ -44,6 +45,9 @@ class PaintState:
         # matrix ops the runtime estimate kept float32 for activations that folded batch norms
         # could make fusable (paint.islands; the --fold-constants hint)
         self.unfused_kept = 0
+        # what freezing the variables and --fold-constants would gain (paint.islands; the
+        # freezing hint of a SavedModel's conversion)
+        self.freezing = FreezeGain()
         self._kernel: dict[int, bool] = {}
         self._reads_ref: dict[str, bool] = {}
 
