@@ -48,7 +48,7 @@ def drop_cheap_islands(s: PaintState) -> None:
     weigh = (s.tname, s.device) == ("bfloat16", "CPU")
     shapes = Shapes(s.graph)   # worked out on demand, for the islands runtime_estimate weighs
     seen: set[int] = set()
-    frozen: bool | None = None   # whether the graph reads variables, once an island asks
+    variables: bool | None = None   # whether the graph reads variables, once an island asks
     for start in sorted(s.allow):
         if start in seen:
             continue
@@ -66,10 +66,11 @@ def drop_cheap_islands(s: PaintState) -> None:
                     continue
                 names = {s.items[i][0] for i in island}
                 est = runtime_estimate(s.graph, shapes, names)
-                if est is not None and (est.weights or est.slow) and frozen is None:
-                    frozen = reads_variables(s.graph)
-                if est is not None and frozen and (est.weights or est.slow):
-                    _weigh_freezing(s, shapes, names, est)
+                if est is not None and (est.weights or est.slow):   # freezing could change it
+                    if variables is None:
+                        variables = reads_variables(s.graph)
+                    if variables:
+                        _weigh_freezing(s, shapes, names, est)
                 if est is None or not est.slower:
                     continue
                 text = f"in a {s.tname} island {est.describe(s.tname)}"
