@@ -100,3 +100,69 @@ def test_the_cli_prints_the_suggestion_once_in_its_summary(exported, tmp_path, c
     lines = [line for line in out.out.splitlines() if line.startswith("freezing: ")]
     assert len(lines) == 1 and "--fold-constants" in lines[0] and "µs a sample" in lines[0]
     assert "--fold-constants" not in out.err
+
+
+def _tf1_conv_bn(train: bool):
+    """A TF1 graph whose convolution and Keras-style batch norm read variables, then a Relu6;
+    with ``train``, a gradient-descent step too (of another variable, added to their mean)."""
+    rng = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        var = lambda name, shape, lo, hi: tf.compat.v1.Variable(  # noqa: E731
+            rng.uniform(lo, hi, shape).astype(np.float32), name=name)
+        x = tf.compat.v1.placeholder(tf.float32, [None, 16, 16, 16], name="x")
+        h = tf.nn.conv2d(x, var("w", (3, 3, 16, 64), -0.1, 0.1), 1, "SAME")
+        gamma, beta, mean, variance = (var(n, 64, 0.5, 1.5) for n in ("gamma", "beta", "mean", "var"))
+        scale = gamma * tf.math.rsqrt(variance + 1e-3)
+        y = tf.reduce_mean(tf.nn.relu6(h * scale + (beta - mean * scale)), name="y")
+        if train:   # a step of a bias beside it: the forward pass's island is weighed as is
+            b = var("b", (), 0.5, 1.5)
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                y + b * b, var_list=[b], name="train")
+    return g.as_graph_def(add_shapes=True)   # shapes through the variable reads, as exported
+
+
+def test_a_graph_with_variables_is_weighed_unless_it_trains():
+    _, serving = convert(_tf1_conv_bn(False), target="bfloat16", device="cpu")
+    assert serving.extra["freezing"]["gain_us"] > 0 and _suggests(serving)
+    _, training = convert(_tf1_conv_bn(True), target="bfloat16", device="cpu")
+    assert "freezing" not in training.extra and not _suggests(training)
+
+
+def _module_conv_bn(path, train: bool):
+    """A SavedModel serving conv + Keras-style batch norm on variables + Relu6; with ``train``,
+    also a train step function (a tape, a variable written) whose forward pass is the same."""
+    rng = np.random.default_rng(0)
+    m = tf.Module()
+    m.w = tf.Variable(rng.uniform(-0.1, 0.1, (3, 3, 16, 64)).astype(np.float32))
+    m.bn = [tf.Variable(rng.uniform(0.5, 1.5, 64).astype(np.float32)) for _ in range(4)]
+    m.b = tf.Variable(1.0)
+
+    def forward(x):
+        gamma, beta, mean, variance = m.bn
+        scale = gamma * tf.math.rsqrt(variance + 1e-3)
+        h = tf.nn.conv2d(x, m.w, 1, "SAME")
+        return tf.reduce_mean(tf.nn.relu6(h * scale + (beta - mean * scale)))
+
+    spec = [tf.TensorSpec([None, 16, 16, 16], tf.float32)]
+    m.serve = tf.function(lambda x: {"y": forward(x)}, input_signature=spec)
+    functions = {"serving_default": m.serve}
+    if train:
+        def step(x):
+            with tf.GradientTape() as tape:   # only the bias beside it learns: the forward
+                loss = forward(x) + m.b * m.b  # pass's island is weighed as it is
+            m.b.assign_sub(0.1 * tape.gradient(loss, m.b))
+            return {"loss": loss}
+        m.train = tf.function(step, input_signature=spec)
+        functions["train"] = m.train
+    tf.saved_model.save(m, str(path), signatures=functions)
+    return path
+
+
+def test_a_train_step_of_a_savedmodel_is_not_counted(tmp_path):
+    serving = convert_file(_module_conv_bn(tmp_path / "serve", False), tmp_path / "a",
+                           target="bfloat16", device="cpu")
+    both = convert_file(_module_conv_bn(tmp_path / "both", True), tmp_path / "b",
+                        target="bfloat16", device="cpu")
+    assert serving.extra["freezing"]["islands"] >= 1
+    assert both.extra["freezing"] == serving.extra["freezing"]

@@ -33,6 +33,7 @@ from ..schema.functiondef import check_call_types, reachable, saver_functions
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
+from ..training.detect import trains
 from ..training.in_functions import scale_train_functions
 from ..training.in_graph import add_function_state, add_loss_scaling, function_train_steps
 from ..transforms import bnfold, constfold
@@ -194,6 +195,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if fused is not None and (fused.scales_folded or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
+    if trains(source.node):   # its weights change: freezing them is no option
+        report.extra.pop("freezing", None)
     if report.extra.get("unfused_kept") and not options.fold_constants \
             and not constfold.has_variables(source):
         _hint_folding(report)

@@ -36,6 +36,7 @@ from ..schema.functiondef import (
     variable_argument_shapes,
 )
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
+from ..training.detect import trains
 from ..transforms.boundaries import BoundaryLowering
 from .rewrite import Target, rewrite
 
@@ -182,6 +183,8 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
         report.warnings.append(f"function {name!r} left as it is: {exc}")
         log.warning("function %r left as it is: %s", name, exc)
         return None
+    if trains(fdef.node_def):   # a train step's weights change: freezing them is no option
+        sub.extra.pop("freezing", None)
     merge_report(report, name, sub, exclude=fg.boundary())
     return fg
 

@@ -468,7 +468,8 @@ class FreezeGain:
 
 def reads_variables(graph: Graph) -> bool:
     """Whether ``graph`` holds a variable or, a function body, receives one (a resource
-    argument): what freezing would turn into Consts."""
+    argument): what freezing would turn into Consts. (Whether it trains, and freezing makes no
+    sense, is the conversion's to tell: ``training.detect``.)"""
     return any(node.op in VARIABLE_OPS or (node.op == "Placeholder"
                                            and node.attr["dtype"].type == RESOURCE)
                for node in graph.nodes())
