@@ -6,9 +6,13 @@ that reach the serving function as resource arguments), converted with
 ``convert_file(..., target="bfloat16", device="cpu")`` (and with ``min_matrix_intensity=0``,
 painted whole as before the cost model weighed it), and the SavedModels are loaded into
 TF1 sessions (``tf.compat.v1.saved_model.loader.load``): the FP32 one twice, once with
-grappler's ``auto_mixed_precision_onednn_bfloat16`` pass on. After a warm-up run each,
-``--rounds`` rounds run the four round-robin, the order rotating per round; the table gives
-medians and FP32 median / variant median, at batch ``--batch``.
+grappler's ``auto_mixed_precision_onednn_bfloat16`` pass on. Its serving signature is also
+frozen as docs/savedmodels.md "Frozen graphs from a SavedModel" shows
+(``convert_variables_to_constants_v2``), run as it is (frozen FP32) and converted with
+``fold_constants=True`` (``--fold-constants``). After a warm-up run each, ``--rounds`` rounds
+run the six round-robin, the order rotating per round; the table gives medians and FP32
+SavedModel median / variant median, at batch ``--batch``, and whether the SavedModel's
+conversion suggested freezing (a warning naming ``--fold-constants``).
 
 Run: ``.venv/bin/python benchmarks/savedmodels.py [--rounds 9] [--batch 8] [--write]``.
 """
@@ -30,9 +34,11 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
-from train_step import session_config, time_round_robin  # noqa: E402
+from keras_models import set_batch_norms  # noqa: E402
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2  # noqa: E402
+from train_step import session, session_config, time_round_robin  # noqa: E402
 
-from amp_rewrite import convert_file  # noqa: E402
+from amp_rewrite import convert, convert_file  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
 from amp_rewrite.core.ops import MATRIX_OPS  # noqa: E402
 
@@ -64,7 +70,13 @@ def models():
             "small MLP (64-64-64-10)": (mlp, "features"),
             "embedding model (20000x64, mean, 64, 2)": (embedding, "tokens"),
             "Xception (71x71, weights=None)": (lambda: keras.applications.Xception(
-                weights=None, input_shape=(71, 71, 3), classifier_activation=None), "images")}
+                weights=None, input_shape=(71, 71, 3), classifier_activation=None), "images71"),
+            # weights=None leaves every batch norm an identity that folding removes; a trained
+            # model's have offsets and scales (keras_models.set_batch_norms)
+            "MobileNetV2 (96x96, weights=None, batch norms set)": (
+                lambda: set_batch_norms(keras.applications.MobileNetV2(
+                    weights=None, input_shape=(96, 96, 3), classifier_activation=None)),
+                "images96")}
 
 
 def _feed(kind: str, batch: int):
@@ -73,7 +85,8 @@ def _feed(kind: str, batch: int):
         return rng.integers(0, 5000, (batch, 64)).astype(np.int32)
     if kind == "features":
         return rng.normal(size=(batch, 64)).astype(np.float32)
-    return rng.uniform(0, 1, (batch, 71, 71, 3)).astype(np.float32)
+    size = int(kind.removeprefix("images"))
+    return rng.uniform(0, 1, (batch, size, size, 3)).astype(np.float32)
 
 
 def _load(path: Path, grappler_amp: bool):
@@ -87,6 +100,14 @@ def _load(path: Path, grappler_amp: bool):
     return sess, inp, out
 
 
+def _frozen(path: Path):
+    """The SavedModel's serving signature frozen to Consts (docs/savedmodels.md), its input
+    and output tensor names."""
+    loaded = tf.saved_model.load(str(path))
+    frozen = convert_variables_to_constants_v2(loaded.signatures["serving_default"])
+    return frozen.graph.as_graph_def(), frozen.inputs[0].name, frozen.outputs[0].name
+
+
 def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
     import keras
     keras.utils.set_random_seed(0)
@@ -95,8 +116,13 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
         build().export(str(fp32), verbose=False)
         report = convert_file(fp32, ours, target="bfloat16", device="cpu")
         convert_file(fp32, painted, target="bfloat16", device="cpu", min_matrix_intensity=0)
+        frozen_gd, f_in, f_out = _frozen(fp32)
+        folded_gd, folded_report = convert(frozen_gd, target="bfloat16", device="cpu",
+                                           fold_constants=True)
         runs = {"fp32": _load(fp32, False), "ours": _load(ours, False),
-                "painted": _load(painted, False), "grappler": _load(fp32, True)}
+                "painted": _load(painted, False), "grappler": _load(fp32, True),
+                "frozen": (session(frozen_gd, False), f_in, f_out),
+                "folded": (session(folded_gd, False), f_in, f_out)}
         value = _feed(kind, batch)
         outputs = {k: np.asarray(s.run(o, {i: value}), np.float64) for k, (s, i, o) in runs.items()}
         times = time_round_robin({k: functools.partial(s.run, o, {i: value})
@@ -106,12 +132,16 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     ref = outputs["fp32"]
     err = {k: float(np.linalg.norm(outputs[k] - ref) / max(np.linalg.norm(ref), 1e-30))
-           for k in ("ours", "painted", "grappler")}
-    matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
-    low = sum(n.precision == "bfloat16" for n in matrix)
-    return {"name": name, "matrix": f"{low}/{len(matrix)}", **{f"{k}_ms": v for k, v in med.items()},
+           for k in ("ours", "painted", "grappler", "folded")}
+    return {"name": name, "matrix": _matrix(report), "folded_matrix": _matrix(folded_report),
+            **{f"{k}_ms": v for k, v in med.items()},
             **{f"{k}_err": v for k, v in err.items()},
             "hint": any("--fold-constants" in w for w in report.warnings)}
+
+
+def _matrix(report) -> str:
+    matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
+    return f"{sum(n.precision == 'bfloat16' for n in matrix)}/{len(matrix)}"
 
 
 def run(rounds: int = 9, batch: int = 8, only=()) -> str:
@@ -128,33 +158,59 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
              "`benchmarks/savedmodels.py`: Keras models exported as TF2 SavedModels (weights "
              f"in variables), batch {batch}; FP32, amp-rewrite's bfloat16 conversion (`--device "
              "cpu`, default options, and painted whole with `--min-matrix-intensity 0` as before "
-             "the cost model weighed variables) and grappler's "
-             "`auto_mixed_precision_onednn_bfloat16` on the FP32 "
-             f"SavedModel, each in a TF1 session, round-robin in one process, {rounds} rounds "
+             "the cost model weighed variables), grappler's "
+             "`auto_mixed_precision_onednn_bfloat16` on the FP32 SavedModel, and the serving "
+             "signature frozen (docs/savedmodels.md \"Frozen graphs from a SavedModel\") as it is "
+             "and converted with `--fold-constants`; "
+             f"round-robin in one process, {rounds} rounds "
              f"after a warm-up run, medians; on {hardware.describe()}, {os.cpu_count()} cores "
              "shared with other jobs, "
-             f"TensorFlow {tf.__version__}, Python {platform.python_version()}. Ratios are FP32 "
-             "time / variant time.",
+             f"TensorFlow {tf.__version__}, Python {platform.python_version()}; one run. Ratios "
+             "are FP32 SavedModel time / variant time. \"bf16 gain frozen / as SavedModel\": "
+             "what bfloat16 gains on the frozen graph (frozen FP32 / frozen with "
+             "--fold-constants) over what it gains on the SavedModel (FP32 / amp-rewrite), the "
+             "part of freezing's gain that comes with the conversion; freezing alone also "
+             "speeds some models up in float32 (the frozen FP32 column: no function calls or "
+             "variable reads), which the suggestion does not claim. \"freeze suggested\": the "
+             "SavedModel's conversion warned that freezing and converting with --fold-constants "
+             "would gain (docs/savedmodels.md \"When freezing gains\").",
              "",
-             "| model | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | painted "
-             "whole (`--min-matrix-intensity 0`) ms (ratio) | grappler ms (ratio) | ours / "
-             "grappler speed | rel. L2 error ours / painted / grappler |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | MatMul/Conv in bf16: ours / frozen, folded | FP32 ms | amp-rewrite ms "
+             "(ratio) | painted whole (`--min-matrix-intensity 0`) ms (ratio) | grappler ms "
+             "(ratio) | frozen FP32 ms (ratio) | frozen with --fold-constants ms (ratio) | "
+             "ours / grappler speed | bf16 gain frozen / as SavedModel | freeze suggested | "
+             "rel. L2 error ours / painted / grappler / frozen, folded |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(r, k):
+        return f"{r[k + '_ms']:.2f} ({r['fp32_ms'] / r[k + '_ms']:.2f}x)"
+
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | | | | |")
             continue
         lines.append(
-            f"| {r['name']} | {r['matrix']} | {r['fp32_ms']:.2f} | {r['ours_ms']:.2f} "
-            f"({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['painted_ms']:.2f} "
-            f"({r['fp32_ms'] / r['painted_ms']:.2f}x) | {r['grappler_ms']:.2f} "
-            f"({r['fp32_ms'] / r['grappler_ms']:.2f}x) | {r['grappler_ms'] / r['ours_ms']:.2f}x | "
-            f"{r['ours_err']:.1e} / {r['painted_err']:.1e} / {r['grappler_err']:.1e} |")
+            f"| {r['name']} | {r['matrix']} / {r['folded_matrix']} | {r['fp32_ms']:.2f} | "
+            f"{cell(r, 'ours')} | {cell(r, 'painted')} | {cell(r, 'grappler')} | "
+            f"{cell(r, 'frozen')} | {cell(r, 'folded')} | "
+            f"{r['grappler_ms'] / r['ours_ms']:.2f}x | "
+            f"{r['frozen_ms'] / r['folded_ms'] / (r['fp32_ms'] / r['ours_ms']):.2f}x | "
+            f"{'yes' if r['hint'] else 'no'} | "
+            f"{r['ours_err']:.1e} / {r['painted_err']:.1e} / {r['grappler_err']:.1e} / "
+            f"{r['folded_err']:.1e} |")
     lines += ["", "A model with 0 matrix ops in bfloat16 was kept float32 whole by the cost model "
               "(docs/decisions.md \"Small matrix ops stay float32\": its variable weights, cast "
               "on every run, cost more than its matrix ops save at this batch); its SavedModel "
               "computes what the FP32 one does, so its ratio is 1 within the noise of this shared "
-              "machine."]
+              "machine. The suggestion fires where freezing lets the conversion gain: "
+              "Xception's and MobileNetV2's frozen, folded conversions ran over twice as fast as "
+              "their SavedModels' and gained far more from bfloat16 than the SavedModels did (the "
+              "weights' casts gone, the batch norms folded into the convolutions and their "
+              "activations fused). The GRU and LSTM frozen conversions paint their matrix ops "
+              "(the cost model finds nothing to keep them float32 for once the weights are "
+              "Consts) and ran slower than frozen float32; the small MLP's and the embedding model's keep every matrix op "
+              "float32, frozen as well, so what freezing gains them (a fraction of a millisecond "
+              "a run) is no conversion's: the suggestion stays quiet for all four."]
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ from ..schema.functiondef import check_call_types, reachable, saver_functions
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
+from ..training.detect import trains
 from ..training.in_functions import scale_train_functions
 from ..training.in_graph import add_function_state, add_loss_scaling, function_train_steps
 from ..transforms import bnfold, constfold
@@ -53,6 +54,16 @@ DEVICES = {"gpu": "GPU", "cpu": "CPU"}
 # 64 ran at 0.96x ("Training step"); 128 keeps such models float32. Elsewhere 0, as grappler: float16 on a CPU is for checking numbers, not
 # speed, and GPUs could not be measured here.
 DEFAULT_MIN_INTENSITY = {("bfloat16", "cpu"): 128.0}
+# When the cost model's estimate of what freezing the variables and --fold-constants would gain
+# (paint.costs.FreezeGain) is worth a warning: at least a tenth of the weighed islands' float32
+# matrix time (a gain of 1.1x were that the whole run, twice the 5% run-to-run noise of
+# BENCHMARKS.md "Keras SavedModels") and at least 1 µs a sample. The floor leaves out recurrent
+# text classifiers, whose loop bodies the estimate weighs one step of: a GRU's and an LSTM's
+# 0.4-0.5 µs would paint their matrix ops, and frozen with --fold-constants they ran slower
+# than frozen float32 (Xception, MobileNetV2 with trained batch norms: 400-800 µs; frozen and
+# folded they ran 2.2-2.4x as fast as their SavedModels' conversions)
+FREEZE_HINT_SHARE = 0.1
+FREEZE_HINT_US = 1.0
 
 
 @dataclass
@@ -204,6 +215,24 @@ def _hint_folding(report: Report) -> None:
     log.warning(text)
 
 
+def _hint_freezing(report: Report) -> None:
+    """Where the weights are variables and the cost model estimates that freezing them and
+    converting with --fold-constants gains enough (:data:`FREEZE_HINT_SHARE`,
+    :data:`FREEZE_HINT_US`), say so, with the estimate (docs/savedmodels.md "When freezing
+    gains")."""
+    gain = report.extra.get("freezing")
+    if not gain or gain["gain_us"] < max(FREEZE_HINT_US, FREEZE_HINT_SHARE * gain["fp32_us"]):
+        return
+    more = (f" and puts {gain['matrix_ops']} matrix ops kept float32 here in {report.target}"
+            if gain["matrix_ops"] else "")
+    text = ("freeze the signature and convert the frozen graph with --fold-constants: by the "
+            f"cost model that gains about {gain['gain_us']:.0f} µs a sample{more} (no weight "
+            "casts, batch norms folded into the convolutions; docs/savedmodels.md \"Frozen "
+            "graphs from a SavedModel\")")
+    gain["summary"] = text   # the CLI prints it with the summary, so it is not logged too
+    report.warnings.append(text)
+
+
 def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                   rules: RuleSet | None = None, loss_scaling: bool = True,
                   leave: Sequence[str] = ()) -> tuple[meta_graph_pb2.MetaGraphDef, Report]:
@@ -239,6 +268,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if fused is not None and (fused.scales_folded or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
+    if trains(source.node):   # its weights change: freezing them is no option
+        report.extra.pop("freezing", None)
     if report.extra.get("unfused_kept") and not options.fold_constants \
             and not constfold.has_variables(source):
         _hint_folding(report)
@@ -251,6 +282,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface,
                   ranges=options.calibration, headroom=options.headroom, leave=leave)
+    if not options.fold_constants:
+        _hint_freezing(report)
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if report.extra.get("batch_kept"):

@@ -36,6 +36,7 @@ from ..schema.functiondef import (
     variable_argument_shapes,
 )
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
+from ..training.detect import trains
 from ..transforms.boundaries import BoundaryLowering
 from .rewrite import Target, rewrite
 
@@ -184,6 +185,8 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
         report.warnings.append(f"function {name!r} left as it is: {exc}")
         log.warning("function %r left as it is: %s", name, exc)
         return None
+    if trains(fdef.node_def):   # a train step's weights change: freezing them is no option
+        sub.extra.pop("freezing", None)
     merge_report(report, name, sub, exclude=fg.boundary())
     return fg
 
@@ -274,3 +277,7 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
         mine = report.extra.setdefault("batch_kept", {"ops": 0, "pays_from": 0})
         mine["ops"] += sub.extra["batch_kept"]["ops"]
         mine["pays_from"] = max(mine["pays_from"], sub.extra["batch_kept"]["pays_from"])
+    if "freezing" in sub.extra:   # what freezing would gain, summed over the bodies
+        total = report.extra.setdefault("freezing", {})
+        for key, value in sub.extra["freezing"].items():
+            total[key] = round(total.get(key, 0) + value, 3)

@@ -83,6 +83,8 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     if painting.batch_kept:
         report.extra["batch_kept"] = {"ops": sum(n for n, _ in painting.batch_kept),
                                       "pays_from": max(b for _, b in painting.batch_kept)}
+    if painting.freezing:
+        report.extra["freezing"] = painting.freezing
     if before.unregistered_ops:
         report.warnings.append("ops not registered with TensorFlow left as they are: "
                                + ", ".join(sorted(before.unregistered_ops)))

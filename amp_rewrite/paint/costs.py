@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.dtypes import FLOATING
+from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
-from ..core.ops import ENTER_OPS, MATRIX_OPS, is_variable_write
-from ..schema.shapes import (Shapes, const_behind, convolution_output, einsum_sizes, folded_value,
-                             parse_einsum)
+from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS, is_variable_write
+from ..schema.shapes import (FOLDED_OPS, Shapes, const_behind, convolution_output, einsum_sizes,
+                             folded_value, parse_einsum)
 
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
@@ -529,3 +529,181 @@ _FLOPS_PER_OUTPUT = {"Conv2D": _conv_flops, "DepthwiseConv2dNative": _conv_flops
                      "Conv2DBackpropFilter": _filter_grad_flops,
                      "DepthwiseConv2dNativeBackpropFilter": _filter_grad_flops,
                      "Einsum": _einsum_flops}
+
+
+# --- what freezing would gain (docs/savedmodels.md "When freezing gains") ---------------------
+# A graph whose weights are variables (a SavedModel) pays two things a frozen graph converted
+# with --fold-constants does not: the weights' casts on every run, and activations left unfused
+# because the batch norms before them read variables, which neither grappler's constant folding
+# nor bnfold folds into the convolution.
+
+
+# a batch norm's Mul or AddV2 by a per-channel vector on a 8x56x56x144 tensor takes 116 and
+# 127 ps per element in float32 (172 and 174 in bfloat16; BENCHMARKS.md "Op costs in bfloat16
+# on this CPU"): what one saves where --fold-constants folds it into the convolution
+FOLDED_PS_PER_ELEMENT = 120
+# a Conv2D or MatMul takes 1.9-2.4 ps per FLOP in float32 on that CPU (the same table: 17.93 ms
+# for the 9.4 GFLOPs of the 3x3 convolution, 2.48 ms for 1.0 of the 1x1, 8.85 ms for 4.2 of
+# the MatMul): the islands' matrix work in float32, the scale freezing's gain is weighed on
+FP32_PS_PER_FLOP = 2.0
+
+
+@dataclass
+class FreezeGain:
+    """What freezing the variables to Consts and converting with --fold-constants would change
+    in the islands :func:`runtime_estimate` weighed, summed; times in µs a sample (an open batch
+    as DEFAULT_BATCH for the casts, as 1 for the rest, as :class:`Estimate` counts them)."""
+
+    islands: int = 0         # islands weighed that read variables
+    matrix_ops: int = 0      # matrix ops kept float32 as is that would run in 16 bits frozen
+    fp32_us: float = 0.0     # their matrix work in float32 (FP32_PS_PER_FLOP)
+    saved_us: float = 0.0    # what the 16-bit islands save as is (kept ones: nothing)
+    frozen_us: float = 0.0   # what they would save frozen: 16 bits, folded batch norms
+
+    @property
+    def gain_us(self) -> float:
+        return self.frozen_us - self.saved_us
+
+    def add(self, est: Estimate, frozen: Estimate, folded_us: float, matrix_ops: int) -> None:
+        """Count one island: ``est`` as it is, ``frozen`` and ``folded_us`` (its batch norms'
+        elementwise ops folded away) from :func:`frozen_estimate`."""
+        self.islands += 1
+        self.fp32_us += est.flops * FP32_PS_PER_FLOP * 1e-6
+        if not est.slower:
+            self.saved_us += est.saved_us - est.lost_us - est.cast_us
+        self.frozen_us += folded_us + (0.0 if frozen.slower else frozen.saved_us - frozen.lost_us)
+        if est.slower and not frozen.slower:
+            self.matrix_ops += matrix_ops
+
+    def to_dict(self) -> dict:
+        return {"islands": self.islands, "matrix_ops": self.matrix_ops,
+                "fp32_us": round(self.fp32_us, 3), "saved_us": round(self.saved_us, 3),
+                "frozen_us": round(self.frozen_us, 3), "gain_us": round(self.gain_us, 3)}
+
+
+def reads_variables(graph: Graph) -> bool:
+    """Whether ``graph`` holds a variable or, a function body, receives one (a resource
+    argument): what freezing would turn into Consts. (Whether it trains, and freezing makes no
+    sense, is the conversion's to tell: ``training.detect``.)"""
+    return any(node.op in VARIABLE_OPS or (node.op == "Placeholder"
+                                           and node.attr["dtype"].type == RESOURCE)
+               for node in graph.nodes())
+
+
+def frozen_estimate(graph: Graph, shapes: Shapes, names,
+                    est: Estimate) -> tuple[Estimate, float] | None:
+    """``est``, the island ``names``' :func:`runtime_estimate`, as if every variable were a
+    Const and the graph converted with --fold-constants: no weight is cast, and an activation
+    whose batch norm or bias reads variables fuses where it would with Consts
+    (:func:`_fuses_frozen`); with it, the µs the batch norms' Mul and AddV2 take that folding
+    removes (:data:`FOLDED_PS_PER_ELEMENT`). None where an element count is not known. The
+    values a variable holds are not read: its batch norms are taken as trained (an untrained
+    one, offset 0, folds away, leaving no bias to fuse)."""
+    members = set(names)
+    out, folded = Estimate(flops=est.flops, saved_us=est.saved_us), 0.0
+    for name in sorted(members):
+        node = graph.node(name)
+        fold = _folds_frozen(graph, node, members)
+        if fold or (slow_unfused(graph, node, members)
+                    and not _fuses_frozen(graph, node, members)):
+            count = shapes.elements(TensorRef(name, 0))
+            if count is None:
+                return None
+            if fold:
+                folded += count * FOLDED_PS_PER_ELEMENT * 1e-6
+            else:
+                out.lost_us += count * EXTRA_PS_PER_ELEMENT[node.op] * 1e-6
+                out.slow[node.op] = out.slow.get(node.op, 0) + 1
+    return out, folded
+
+
+def _folds_frozen(graph: Graph, node: Node, island: set[str]) -> bool:
+    """Whether ``node`` is a batch norm's Mul or AddV2 that bnfold would fold into the
+    convolution before it once variables are Consts, and that reads a variable now (a Const
+    one folds without freezing)."""
+    if node.op not in ("Mul", "Add", "AddV2") or not _sole_step(graph, node.name, island):
+        return False
+    x = _stored_operand(graph, node, (node.op,))
+    if x is None or not any(_reads_variable(graph, r) for r in graph.inputs(node.name)):
+        return False
+    up = graph.node(x.node)
+    if node.op != "Mul" and up.op == "Mul" and _sole_step(graph, up.name, island):
+        scaled = _stored_operand(graph, up, ("Mul",))
+        if scaled is None:
+            return False
+        x, up = scaled, graph.node(scaled.node)
+    return (up.op in ("Conv2D", "DepthwiseConv2dNative") and not x.port and _nhwc(up)
+            and _sole_step(graph, up.name, island)
+            and _stored_value(graph, graph.inputs(up.name)[1]))
+
+
+def _reads_variable(graph: Graph, ref: TensorRef, depth: int = 12) -> bool:
+    """Whether ``ref``'s stored value (:func:`_stored_value`) comes from a variable."""
+    src = _stored_source(graph, ref.node)
+    if src is not None:
+        return src.op != "Const"
+    return bool(depth) and any(_reads_variable(graph, r, depth - 1)
+                               for r in graph.inputs(ref.node))
+
+
+def _fuses_frozen(graph: Graph, act: Node, island: set[str]) -> bool:
+    """Whether ``act`` fuses with the contraction before it once variables are Consts and
+    --fold-constants ran: through an inference batch norm whose vectors are stored values
+    (:data:`_FUSES_AFTER_BN`), or through a bias (BiasAdd, or an add bnfold makes one) with a
+    batch norm's scale (a Mul bnfold multiplies into the filter) between them, on an NHWC
+    convolution whose filter is stored (:data:`_FUSES`). Each step the only reader of the one
+    before, no control edges, all in ``island``."""
+    inputs = graph.inputs(act.name)
+    if not inputs or inputs[0].port or _controlled(graph, act.name):
+        return False
+    src = graph.node(inputs[0].node)
+    if not _sole_step(graph, src.name, island):
+        return False
+    if src.op in _BATCH_NORMS:
+        bn = graph.inputs(src.name)
+        training = src.attr["is_training"].b if "is_training" in src.attr else True
+        if training or len(bn) != 5 or bn[0].port or not _nhwc(src) or not all(
+                _stored_value(graph, r) for r in bn[1:]):
+            return False
+        up = graph.node(bn[0].node)
+        return (act.op in _FUSES_AFTER_BN.get(up.op, ()) and _nhwc(up)
+                and _sole_step(graph, up.name, island))
+    x = _stored_operand(graph, src, ("BiasAdd", "Add", "AddV2"))
+    if x is None:
+        return False
+    up = graph.node(x.node)
+    if up.op == "Mul" and _sole_step(graph, up.name, island):
+        scaled = _stored_operand(graph, up, ("Mul",))
+        if scaled is None:
+            return False
+        x, up = scaled, graph.node(scaled.node)
+    if up.op not in ("Conv2D", "DepthwiseConv2dNative") or x.port or not _nhwc(up):
+        return False
+    return (act.op in _FUSES[up.op] and _sole_step(graph, up.name, island)
+            and _stored_value(graph, graph.inputs(up.name)[1]))
+
+
+def _stored_operand(graph: Graph, node: Node, ops: tuple[str, ...]) -> TensorRef | None:
+    """The other input of ``node`` (one of ``ops``, two inputs) where exactly one is a stored
+    value (a BiasAdd's bias must be its second); None otherwise."""
+    inputs = graph.inputs(node.name)
+    if node.op not in ops or len(inputs) != 2:
+        return None
+    stored = [_stored_value(graph, r) for r in inputs]
+    if node.op == "BiasAdd":
+        return inputs[0] if stored[1] and not stored[0] else None
+    return inputs[1 - stored.index(True)] if stored.count(True) == 1 else None
+
+
+def _stored_value(graph: Graph, ref: TensorRef, depth: int = 12) -> bool:
+    """Whether ``ref`` is a Const or a variable's value (through pass-through ops), or computed
+    from such alone by the elementwise ops constant folding evaluates once they are Consts."""
+    node = graph.node(ref.node)
+    if ref.port:
+        return False
+    if _stored_source(graph, node.name) is not None:
+        return True
+    if node.op not in FOLDED_OPS or not depth or graph.control_inputs(node.name):
+        return False
+    inputs = graph.inputs(node.name)
+    return bool(inputs) and all(_stored_value(graph, r, depth - 1) for r in inputs)

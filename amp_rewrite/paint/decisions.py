@@ -44,6 +44,7 @@ class Painting:
     unfused_kept: int = 0   # matrix ops kept float32 for activations folding could fuse
     # (matrix ops, least batch that would pay) of islands kept float32 for weight casts
     batch_kept: list[tuple[int, int]] = field(default_factory=list)
+    freezing: dict = field(default_factory=dict)   # costs.FreezeGain.to_dict(), if weighed
     _index: dict[str, list[TNode]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
 

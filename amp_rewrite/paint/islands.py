@@ -23,7 +23,14 @@ import math
 from ..core import hardware
 from ..core.ops import MATRIX_OPS
 from ..schema.shapes import Shapes
-from .costs import FOLDING_FUSES, matrix_intensity, runtime_estimate
+from .costs import (
+    FOLDING_FUSES,
+    Estimate,
+    frozen_estimate,
+    matrix_intensity,
+    reads_variables,
+    runtime_estimate,
+)
 from .decisions import Decision
 from .state import PaintState
 
@@ -42,6 +49,7 @@ def drop_cheap_islands(s: PaintState) -> None:
     # worked out on demand, for the islands runtime_estimate weighs
     shapes = Shapes(s.graph, s.input_shapes)
     seen: set[int] = set()
+    variables: bool | None = None   # whether the graph reads variables, once an island asks
     for start in sorted(s.allow):
         if start in seen:
             continue
@@ -59,6 +67,11 @@ def drop_cheap_islands(s: PaintState) -> None:
                     continue
                 names = {s.items[i][0] for i in island}
                 est = runtime_estimate(s.graph, shapes, names, s.batch)
+                if est is not None and (est.weights or est.slow):   # freezing could change it
+                    if variables is None:
+                        variables = reads_variables(s.graph)
+                    if variables:
+                        _weigh_freezing(s, shapes, names, est)
                 if est is None or not est.slower:
                     continue
                 text = f"in a {s.tname} island {est.describe(s.tname)}"
@@ -70,6 +83,14 @@ def drop_cheap_islands(s: PaintState) -> None:
         for idx in island:
             s.allow.pop(idx)
             s.blocked[idx] = Decision(False, "cost", text)
+
+
+def _weigh_freezing(s: PaintState, shapes, names: set[str], est: Estimate) -> None:
+    """Add the island to ``s.freezing``: what it would save frozen with --fold-constants
+    (:func:`~amp_rewrite.paint.costs.frozen_estimate`) beside what it saves as it is."""
+    frozen = frozen_estimate(s.graph, shapes, names, est)
+    if frozen is not None:
+        s.freezing.add(est, *frozen, sum(s.nodes[n].op in MATRIX_OPS for n in names))
 
 
 def _island(s: PaintState, start: int) -> set[int]:

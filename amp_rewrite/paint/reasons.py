@@ -14,7 +14,8 @@ from .state import PaintState
 
 def record(s: PaintState) -> Painting:
     result = Painting(target=s.target, device=s.device, warnings=list(s.warnings),
-                      unfused_kept=s.unfused_kept, batch_kept=list(s.batch_kept))
+                      unfused_kept=s.unfused_kept, batch_kept=list(s.batch_kept),
+                      freezing=s.freezing.to_dict() if s.freezing.islands else {})
     for idx, key in enumerate(s.items):
         decided = s.allow.get(idx) or s.blocked.get(idx)
         result.decisions[key] = decided if decided is not None else why_not(s, idx)

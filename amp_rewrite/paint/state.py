@@ -15,6 +15,7 @@ from ..core.ir import Graph, Node
 from ..core.ops import PLACEHOLDER_OPS, VARIABLE_OPS
 from ..rules.loader import RuleSet
 from ..schema.opdefs import device_type, get_dtype, kernel_supports, node_types, output_dtype
+from .costs import FreezeGain
 from .decisions import Decision
 from .typegraph import TypeGraph
 
@@ -52,6 +53,9 @@ class PaintState:
         # (matrix ops, least batch that would pay) of islands kept float32 for weight casts an
         # open batch shares (paint.islands; the --shape hint)
         self.batch_kept: list[tuple[int, int]] = []
+        # what freezing the variables and --fold-constants would gain (paint.islands; the
+        # freezing hint of a SavedModel's conversion)
+        self.freezing = FreezeGain()
         self._kernel: dict[int, bool] = {}
         self._reads_ref: dict[str, bool] = {}
 

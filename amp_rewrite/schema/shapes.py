@@ -137,6 +137,8 @@ _FOLDED = {"Identity": lambda a: a, "Snapshot": lambda a: a, "Neg": np.negative,
            "Inv": np.reciprocal, "Square": np.square, "Mul": np.multiply, "Add": np.add,
            "AddV2": np.add, "Sub": np.subtract, "RealDiv": np.divide, "Maximum": np.maximum,
            "Minimum": np.minimum}
+#: the ops :func:`folded_value` computes (the cost model's frozen estimate walks the same ops)
+FOLDED_OPS = frozenset(_FOLDED)
 # the largest value worked out: batch-norm vectors are one value per channel
 _FOLDED_MAX = 1 << 16
 
