@@ -33,7 +33,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
-from savedmodels import _feed, _load, models  # noqa: E402
+from savedmodels import _feed, _load, input_key, models  # noqa: E402
 from train_step import time_round_robin  # noqa: E402
 
 from amp_rewrite import convert_file  # noqa: E402
@@ -58,8 +58,7 @@ def measure(build, kind: str, batches, rounds: int) -> list[dict]:
         build().export(str(fp32), verbose=False)
         convert_file(fp32, painted, target="bfloat16", device="cpu", min_matrix_intensity=0)
         sessions = {"fp32": _load(fp32, False), "painted": _load(painted, False)}
-        sig = tf.saved_model.load(str(fp32)).signatures["serving_default"]
-        key = next(iter(sig.structured_input_signature[1]))
+        key = input_key(fp32)
         for batch in batches:
             ours = Path(tmp) / f"ours{batch}"
             report = convert_file(fp32, ours, target="bfloat16", device="cpu",

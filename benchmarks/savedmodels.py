@@ -3,7 +3,8 @@ grappler's own bfloat16 pass on this CPU, in one run.
 
 Each model is exported with ``model.export`` (a TF2 SavedModel: its weights are variables
 that reach the serving function as resource arguments), converted with
-``convert_file(..., target="bfloat16", device="cpu")`` (and with ``min_matrix_intensity=0``,
+``convert_file(..., target="bfloat16", device="cpu", shapes={input: (batch, ...)})`` (told
+the batch it runs at, as ``--shape``; and with ``min_matrix_intensity=0``,
 painted whole as before the cost model weighed it), and the SavedModels are loaded into
 TF1 sessions (``tf.compat.v1.saved_model.loader.load``): the FP32 one twice, once with
 grappler's ``auto_mixed_precision_onednn_bfloat16`` pass on. Its serving signature is also
@@ -100,6 +101,12 @@ def _load(path: Path, grappler_amp: bool):
     return sess, inp, out
 
 
+def input_key(path: Path) -> str:
+    """The serving signature's (one) input key: the name ``--shape`` takes."""
+    sig = tf.saved_model.load(str(path)).signatures["serving_default"]
+    return next(iter(sig.structured_input_signature[1]))
+
+
 def _frozen(path: Path):
     """The SavedModel's serving signature frozen to Consts (docs/savedmodels.md), its input
     and output tensor names."""
@@ -114,7 +121,11 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         fp32, ours, painted = Path(tmp) / "fp32", Path(tmp) / "bf16", Path(tmp) / "painted"
         build().export(str(fp32), verbose=False)
-        report = convert_file(fp32, ours, target="bfloat16", device="cpu")
+        value = _feed(kind, batch)
+        # told the batch it runs at, as a user would (--shape); BENCHMARKS.md "Batch size and
+        # weight casts" has the default's decisions across batches
+        report = convert_file(fp32, ours, target="bfloat16", device="cpu",
+                              shapes={input_key(fp32): value.shape})
         convert_file(fp32, painted, target="bfloat16", device="cpu", min_matrix_intensity=0)
         frozen_gd, f_in, f_out = _frozen(fp32)
         folded_gd, folded_report = convert(frozen_gd, target="bfloat16", device="cpu",
@@ -123,7 +134,6 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
                 "painted": _load(painted, False), "grappler": _load(fp32, True),
                 "frozen": (session(frozen_gd, False), f_in, f_out),
                 "folded": (session(folded_gd, False), f_in, f_out)}
-        value = _feed(kind, batch)
         outputs = {k: np.asarray(s.run(o, {i: value}), np.float64) for k, (s, i, o) in runs.items()}
         times = time_round_robin({k: functools.partial(s.run, o, {i: value})
                                   for k, (s, i, o) in runs.items()}, rounds, warmup=1)
@@ -157,7 +167,7 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
     lines = [SECTION, "",
              "`benchmarks/savedmodels.py`: Keras models exported as TF2 SavedModels (weights "
              f"in variables), batch {batch}; FP32, amp-rewrite's bfloat16 conversion (`--device "
-             "cpu`, default options, and painted whole with `--min-matrix-intensity 0` as before "
+             f"cpu`, default options told the batch with `--shape NAME={batch},...`, and painted whole with `--min-matrix-intensity 0` as before "
              "the cost model weighed variables), grappler's "
              "`auto_mixed_precision_onednn_bfloat16` on the FP32 SavedModel, and the serving "
              "signature frozen (docs/savedmodels.md \"Frozen graphs from a SavedModel\") as it is "

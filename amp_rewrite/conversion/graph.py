@@ -61,7 +61,7 @@ DEFAULT_MIN_INTENSITY = {("bfloat16", "cpu"): 128.0}
 # text classifiers, whose loop bodies the estimate weighs one step of: a GRU's and an LSTM's
 # 0.4-0.5 µs would paint their matrix ops, and frozen with --fold-constants they ran slower
 # than frozen float32 (Xception, MobileNetV2 with trained batch norms: 400-800 µs; frozen and
-# folded they ran 2.2-2.4x as fast as their SavedModels' conversions)
+# folded they ran 2.0-2.5x as fast as their SavedModels' conversions)
 FREEZE_HINT_SHARE = 0.1
 FREEZE_HINT_US = 1.0
 
