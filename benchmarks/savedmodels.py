@@ -213,7 +213,7 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
               "on every run, cost more than its matrix ops save at this batch); its SavedModel "
               "computes what the FP32 one does, so its ratio is 1 within the noise of this shared "
               "machine. The suggestion fires where freezing lets the conversion gain: "
-              "Xception's and MobileNetV2's frozen, folded conversions ran over twice as fast as "
+              "Xception's and MobileNetV2's frozen, folded conversions ran about twice as fast as "
               "their SavedModels' and gained far more from bfloat16 than the SavedModels did (the "
               "weights' casts gone, the batch norms folded into the convolutions and their "
               "activations fused). The GRU and LSTM frozen conversions paint their matrix ops "
