@@ -455,3 +455,22 @@ def test_shape_fills_the_dimensions_a_graph_leaves_open():
     assert open_.node("expand").precision == "bfloat16"
     _, told = convert(gd, target="bfloat16", device="cpu", shapes={"x:0": (8, 14, 14, 128)})
     assert told.node("expand").code == "cost" and "2 Relu6" in told.node("expand").reason
+
+
+def test_tune_takes_the_batch_too(tmp_path, capsys):
+    """tune's conversions weigh weight casts as convert's do: told a batch of 4096 with --shape,
+    the open-batch SavedModel's MatMul is tuned in bfloat16 (at one sample it stays float32)."""
+    from amp_rewrite.cli.run import main
+    model = _variable_matmul(tmp_path / "open", None)
+    data = tmp_path / "x.npz"
+    np.savez(data, x=np.random.default_rng(0).normal(0, 1, (16, 256)).astype(np.float32))
+    for shape, precision in ((None, "float32"), ("x=4096,256", "bfloat16")):
+        out, report = tmp_path / f"t{precision}", tmp_path / f"r{precision}.json"
+        flags = ["--shape", shape] if shape else []
+        assert main(["tune", str(model), "-o", str(out), "--inputs", str(data), "--target",
+                     "bfloat16", "--device", "cpu", "--report", str(report), *flags]) == 0
+        nodes = json.loads(report.read_text())["nodes"]
+        assert [n["precision"] for n in nodes if n["op"] == "MatMul"] == [precision], shape
+    assert main(["tune", str(model), "-o", str(tmp_path / "f16"), "--inputs", str(data),
+                 "--shape", "x=8,256"]) == 2
+    assert "has no such cost model: drop --shape" in capsys.readouterr().err

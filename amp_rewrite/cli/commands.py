@@ -203,7 +203,7 @@ def tune(args) -> int:
                            target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
-                           report=args.report, init_ops=args.init_op,
+                           shapes=parse_shapes(args.shape), report=args.report, init_ops=args.init_op,
                            allow_holdout_failure=args.allow_holdout_failure,
                            error_margin=args.error_margin,
                            **({} if args.headroom is None else {"headroom": args.headroom}))

@@ -306,6 +306,7 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="append", default=[], metavar="NAME")
     p.add_argument("--lowp-io", action="store_true")
     p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+    _batch_flag(p)
     p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
                    "(default serving_default, else the first)")
     p.add_argument("--output-tensor", action="append", default=[], metavar="TENSOR",
