@@ -413,6 +413,7 @@ def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
     hint = [w for w in default.warnings if "--shape" in w]
     assert len(hint) == 1 and "for a batch of 1; from a batch of 92 on" in hint[0], hint
     assert hint[0].endswith("convert with --shape x=92,256")
+    assert f"batch: {hint[0]}" in default.format_summary().splitlines()   # the CLI prints it
     for batch, precision in ((91, "float32"), (92, "bfloat16")):
         report = convert_file(model, tmp_path / f"t{batch}", target="bfloat16", device="cpu",
                               shapes={"x": (batch, 256)})

@@ -186,7 +186,7 @@ def _hint_batch(report: Report, meta: meta_graph_pb2.MetaGraphDef, batch: int) -
     """Matrix ops kept float32 because their variable weights, cast once a run, cost more than
     they save for the samples an open batch stands for: say from which batch they would gain,
     and how to say so (``--shape`` on a signature input, its other dimensions as stated)."""
-    kept_ops, pays = report.extra["batch_kept"]["ops"], report.extra["batch_kept"]["pays_from"]
+    kept_ops, pays = report.extra["batch"]["ops"], report.extra["batch"]["pays_from"]
     example = f"NAME={pays},..."
     inputs = (item for sig in meta.signature_def.values() for item in sig.inputs.items())
     for key, info in inputs:   # the first input whose other dimensions the signature states
@@ -199,8 +199,8 @@ def _hint_batch(report: Report, meta: meta_graph_pb2.MetaGraphDef, batch: int) -
             f"{batch}; "
             f"from a batch of {pays} on they gain: if the model runs at such batches, "
             f"convert with --shape {example}")
+    report.extra["batch"]["summary"] = text   # the CLI prints it with the summary
     report.warnings.append(text)
-    log.warning(text)
 
 
 def _hint_folding(report: Report) -> None:
@@ -286,7 +286,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         _hint_freezing(report)
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
-    if report.extra.get("batch_kept"):
+    if report.extra.get("batch"):
         _hint_batch(report, meta, target.batch or DEFAULT_BATCH)
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)

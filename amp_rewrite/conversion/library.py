@@ -273,10 +273,10 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     report.scopes.append(prefix)
     report.scopes.extend(f"{prefix}/{s}" for s in sub.scopes)
     report.saver_functions.extend(f"{prefix}/{s}" for s in sub.saver_functions)
-    if "batch_kept" in sub.extra:   # one hint for the model: its ops, the largest batch
-        mine = report.extra.setdefault("batch_kept", {"ops": 0, "pays_from": 0})
-        mine["ops"] += sub.extra["batch_kept"]["ops"]
-        mine["pays_from"] = max(mine["pays_from"], sub.extra["batch_kept"]["pays_from"])
+    if "batch" in sub.extra:   # one hint for the model: its ops, the largest batch
+        mine = report.extra.setdefault("batch", {"ops": 0, "pays_from": 0})
+        mine["ops"] += sub.extra["batch"]["ops"]
+        mine["pays_from"] = max(mine["pays_from"], sub.extra["batch"]["pays_from"])
     if "freezing" in sub.extra:   # what freezing would gain, summed over the bodies
         total = report.extra.setdefault("freezing", {})
         for key, value in sub.extra["freezing"].items():
