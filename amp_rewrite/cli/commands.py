@@ -27,6 +27,7 @@ from ..report import html, tensorboard
 from ..rules.loader import LISTS, load_rules
 from ..tools import bench as bench_mod
 from ..tools import kernels as kernels_mod
+from ..tools import measured as measured_mod
 from ..tools import ranges as ranges_mod
 from ..tools import tuning
 from ..tools import verify as verify_mod
@@ -60,8 +61,13 @@ def run(command: str, args) -> int:
 
 
 def convert(args) -> int:
-    options = _options(args)
+    options, measured = _options(args), None
+    if args.measure:
+        options, measured = measured_mod.measured_options(
+            args.input, args.output, options, shapes=parse_shapes(args.shape))
     model, report = convert_path(args.input, options)
+    if measured is not None:
+        report.extra["measured"] = measured.to_dict()
     with OutputSet() as outputs:
         stage(model, args.output, outputs, force=args.force or args.in_place)
         if args.report:

@@ -105,6 +105,10 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
                         "island float32 (code cost)")
     _batch_flag(p)
+    p.add_argument("--measure", action="store_true",
+                   help="bfloat16 on cpu: where the cost model kept nodes float32, time its "
+                        "conversion against the one painted whole on this machine (inputs "
+                        "as bench feeds them, --shape for open dimensions) and write the faster")
     _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing output")

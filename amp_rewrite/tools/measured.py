@@ -1,0 +1,106 @@
+"""``convert --measure``: where the cost model kept islands float32, time its choice against the
+conversion painted whole on this machine, and keep the faster.
+
+The cost model's estimate (:mod:`amp_rewrite.paint.costs`) weighs bfloat16 on a CPU with
+rates measured on single ops; inside a model they move (BENCHMARKS.md "Convolution savings
+inside a model": an untrained MobileNetV2's convolutions save three times what it credits, so
+it keeps float32 a model that grappler's painting runs 1.12x faster, while the isolated block
+of the same shape still runs slower painted). So where the estimate decided (some node has
+code ``cost``), both conversions are written to a temporary folder and timed against each other
+by :func:`amp_rewrite.tools.bench.bench`, interleaved on the same inputs; the one painted whole
+is kept where its median time over the interleaved rounds is lower, else the estimate's: the
+medians decide, not a round or two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ..conversion.graph import Options
+from ..conversion.pipeline import convert_path
+from ..core.errors import InputError
+from ..io.save import save
+from .bench import BenchResult, bench
+
+
+@dataclass
+class Measured:
+    """What ``--measure`` found: the two conversions' medians (ms) on this machine, the ratio
+    of the medians and the p10-p90 of the per-round ratios (above 1: the painted one faster),
+    and which was kept (``"estimated"`` or ``"painted"``)."""
+
+    chosen: str
+    estimated_ms: float = 0.0
+    painted_ms: float = 0.0
+    ratio: float = 1.0
+    ratio_range: tuple[float, float] = (1.0, 1.0)
+    kept_by_estimate: int = 0     # nodes the estimate kept float32 (code cost)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "summary": self.summary()}
+
+    def summary(self) -> str:
+        if not self.kept_by_estimate:
+            return "nothing to measure: the cost model kept no node float32"
+        kept = {"painted": "the conversion painted whole", "estimated": "the cost model's"}
+        return (f"{self.kept_by_estimate} nodes the cost model kept float32 (code cost); timed "
+                f"here, the cost model's conversion {self.estimated_ms:.2f} ms, painted whole "
+                f"{self.painted_ms:.2f} ms (painted {self.ratio:.2f}x as fast, p10-p90 "
+                f"{self.ratio_range[0]:.2f}-{self.ratio_range[1]:.2f}): wrote "
+                f"{kept[self.chosen]}")
+
+
+def pick(result: BenchResult) -> str:
+    """``"painted"`` where the painted conversion (the second model of ``result``) was faster
+    by the median over the interleaved rounds, else ``"estimated"``."""
+    return "painted" if result.speedup > 1.0 else "estimated"
+
+
+def measured_options(input_path, output_name: str, options: Options, *,
+                     shapes: Mapping | None = None, runs: int = 20,
+                     warmup: int = 3) -> tuple[Options, Measured]:
+    """The options to convert ``input_path`` with: ``options`` or, where the cost model kept
+    nodes float32 and painting them ran faster here, ``options`` with
+    ``min_matrix_intensity=0`` (painted whole); and what was measured. ``output_name`` names
+    the candidates in the temporary folder (its suffix decides their format); ``shapes``
+    feeds open dimensions as ``bench --shape`` does."""
+    if (options.target, options.device) != ("bfloat16", "cpu"):
+        raise InputError("--measure times the cost model of --target bfloat16 --device cpu "
+                         "against painting whole on this CPU; a "
+                         f"{options.target} conversion for {options.device} has none to time")
+    with _quiet():   # the conversion kept logs its own warnings; these would repeat or mislead
+        estimated, report = convert_path(input_path, options)
+        kept = sum(n.code == "cost" for n in report.nodes)
+        if not kept:
+            return options, Measured("estimated")
+        painted_options = dataclasses.replace(options, min_matrix_intensity=0)
+        painted, _ = convert_path(input_path, painted_options)
+    with tempfile.TemporaryDirectory(prefix="amp-rewrite-measure-") as tmp:
+        paths = [Path(tmp) / name / Path(output_name).name for name in ("estimated", "painted")]
+        for model, path in zip((estimated, painted), paths):
+            path.parent.mkdir()
+            save(model, path)
+        result = bench(*paths, runs=runs, warmup=warmup, shapes=shapes)
+    chosen = pick(result)
+    found = Measured(chosen, result.original.median_ms, result.converted.median_ms,
+                     result.speedup, result.speedup_range(), kept)
+    return (painted_options if chosen == "painted" else options), found
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The package's warnings held back (errors still said) while the candidates convert."""
+    logger = logging.getLogger("amp_rewrite")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
