@@ -22,8 +22,10 @@ import os
 import platform
 import re
 import statistics
+import functools
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,7 +35,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
 
+from amp_rewrite.conversion.graph import Options  # noqa: E402
+from amp_rewrite.conversion.pipeline import convert_path  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.tools.measured import measured_options  # noqa: E402
 from amp_rewrite.paint.costs import SAVED_PS_PER_FLOP  # noqa: E402
 
 SECTION = "## Convolution savings inside a model"
@@ -83,6 +88,27 @@ def _shape(desc: str) -> dict:
     return dims
 
 
+def with_measure(name: str, rounds: int) -> dict:
+    """``convert --measure`` on the frozen model: what it wrote, and that conversion timed
+    round-robin against grappler's painting of the FP32 graph."""
+    import keras
+    from keras_models import freeze, models
+    from train_step import session, time_round_robin
+    keras.utils.set_random_seed(0)
+    build, kind = models()[name]
+    gd, inp, out, value = freeze(build(), kind)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "frozen.pb"
+        path.write_bytes(gd.SerializeToString())
+        options, found = measured_options(path, "out.pb", Options(target="bfloat16", device="cpu"))
+        model, _ = convert_path(path, options)
+    sessions = {"measured": session(model.graph_def, False), "grappler": session(gd, True)}
+    times = time_round_robin({k: functools.partial(s.run, out, {inp: value})
+                              for k, s in sessions.items()}, max(rounds, 9), warmup=1)
+    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    return {"chosen": found.chosen, "measured_ms": med["measured"], "grappler_ms": med["grappler"]}
+
+
 def measure(name: str, rounds: int) -> dict:
     import keras_models
     build, kind = keras_models.models()[name]
@@ -105,7 +131,8 @@ def measure(name: str, rounds: int) -> dict:
             "per_flop": y.sum() / sum(flops), "a": a, "b": b,
             "fit_err": float(np.abs(fitted - y).sum() / np.abs(y).sum()),
             "matrix": whole["matrix"], "whole": (whole["fp32_ms"], whole["ours_ms"],
-                                                 whole["grappler_ms"])}
+                                                 whole["grappler_ms"]),
+            "measure": with_measure(name, rounds)}
 
 
 def run(rounds: int) -> str:
@@ -122,22 +149,29 @@ def run(rounds: int) -> str:
              "or writes, with its mean absolute error over the saving. \"Whole model\": the "
              "same models timed as `benchmarks/keras_models.py` does (no verbose log; FP32, "
              "amp-rewrite's default conversion, grappler's painting, round-robin in one process, "
-             "medians of at least 9 rounds), with amp-rewrite's MatMul/Conv ops in bfloat16.",
+             "medians of at least 9 rounds), with amp-rewrite's MatMul/Conv ops in bfloat16. "
+             "\"--measure\": what `convert --measure` wrote on this machine (the cost model's "
+             "conversion or the one painted whole, timed against each other), then timed "
+             "round-robin against grappler's painting.",
              "",
              "| model | convolutions | FP32 ms | bfloat16 ms | saved ms | estimated ms | saved ps "
              "a FLOP | fit: a ps a FLOP + b ps an element | fit error | whole model: FP32 / "
-             "amp-rewrite / grappler ms | amp-rewrite in bf16 | amp-rewrite / grappler speed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "amp-rewrite / grappler ms | amp-rewrite in bf16 | amp-rewrite / grappler speed | "
+             "--measure wrote | --measure / grappler ms (speed) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['name']} | {r['convs']} | {r['fp32_ms']:.1f} | {r['bf16_ms']:.1f} | "
                      f"{r['saved_ms']:.1f} | {r['estimate_ms']:.1f} | {r['per_flop']:.2f} | "
                      f"{r['a']:.2f} + {r['b']:.0f} | {r['fit_err']:.0%} | "
                      f"{' / '.join(f'{t:.0f}' for t in r['whole'])} | {r['matrix']} | "
-                     f"{r['whole'][2] / r['whole'][1]:.2f}x |")
+                     f"{r['whole'][2] / r['whole'][1]:.2f}x | {r['measure']['chosen']} | "
+                     f"{r['measure']['measured_ms']:.0f} / {r['measure']['grappler_ms']:.0f} "
+                     f"({r['measure']['grappler_ms'] / r['measure']['measured_ms']:.2f}x) |")
     lines += ["", "Where the saved time is well above the estimate, the cost model undercounts "
               "what a painted island gains, and keeps float32 islands that would run faster in "
               "bfloat16 (the untrained MobileNetV2 of \"Keras models\": its unfused Relu6 lose "
-              "about what the estimate says, its convolutions save more)."]
+              "about what the estimate says, its convolutions save more); `--measure` settles it on the "
+              "machine that runs the model (docs/decisions.md \"When the estimate is not enough\")."]
     return "\n".join(lines)
 
 
