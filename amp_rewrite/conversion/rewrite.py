@@ -82,7 +82,7 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
         report.extra["unfused_kept"] = painting.unfused_kept
     if painting.batch_kept:
         report.extra["batch"] = {"ops": sum(n for n, _ in painting.batch_kept),
-                                      "pays_from": max(b for _, b in painting.batch_kept)}
+                                 "pays_from": max(b for _, b in painting.batch_kept)}
     if painting.freezing:
         report.extra["freezing"] = painting.freezing
     if before.unregistered_ops:

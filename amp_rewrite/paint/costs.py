@@ -304,20 +304,22 @@ _FUSES_AFTER_BN = {"Conv2D": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Ta
                    "DepthwiseConv2dNative": frozenset({"Relu"})}
 
 
-def _fused_batch_norm(graph: Graph, act: Node, ref: TensorRef,
-                      island: set[str] | None) -> bool:
+def _fused_batch_norm(graph: Graph, act: Node, ref: TensorRef, island: set[str] | None,
+                      known=None) -> bool:
     """Whether ``act`` fuses with the inference batch norm ``ref`` (``is_training`` false, its
     four vectors Consts or computed from them, NHWC) and the contraction before it
     (:data:`_FUSES_AFTER_BN`); each step the only reader of the one before, with no control
-    edges, and in ``island`` where one is given."""
+    edges, and in ``island`` where one is given. ``known(graph, ref)`` tells whether a vector
+    is one constant folding computes (default: its values are, :func:`_float_values`; the
+    frozen estimate counts variables too, :func:`_stored_value`)."""
+    known = known or (lambda g, r: _float_values(g, r) is not None)
     bn = graph.node(ref.node)
     training = bn.attr["is_training"].b if "is_training" in bn.attr else True   # OpDef default
     if (ref.port or _controlled(graph, act.name) or training
             or not _sole_step(graph, bn.name, island) or not _nhwc(bn)):
         return False
     inputs = graph.inputs(bn.name)
-    if len(inputs) != 5 or inputs[0].port or any(
-            _float_values(graph, r) is None for r in inputs[1:]):
+    if len(inputs) != 5 or inputs[0].port or not all(known(graph, r) for r in inputs[1:]):
         return False
     up = graph.node(inputs[0].node)
     return (act.op in _FUSES_AFTER_BN.get(up.op, ()) and _nhwc(up)
@@ -626,12 +628,11 @@ def _folds_frozen(graph: Graph, node: Node, island: set[str]) -> bool:
     x = _stored_operand(graph, node, (node.op,))
     if x is None or not any(_reads_variable(graph, r) for r in graph.inputs(node.name)):
         return False
-    up = graph.node(x.node)
-    if node.op != "Mul" and up.op == "Mul" and _sole_step(graph, up.name, island):
-        scaled = _stored_operand(graph, up, ("Mul",))
-        if scaled is None:
+    if node.op != "Mul":   # an offset: the scale before it folds too
+        x = _past_scale(graph, x, island)
+        if x is None:
             return False
-        x, up = scaled, graph.node(scaled.node)
+    up = graph.node(x.node)
     return (up.op in ("Conv2D", "DepthwiseConv2dNative") and not x.port and _nhwc(up)
             and _sole_step(graph, up.name, island)
             and _stored_value(graph, graph.inputs(up.name)[1]))
@@ -660,27 +661,27 @@ def _fuses_frozen(graph: Graph, act: Node, island: set[str]) -> bool:
     if not _sole_step(graph, src.name, island):
         return False
     if src.op in _BATCH_NORMS:
-        bn = graph.inputs(src.name)
-        training = src.attr["is_training"].b if "is_training" in src.attr else True
-        if training or len(bn) != 5 or bn[0].port or not _nhwc(src) or not all(
-                _stored_value(graph, r) for r in bn[1:]):
-            return False
-        up = graph.node(bn[0].node)
-        return (act.op in _FUSES_AFTER_BN.get(up.op, ()) and _nhwc(up)
-                and _sole_step(graph, up.name, island))
+        return _fused_batch_norm(graph, act, inputs[0], island, known=_stored_value)
     x = _stored_operand(graph, src, ("BiasAdd", "Add", "AddV2"))
+    if x is not None:
+        x = _past_scale(graph, x, island)
     if x is None:
         return False
     up = graph.node(x.node)
-    if up.op == "Mul" and _sole_step(graph, up.name, island):
-        scaled = _stored_operand(graph, up, ("Mul",))
-        if scaled is None:
-            return False
-        x, up = scaled, graph.node(scaled.node)
     if up.op not in ("Conv2D", "DepthwiseConv2dNative") or x.port or not _nhwc(up):
         return False
     return (act.op in _FUSES[up.op] and _sole_step(graph, up.name, island)
             and _stored_value(graph, graph.inputs(up.name)[1]))
+
+
+def _past_scale(graph: Graph, x: TensorRef, island: set[str]) -> TensorRef | None:
+    """``x`` or, where it is a batch norm's scale (a Mul by a stored vector, the only reader of
+    what it scales, in ``island``), what it scales; None where it is a Mul bnfold would not
+    fold (no stored vector, or two)."""
+    up = graph.node(x.node)
+    if up.op != "Mul" or not _sole_step(graph, up.name, island):
+        return x
+    return _stored_operand(graph, up, ("Mul",))
 
 
 def _stored_operand(graph: Graph, node: Node, ops: tuple[str, ...]) -> TensorRef | None:

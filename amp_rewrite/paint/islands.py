@@ -67,15 +67,15 @@ def drop_cheap_islands(s: PaintState) -> None:
                     continue
                 names = {s.items[i][0] for i in island}
                 est = runtime_estimate(s.graph, shapes, names, s.batch)
+                matrix = sum(s.nodes[n].op in MATRIX_OPS for n in names)
                 if est is not None and (est.weights or est.slow):   # freezing could change it
                     if variables is None:
                         variables = reads_variables(s.graph)
                     if variables:
-                        _weigh_freezing(s, shapes, names, est)
+                        _weigh_freezing(s, shapes, names, est, matrix)
                 if est is None or not est.slower:
                     continue
                 text = f"in a {s.tname} island {est.describe(s.tname)}"
-                matrix = sum(s.nodes[n].op in MATRIX_OPS for n in names)
                 if FOLDING_FUSES & set(est.slow):   # folded batch norms could make them fusable
                     s.unfused_kept += matrix
                 if est.pays_from:   # a larger batch would share the weight casts enough
@@ -85,12 +85,14 @@ def drop_cheap_islands(s: PaintState) -> None:
             s.blocked[idx] = Decision(False, "cost", text)
 
 
-def _weigh_freezing(s: PaintState, shapes, names: set[str], est: Estimate) -> None:
-    """Add the island to ``s.freezing``: what it would save frozen with --fold-constants
-    (:func:`~amp_rewrite.paint.costs.frozen_estimate`) beside what it saves as it is."""
+def _weigh_freezing(s: PaintState, shapes, names: set[str], est: Estimate,
+                    matrix: int) -> None:
+    """Add the island (``matrix`` its matrix ops) to ``s.freezing``: what it would save frozen
+    with --fold-constants (:func:`~amp_rewrite.paint.costs.frozen_estimate`) beside what it
+    saves as it is."""
     frozen = frozen_estimate(s.graph, shapes, names, est)
     if frozen is not None:
-        s.freezing.add(est, *frozen, sum(s.nodes[n].op in MATRIX_OPS for n in names))
+        s.freezing.add(est, *frozen, matrix)
 
 
 def _island(s: PaintState, start: int) -> set[int]:
