@@ -36,9 +36,8 @@ import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
 
 from amp_rewrite.conversion.graph import Options  # noqa: E402
-from amp_rewrite.conversion.pipeline import convert_path  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
-from amp_rewrite.tools.measured import measured_options  # noqa: E402
+from amp_rewrite.tools.measured import measured_conversion  # noqa: E402
 from amp_rewrite.paint.costs import SAVED_PS_PER_FLOP  # noqa: E402
 
 SECTION = "## Convolution savings inside a model"
@@ -100,8 +99,8 @@ def with_measure(name: str, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "frozen.pb"
         path.write_bytes(gd.SerializeToString())
-        options, found = measured_options(path, "out.pb", Options(target="bfloat16", device="cpu"))
-        model, _ = convert_path(path, options)
+        model, _, found = measured_conversion(path, "out.pb",
+                                              Options(target="bfloat16", device="cpu"))
     sessions = {"measured": session(model.graph_def, False), "grappler": session(gd, True)}
     times = time_round_robin({k: functools.partial(s.run, out, {inp: value})
                               for k, s in sessions.items()}, max(rounds, 9), warmup=1)

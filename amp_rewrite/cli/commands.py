@@ -61,13 +61,12 @@ def run(command: str, args) -> int:
 
 
 def convert(args) -> int:
-    options, measured = _options(args), None
+    options = _options(args)
     if args.measure:
-        options, measured = measured_mod.measured_options(
+        model, report, _ = measured_mod.measured_conversion(
             args.input, args.output, options, shapes=parse_shapes(args.shape))
-    model, report = convert_path(args.input, options)
-    if measured is not None:
-        report.extra["measured"] = measured.to_dict()
+    else:
+        model, report = convert_path(args.input, options)
     with OutputSet() as outputs:
         stage(model, args.output, outputs, force=args.force or args.in_place)
         if args.report:

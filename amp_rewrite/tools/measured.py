@@ -25,6 +25,8 @@ from typing import Mapping
 from ..conversion.graph import Options
 from ..conversion.pipeline import convert_path
 from ..core.errors import InputError
+from ..io.load import Model
+from ..report.decisions import Report
 from ..io.save import save
 from .bench import BenchResult, bench
 
@@ -62,45 +64,58 @@ def pick(result: BenchResult) -> str:
     return "painted" if result.speedup > 1.0 else "estimated"
 
 
-def measured_options(input_path, output_name: str, options: Options, *,
-                     shapes: Mapping | None = None, runs: int = 20,
-                     warmup: int = 3) -> tuple[Options, Measured]:
-    """The options to convert ``input_path`` with: ``options`` or, where the cost model kept
-    nodes float32 and painting them ran faster here, ``options`` with
-    ``min_matrix_intensity=0`` (painted whole); and what was measured. ``output_name`` names
-    the candidates in the temporary folder (its suffix decides their format); ``shapes``
-    feeds open dimensions as ``bench --shape`` does."""
+def measured_conversion(input_path, output_name: str, options: Options, *,
+                        shapes: Mapping | None = None, runs: int = 20,
+                        warmup: int = 3) -> tuple[Model, Report, Measured]:
+    """``input_path`` converted with ``options`` or, where the cost model kept nodes float32
+    and painting them ran faster here, with ``min_matrix_intensity=0`` (painted whole): the
+    model and its report, whose ``measured`` entry says what was timed. ``output_name`` names
+    the candidates in the temporary folder (its suffix decides their format); ``shapes`` feeds
+    open dimensions as ``bench --shape`` does. Only the kept conversion's log lines are said."""
     if (options.target, options.device) != ("bfloat16", "cpu"):
         raise InputError("--measure times the cost model of --target bfloat16 --device cpu "
                          "against painting whole on this CPU; a "
                          f"{options.target} conversion for {options.device} has none to time")
-    with _quiet():   # the conversion kept logs its own warnings; these would repeat or mislead
-        estimated, report = convert_path(input_path, options)
-        kept = sum(n.code == "cost" for n in report.nodes)
-        if not kept:
-            return options, Measured("estimated")
-        painted_options = dataclasses.replace(options, min_matrix_intensity=0)
-        painted, _ = convert_path(input_path, painted_options)
-    with tempfile.TemporaryDirectory(prefix="amp-rewrite-measure-") as tmp:
-        paths = [Path(tmp) / name / Path(output_name).name for name in ("estimated", "painted")]
-        for model, path in zip((estimated, painted), paths):
-            path.parent.mkdir()
-            save(model, path)
-        result = bench(*paths, runs=runs, warmup=warmup, shapes=shapes)
-    chosen = pick(result)
-    found = Measured(chosen, result.original.median_ms, result.converted.median_ms,
-                     result.speedup, result.speedup_range(), kept)
-    return (painted_options if chosen == "painted" else options), found
+    logs: dict[str, list[logging.LogRecord]] = {"estimated": [], "painted": []}
+    with _held(logs["estimated"]):
+        estimated = convert_path(input_path, options)
+    kept = sum(n.code == "cost" for n in estimated[1].nodes)
+    found = Measured("estimated", kept_by_estimate=kept)
+    if kept:
+        with _held(logs["painted"]):
+            painted = convert_path(input_path, dataclasses.replace(options, min_matrix_intensity=0))
+        with tempfile.TemporaryDirectory(prefix="amp-rewrite-measure-") as tmp:
+            paths = [Path(tmp) / name / Path(output_name).name for name in logs]
+            for (model, _), path in zip((estimated, painted), paths):
+                path.parent.mkdir()
+                save(model, path)
+            result = bench(*paths, runs=runs, warmup=warmup, shapes=shapes)
+        found = Measured(pick(result), result.original.median_ms, result.converted.median_ms,
+                         result.speedup, result.speedup_range(), kept)
+    for record in logs[found.chosen]:   # said now, as the conversion written would say them
+        logging.getLogger(record.name).handle(record)
+    model, report = painted if found.chosen == "painted" else estimated
+    report.extra["measured"] = found.to_dict()
+    return model, report, found
+
+
+class _Hold(logging.Handler):
+    def __init__(self, records: list[logging.LogRecord]):
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 @contextlib.contextmanager
-def _quiet():
-    """The package's warnings held back (errors still said) while the candidates convert."""
+def _held(records: list[logging.LogRecord]):
+    """The package's log records kept in ``records``, not said, while a candidate converts:
+    the one not written would repeat or contradict the other's warnings."""
     logger = logging.getLogger("amp_rewrite")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    handlers, propagate = logger.handlers[:], logger.propagate
+    logger.handlers[:], logger.propagate = [_Hold(records)], False
     try:
         yield
     finally:
-        logger.setLevel(level)
-
+        logger.handlers[:], logger.propagate = handlers, propagate
