@@ -430,9 +430,10 @@ def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
 def test_shape_names_an_input_that_fits_and_only_where_a_cost_model_weighs(tmp_path, capsys):
     from amp_rewrite.cli.run import main
     model = _variable_matmul(tmp_path / "open", None)
-    cases = {"y=8,256": "--shape y: the model has no input of that name (its inputs: x",
-             "x=8,128": "--shape x=8,128 does not fit the input's shape (?,256)",
-             "x=8": "--shape x=8 does not fit the input's shape (?,256)",
+    # the message every command gives a name that names no input (schema.inputs.match_inputs)
+    cases = {"y=8,256": "--shape 'y' names no input of the model; its inputs: x (float32 [?,256])",
+             "x=8,128": "--shape x=8,128 does not fit the input's shape [?,256]",
+             "x=8": "--shape x=8 does not fit the input's shape [?,256]",
              "x=8,x": "expected NAME=D1,D2,..."}
     for flag, message in cases.items():
         assert main([str(model), "-o", str(tmp_path / "o"), "--target", "bfloat16",

@@ -20,7 +20,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..check import lint
@@ -33,6 +32,7 @@ from ..report.decisions import Report
 from ..paint.costs import DEFAULT_BATCH
 from ..rules.loader import RuleSet, load_rules
 from ..schema.functiondef import check_call_types, reachable, saver_functions
+from ..schema.inputs import fitting_shape, match_inputs, meta_graph_inputs
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
@@ -112,7 +112,7 @@ class Options:
         if not (isinstance(self.headroom, (int, float)) and 1 <= self.headroom < math.inf):
             raise InputError(f"--headroom must be a number of at least 1 (a share of the "
                              f"16-bit dtype's largest value), not {self.headroom!r}")
-        if self.shapes and (self.target, self.device) != ("bfloat16", "cpu"):
+        if self.shapes and not self.weighed():
             raise InputError("--shape tells the cost model of --target bfloat16 --device cpu "
                              f"the batch; a {self.target} conversion for {self.device} has no "
                              "such cost model: drop --shape")
@@ -143,56 +143,43 @@ class Options:
         return Target(self.target, DEVICES[self.device], float(least),
                       batch=max(1, min(batches)) if batches else None)
 
+    def weighed(self) -> bool:
+        """Whether the cost model of bfloat16 on a CPU weighs this conversion (what
+        ``--shape`` informs and ``--measure`` times)."""
+        return (self.target, self.device) == ("bfloat16", "cpu")
+
     def slower_here(self) -> bool:
         """Whether the conversion asked for runs slower than float32 on this machine:
         bfloat16 for a CPU that has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16)."""
-        return ((self.target, self.device) == ("bfloat16", "cpu")
-                and hardware.bf16_matrix_unit() is None)
+        return self.weighed() and hardware.bf16_matrix_unit() is None
 
 
 def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
                  meta: meta_graph_pb2.MetaGraphDef) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """``--shape``'s names resolved to the placeholders of ``graph`` they feed: a placeholder's
-    name (``:0`` allowed) or an input key of one of ``meta``'s signatures. A name that is
-    neither, or a shape that does not fit the placeholder's stated one, is an InputError."""
-    signature_inputs = {key: info.name for sig in meta.signature_def.values()
-                        for key, info in sig.inputs.items()}
+    """``--shape``'s names resolved to the placeholders of ``graph`` they feed, by the rule
+    every command names inputs by (:func:`~amp_rewrite.schema.inputs.match_inputs`, on the
+    MetaGraph's inputs: its signatures', else its placeholders); a name that names none, or a
+    shape that does not fit the input's stated one, is an InputError."""
     resolved = []
-    for name, dims in shapes.items():
-        node_name = name[:-2] if name.endswith(":0") else name
-        if not (node_name in graph and graph.node(node_name).op in PLACEHOLDER_OPS):
-            tensor = signature_inputs.get(name, "")
-            node_name = tensor.split(":")[0]
-            if not (node_name in graph and graph.node(node_name).op in PLACEHOLDER_OPS):
-                # a model with signatures is fed through them; a bare graph by placeholder
-                known = sorted(signature_inputs) or sorted(
-                    n.name for n in graph.nodes() if n.op in PLACEHOLDER_OPS
-                    and n.attr["dtype"].type != types_pb2.DT_RESOURCE)
-                listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
-                raise InputError(f"--shape {name}: the model has no input of that name "
-                                 f"(its inputs: {listed or 'none'})")
-        stated = graph.node(node_name).attr["shape"].shape
-        dims = tuple(dims)
-        if not stated.unknown_rank and (len(stated.dim) != len(dims) or any(
-                d.size >= 0 and d.size != g for d, g in zip(stated.dim, dims))):
-            text = ",".join("?" if d.size < 0 else str(d.size) for d in stated.dim)
-            raise InputError(f"--shape {name}={','.join(map(str, dims))} does not fit the "
-                             f"input's shape ({text})")
-        resolved.append((node_name, dims))
+    for name, spec in match_inputs(shapes, meta_graph_inputs(meta, graph), "--shape").items():
+        dims = fitting_shape(name, shapes[name], spec)
+        node = spec.tensor.rpartition(":")[0]
+        if node in graph and graph.node(node).op in PLACEHOLDER_OPS:
+            resolved.append((node, dims))
     return tuple(resolved)
 
 
-def _hint_batch(report: Report, meta: meta_graph_pb2.MetaGraphDef, batch: int) -> None:
+def _hint_batch(report: Report, meta: meta_graph_pb2.MetaGraphDef, graph: Graph,
+                batch: int) -> None:
     """Matrix ops kept float32 because their variable weights, cast once a run, cost more than
     they save for the samples an open batch stands for: say from which batch they would gain,
     and how to say so (``--shape`` on a signature input, its other dimensions as stated)."""
     kept_ops, pays = report.extra["batch"]["ops"], report.extra["batch"]["pays_from"]
     example = f"NAME={pays},..."
-    inputs = (item for sig in meta.signature_def.values() for item in sig.inputs.items())
-    for key, info in inputs:   # the first input whose other dimensions the signature states
-        dims = [d.size for d in info.tensor_shape.dim]
-        if dims and not info.tensor_shape.unknown_rank and all(d >= 0 for d in dims[1:]):
-            example = ",".join(map(str, [f"{key}={pays}", *dims[1:]]))
+    signed = meta_graph_inputs(meta, graph) if meta.signature_def else []
+    for spec in signed:   # the first signature input whose other dimensions are stated
+        if spec.shape and all(d is not None for d in spec.shape[1:]):
+            example = ",".join(map(str, [f"{spec.name}={pays}", *spec.shape[1:]]))
             break
     text = (f"{kept_ops} matrix ops stayed float32 (code cost): their variable weights, cast to "
             f"{report.target} on every run, cost more than they save for a batch of "
@@ -287,7 +274,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if report.extra.get("batch"):
-        _hint_batch(report, meta, target.batch or DEFAULT_BATCH)
+        _hint_batch(report, meta, graph, target.batch or DEFAULT_BATCH)
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)

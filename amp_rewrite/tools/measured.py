@@ -72,7 +72,7 @@ def measured_conversion(input_path, output_name: str, options: Options, *,
     model and its report, whose ``measured`` entry says what was timed. ``output_name`` names
     the candidates in the temporary folder (its suffix decides their format); ``shapes`` feeds
     open dimensions as ``bench --shape`` does. Only the kept conversion's log lines are said."""
-    if (options.target, options.device) != ("bfloat16", "cpu"):
+    if not options.weighed():
         raise InputError("--measure times the cost model of --target bfloat16 --device cpu "
                          "against painting whole on this CPU; a "
                          f"{options.target} conversion for {options.device} has none to time")

@@ -40,7 +40,8 @@ from ..core.errors import InputError
 from ..io.files import is_keras_file
 from ..io.keras_files import saved_models
 from ..io.load import Model
-from .runner import GraphRunner, Runner, load_inputs, match_inputs, open_model
+from ..schema.inputs import match_inputs
+from .runner import GraphRunner, Runner, load_inputs, open_model
 from .traces import Trace
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def calibrate(model: str | os.PathLike | Model, samples: Sample | Iterable[Sampl
     ``signature``, default ``serving_default``), a Keras file (run as the SavedModel of its
     serving function) or a loaded :class:`~amp_rewrite.io.load.Model`. ``samples``: ``.npz``
     paths or feed dicts keyed by input name, one run each; every key must name an input and
-    every input needs an array (:func:`~amp_rewrite.tools.runner.match_inputs`). A MetaGraph's
+    every input needs an array (:func:`~amp_rewrite.schema.inputs.match_inputs`). A MetaGraph's
     variables are restored from ``checkpoint``, else drawn by their initializers (logged: the
     ranges are then those of an untrained model).
     """

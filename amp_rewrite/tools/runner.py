@@ -52,26 +52,20 @@ from ..core.ir import copy_except
 from ..core.ops import TABLE_INITIALIZERS
 from ..io.load import SAVED_MODEL_FILES, Model, load
 from ..io.save import write_linked
+from ..schema.inputs import (
+    InputSpec,
+    dtype_text,
+    fitting_shape,
+    input_keys,
+    match_inputs,
+    shape_text,
+)
 from ..transforms.emulate import emulate_float16
 from .analysis import UNSCALED_SUFFIX, Analysis, own_variables
 from .replay import SignatureReplay, saved_state, signature_call
 from .traces import TensorInfo, Trace, reason, replay_errors, run_errors, tensor_name
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input: the user-facing ``name``, the tensor fed, its dtype and static shape."""
-
-    name: str
-    tensor: str
-    dtype: int                        # types_pb2 enum
-    shape: tuple[int | None, ...] | None  # None: unknown rank
-    #: for an output of a tf.data iterator, that output (``IteratorGetNext:0``, also the
-    #: name; ``tensor`` is the placeholder the model reads it through): fed the user's array,
-    #: else a batch drawn from it (:func:`fill_iterator_inputs`), never random data. "" for
-    #: other inputs
-    iterator: str = ""
 
 
 def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -96,75 +90,15 @@ def concrete_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]]) -> tu
     dimensions set to 1 (logged, so the user knows to pass ``--shape``)."""
     for key in input_keys(spec):
         if key in shapes:
-            given = shapes[key]
-            if spec.shape is not None and (len(given) != len(spec.shape) or any(
-                    s is not None and s != g for s, g in zip(spec.shape, given))):
-                raise InputError(f"--shape {key}={','.join(map(str, given))} does not fit the "
-                                 f"input's shape {_shape_text(spec.shape)}")
-            return given
+            return fitting_shape(key, shapes[key], spec)
     if spec.shape is None:
         raise InputError(f"input {spec.name!r} has unknown rank: pass --shape {spec.name}=D1,D2,...")
     batch = next((dims[0] for dims in shapes.values() if dims), 1)
     shape = tuple((batch if i == 0 else 1) if d is None else d for i, d in enumerate(spec.shape))
     if shape != spec.shape:
         log.warning("input %s has shape %s: fed as %s (pass --shape %s=...)", spec.name,
-                    _shape_text(spec.shape), _shape_text(shape), spec.name)
+                    shape_text(spec.shape), shape_text(shape), spec.name)
     return shape
-
-
-def input_keys(spec: InputSpec) -> tuple[str, ...]:
-    """The names an ``.npz`` key or a ``--shape`` may give ``spec`` by: its name, its tensor,
-    and for either, of port 0, its node (port 1 of an iterator is not its node)."""
-    keys = [spec.name, spec.tensor]
-    for name in (spec.name, spec.tensor):
-        node, _, port = name.rpartition(":")
-        if port == "0":
-            keys.append(node)
-    return tuple(dict.fromkeys(keys))
-
-
-def _shape_text(shape) -> str:
-    if shape is None:
-        return "<unknown rank>"
-    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def match_inputs(names: Iterable[str], specs: Sequence[InputSpec], what: str) -> dict[str, InputSpec]:
-    """Each of ``names`` (the keys of an ``.npz`` file, the names of ``--shape``) with the input
-    it names: its name (a signature key, a placeholder), its tensor (``x:0``) or its tensor's
-    node. The one rule for input names: a name that names no input is an InputError (``what``
-    says whose name it is) listing the model's inputs, with the closest names; never ignored,
-    as a name mistyped would leave its input fed with made-up data."""
-    by_name: dict[str, InputSpec] = {}
-    for spec in specs:
-        for key in input_keys(spec):
-            by_name.setdefault(key, spec)
-    matched = {}
-    for name in names:
-        if name not in by_name:
-            close = difflib.get_close_matches(name, [s.name for s in specs], n=3, cutoff=0.5)
-            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-            listing = ", ".join(f"{s.name} ({_dtype_text(s.dtype)} {_shape_text(s.shape)})"
-                                for s in specs) or "none"
-            raise InputError(f"{what} {name!r} names no input of the model{hint}; its inputs: "
-                             f"{listing}")
-        matched[name] = by_name[name]
-    twice = _named_twice(matched)
-    if twice:
-        raise InputError(f"{what} {' and '.join(map(repr, twice[1]))} name the same input "
-                         f"{twice[0]!r}: give one")
-    return matched
-
-
-def _named_twice(matched: Mapping[str, InputSpec]):
-    seen: dict[str, list[str]] = {}
-    for name, spec in matched.items():
-        seen.setdefault(spec.name, []).append(name)
-    return next(((spec, names) for spec, names in seen.items() if len(names) > 1), None)
-
-
-def _dtype_text(dtype: int) -> str:
-    return tf.dtypes.as_dtype(dtype).name
 
 
 def input_shapes(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]] | None
@@ -192,7 +126,7 @@ def input_feeds(specs: Sequence[InputSpec], inputs: str | os.PathLike | None = N
                              "in the dataset's shape; feed them from --inputs to choose")
         if inputs and feeds[name].shape != given:
             raise InputError(f"--shape {name}={','.join(map(str, given))}: {inputs} holds "
-                             f"{name} with shape {_shape_text(feeds[name].shape)}")
+                             f"{name} with shape {shape_text(feeds[name].shape)}")
     if inputs:
         return [feeds]
     fixed = {spec.name: concrete_shape(spec, shapes) for spec in made}  # warns once
@@ -244,7 +178,7 @@ def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str
             raise InputError(f"{path}: no array for input {spec.name!r} (keys: "
                              f"{', '.join(data.files) or 'none'})")
         log.info("input %s: %s %s from %s", spec.name, feeds[spec.name].dtype,
-                 _shape_text(feeds[spec.name].shape), path)
+                 shape_text(feeds[spec.name].shape), path)
     return {spec.name: feeds[spec.name] for spec in specs if spec.name in feeds}
 
 

@@ -101,13 +101,13 @@ from ..io.load import Model, load
 from ..io.save import check_destination, save, stage
 from ..report.decisions import Report
 from ..rules.loader import NodeRule
+from ..schema.inputs import match_inputs
 from ..training.detect import training_parts
 from .ranges import Ranges
 from .runner import (
     Runner,
     fill_iterator_inputs,
     load_inputs,
-    match_inputs,
     open_converted,
     open_model,
 )
