@@ -134,7 +134,8 @@ def test_open_channels_and_a_v1_loop_end_in_known_or_unknown_not_in_a_hang():
     shapes = Shapes(Graph.from_graph_def(graph_def))
     assert shapes.shape(TensorRef("dw", 0)) == (-1, 8, 8, 8)   # the filter says 4 x 2 channels
     assert shapes.shape(TensorRef("squeezed", 0)) is None
-    assert shapes.shape(TensorRef("relu", 0)) is None
+    # the Merge takes the shape its value enters with (a scalar), not walking round the loop
+    assert shapes.shape(TensorRef("relu", 0)) == ()
 
 
 def test_a_stated_output_shape_stands_in_for_a_missing_rule_and_constant_folding_is_followed():
@@ -160,3 +161,80 @@ def test_a_stated_output_shape_stands_in_for_a_missing_rule_and_constant_folding
     assert Shapes(graph).shape(TensorRef("act", 0)) == (-1, 5, 7)
     np.testing.assert_allclose(folded_value(graph, TensorRef("offset", 0)), [0.5, 0.75])
     assert folded_value(graph, TensorRef("from_x", 0)) is None
+
+
+def frozen_recurrence(cell="gru", steps=6, units=8, features=5, batch=None):
+    """A recurrent cell over time in a ``tf.function`` (a ``tf.while_loop`` over a TensorArray
+    of the steps, a state of zeros as many as the run-time batch), frozen as users freeze one:
+    the loop lowered to a TF1 frame (Enter, Merge, Switch, NextIteration, Exit). ``cell``:
+    "gru" (gates cut by StridedSlice), "lstm" (Split into four, a second state) or "sliced"
+    (SplitV). Returns the GraphDef, its input and its output names."""
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2)
+    r = np.random.default_rng(0)
+    width = {"gru": 3, "lstm": 4, "sliced": 2}[cell] * units
+    w = tf.constant(r.normal(0, 0.3, (features, width)).astype(np.float32))
+    u = tf.constant(r.normal(0, 0.3, (units, width)).astype(np.float32))
+
+    def step(x_t, h, c):
+        z = tf.matmul(x_t, w) + tf.matmul(h, u)
+        if cell == "gru":
+            a, b, n = z[:, :units], z[:, units:2 * units], z[:, 2 * units:]
+            g = tf.sigmoid(a)
+            return g * h + (1 - g) * tf.tanh(n * tf.sigmoid(b)), c
+        if cell == "lstm":
+            i, f, o, n = tf.split(z, 4, axis=1)
+            c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(n)
+            return tf.sigmoid(o) * tf.tanh(c), c
+        a, b = tf.split(z, [units, units], axis=1)
+        return tf.tanh(a) * tf.sigmoid(b), c
+
+    @tf.function(input_signature=[tf.TensorSpec([batch, steps, features], tf.float32)])
+    def run(x):
+        xs = tf.TensorArray(tf.float32, size=steps).unstack(tf.transpose(x, [1, 0, 2]))
+        zeros = tf.zeros(tf.stack([tf.shape(x)[0], units]))
+        _, h, _ = tf.while_loop(lambda t, h, c: t < steps,
+                                lambda t, h, c: (t + 1, *step(xs.read(t), h, c)),
+                                (0, zeros, zeros))
+        return tf.identity(h, name="out")
+
+    frozen = convert_variables_to_constants_v2(run.get_concrete_function())
+    return frozen.graph.as_graph_def(), frozen.inputs[0].name, frozen.outputs[0].name
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm", "sliced"])
+def test_a_frozen_loop_has_the_shapes_tensorflow_infers_with_its_rows_marked(cell):
+    """Inside a lowered loop the rows of a step's MatMul are not known (TensorFlow's shape
+    function says (?, columns)): ours say ROWS there and in what is computed from them; every
+    dimension TensorFlow's importer works out, ours has the same."""
+    from amp_rewrite.schema.shapes import ROWS
+    gd, _, _ = frozen_recurrence(cell)
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    shapes = Shapes(Graph.from_graph_def(gd))
+    known, guessed = set(), set()
+    for op in g.get_operations():
+        for port, out in enumerate(op.outputs):
+            ours = shapes.shape(TensorRef(op.name, port))
+            if ours is None:
+                continue
+            known.add(op.type)
+            if shapes.guessed(TensorRef(op.name, port)):
+                guessed.add(op.type)
+            if out.shape.rank is None:   # TensorFlow's importer leaves a frame's Merge unknown
+                continue
+            theirs = [-1 if d is None else d for d in out.shape.as_list()]
+            assert len(ours) == len(theirs), (op.name, ours, theirs)
+            # where TensorFlow knows a dimension ours is the same (ours may know more: the
+            # columns of a MatMul whose weight TensorFlow's importer did not follow)
+            assert all(b == -1 or a == b for a, b in zip(ours, theirs)), (op.name, ours, theirs)
+            assert all(d >= 0 or (i == 0 and d == ROWS) or theirs[i] == -1
+                       for i, d in enumerate(ours)), (op.name, ours, theirs)
+    must = {"MatMul", "Sigmoid", "Tanh", "Enter", "Merge", "Switch", "AddV2", "Mul", "Fill"}
+    must |= {"gru": {"StridedSlice"}, "lstm": {"Split"}, "sliced": {"SplitV"}}[cell]
+    assert must <= known, must - known
+    assert {"MatMul", "Sigmoid", "Tanh"} <= guessed
+    loop_matmuls = [n for n in gd.node if n.op == "MatMul"]
+    assert loop_matmuls and all(shapes.elements(TensorRef(n.name, 0)) in (3 * 8, 4 * 8, 2 * 8)
+                                for n in loop_matmuls)   # per row: the weight's columns

@@ -184,6 +184,7 @@ class Estimate:
     weights: int = 0                      # elements of variable weights cast a run
     batch: int = DEFAULT_BATCH            # samples a run an open batch was taken as
     open_cast_us: float = 0.0             # of cast_us, what an open batch shares, a run
+    per_row: bool = False                 # counted per row of matrix ops whose rows are unknown
 
     @property
     def pays_from(self) -> int | None:
@@ -215,6 +216,14 @@ class Estimate:
                     "\"Batch size and weight casts\"; "
                     "--min-matrix-intensity 0 paints it anyway)")
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.slow.items()))
+        if self.per_row:
+            return (f"whose unfused {tname} activations ({ops}) would lose about "
+                    f"{self.lost_us * 1e3:.0f} ns per row of its matrix ops on a CPU, more "
+                    f"than the {self.saved_us * 1e3:.0f} ns their "
+                    f"{self.flops / 1e6:.2f} MFLOPs a row save (their rows are not known from "
+                    "the graph, a loop's state say; both grow with them; BENCHMARKS.md \"Op "
+                    "costs in bfloat16 on this CPU\"; --min-matrix-intensity 0 paints it "
+                    "anyway)")
         return (f"whose unfused {tname} activations ({ops}) would lose about "
                 f"{self.lost_us:.0f} µs a run on a CPU, more than the {self.saved_us:.0f} µs its "
                 f"{self.flops / 1e6:.0f} MFLOPs of matrix work save (shapes as the graph states "
@@ -385,11 +394,15 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
     est.weights = sum({src: n for src, n in weights.values() if n}.values())
     if not slow and not est.weights:
         return est
+    # counted per row of a MatMul whose rows are not known (shapes.ROWS), or per sample: a row
+    # weighs against a row only, and nothing a run (a weight cast) against either
+    guessed: set[bool] = set()
     for name in slow:
         op = graph.node(name).op
         count = shapes.elements(TensorRef(name, 0))
         if count is None:
             return None
+        guessed.add(shapes.guessed(TensorRef(name, 0)))
         est.lost_us += count * EXTRA_PS_PER_ELEMENT[op] * 1e-6
         est.slow[op] = est.slow.get(op, 0) + 1
     for name in island:
@@ -401,6 +414,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
             count = shapes.elements(TensorRef(name, 0))
             if per is None or count is None:
                 return None
+            guessed.add(shapes.guessed(TensorRef(name, 0)))
             est.flops += per * count
             src, elements = weights[name]
             if elements:   # cast once a run: per sample, a share of the run's batch
@@ -410,6 +424,9 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
                 us = elements * CAST_PS_PER_ELEMENT * 1e-6 / (est.batch if shared else 1)
                 if us > casts.get(src, (0.0, False))[0]:
                     casts[src] = (us, shared)
+    if True in guessed and (False in guessed or casts):
+        return None
+    est.per_row = True in guessed
     est.cast_us = sum(us for us, _ in casts.values())
     est.open_cast_us = sum(us * est.batch for us, shared in casts.values() if shared)
     est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
@@ -453,6 +470,12 @@ def _conv_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
 
 def _matmul_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
     a = shapes.shape(graph.inputs(node.name)[0])
+    if a is None and node.op == "MatMul":   # rows not known (shapes.ROWS): the weight's rows
+        b = shapes.shape(graph.inputs(node.name)[1])
+        if b is None or len(b) != 2:
+            return None
+        inner = b[1] if node.attr["transpose_b"].b else b[0]
+        return 2.0 * inner if inner > 0 else None
     if a is None or len(a) < 2:
         return None
     if node.op == "MatMul":

@@ -11,6 +11,12 @@ unknown (None), and so is everything computed from it.
 A shape is a tuple of ints, -1 where the graph leaves a dimension open (the batch, mostly).
 :meth:`Shapes.elements` counts per sample: an open first dimension counts as 1, any other open
 dimension makes the count unknown.
+
+A MatMul whose left operand's shape no rule knows (a loop's state, a tensor list's item, a
+reshape to a size computed at run time) still has its weight's columns: its output is
+(:data:`ROWS`, columns), as TensorFlow's own shape function makes it (?, columns). ROWS counts as
+1 like an open batch, but it is not one: rows per sample are not known, so a count from it is
+good only against another count of the same rows (:meth:`Shapes.guessed` tells which).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from tensorflow.python.framework import tensor_util
 from ..core.ir import Graph, Node, TensorRef
 
 Shape = tuple[int, ...]
+# the first dimension of a MatMul's output whose rows are not known, and of what is computed
+# from it (an open batch is -1)
+ROWS = -2
 
 # ops whose output 0 has the shape of input 0
 _SAME = frozenset({
@@ -33,7 +42,19 @@ _SAME = frozenset({
     "Floor", "Ceil", "Round", "Rint", "Sign", "Reciprocal", "Inv", "Softmax", "LogSoftmax",
     "BiasAdd", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "ClipByValue",
     "Sin", "Cos", "IsNan", "IsFinite", "ZerosLike", "OnesLike", "LRN", "Mish", "Gelu",
+    # a TF1 loop's frame boundaries pass their input on (a lowered While's, in a frozen graph)
+    "Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
 })
+# ops whose every output port has a rule: a Switch's both branches are its input; a Split's and
+# SplitV's pieces (which of their inputs is the value: _VALUE)
+_PORTS = frozenset({"Switch", "RefSwitch", "Split", "SplitV"})
+_NEXT = frozenset({"NextIteration", "RefNextIteration"})
+# the rules a frozen loop needs, where no ``_output_shapes`` are left: where a node states its
+# shape (a SavedModel's function body), that comes first, as before these rules
+_FRAME_RULES = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "NextIteration",
+                          "RefNextIteration", "Merge", "RefMerge", "Fill", "TensorListGetItem",
+                          "StridedSlice"}) | _PORTS
+_VALUE = {"Switch": 0, "RefSwitch": 0, "Split": 1, "SplitV": 0}
 # elementwise ops of two or more inputs, broadcast as numpy does
 _BROADCAST = frozenset({
     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum",
@@ -43,7 +64,7 @@ _BROADCAST = frozenset({
 _REDUCE = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin"})
 # ops with a rule below that read the shape of their first input only / of every non-Const one
 _FIRST = _REDUCE | frozenset({"MaxPool", "AvgPool", "Pad", "PadV2", "MirrorPad", "Reshape",
-                              "Transpose", "ExpandDims", "Squeeze"})
+                              "Transpose", "ExpandDims", "Squeeze", "StridedSlice"})
 _MANY = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul", "BatchMatMulV2",
                    "BatchMatMulV3", "ConcatV2", "Einsum"})
 # gradient convolutions: output 0 has the shape their sizes input holds (input_sizes of an input
@@ -70,6 +91,11 @@ class Shapes:
             return None
         return math.prod(max(d, 1) if i == 0 else d for i, d in enumerate(shape)) if shape else 1
 
+    def guessed(self, ref: TensorRef) -> bool:
+        """Whether ``ref``'s first dimension is :data:`ROWS` (counted as 1, not a batch)."""
+        shape = self.shape(ref)
+        return bool(shape) and shape[0] == ROWS
+
     def shape(self, ref: TensorRef) -> Shape | None:
         """The static shape of ``ref``, or None where it is not known."""
         if ref in self._known:
@@ -95,9 +121,11 @@ class Shapes:
     def _needs(self, ref: TensorRef) -> list[TensorRef]:
         """The inputs whose shapes ``ref``'s rule reads."""
         node = self.graph.node(ref.node)
+        inputs = self.graph.inputs(ref.node)
+        if node.op in _PORTS:
+            return inputs[_VALUE[node.op]:_VALUE[node.op] + 1]
         if ref.port != 0:
             return []
-        inputs = self.graph.inputs(ref.node)
         if node.op in _SAME or node.op in _FIRST:
             return inputs[:1]
         if node.op in _BROADCAST:
@@ -107,7 +135,9 @@ class Shapes:
         if node.op in _SIZED:
             measured = _measured(self.graph, inputs[_SIZED[node.op]])
             return [measured] if measured is not None else []
-        return []   # no rule: unknown, whatever its inputs (and no walk up a loop's Merge)
+        if node.op in ("Merge", "RefMerge"):   # not the back edge: no walk round the loop
+            return [r for r in inputs if self.graph.node(r.node).op not in _NEXT]
+        return []   # no rule, or one that reads values only (Fill)
 
     def value(self, ref: TensorRef) -> np.ndarray | None:
         """The value of a Const input (through Identity), or None."""
@@ -198,6 +228,12 @@ def _rule(shapes: Shapes, ref: TensorRef) -> Shape | None:
     node = shapes.graph.node(ref.node)
     if node.op in ("Placeholder", "PlaceholderWithDefault", "Const"):
         return _SOURCES[node.op](shapes, ref, node)
+    if node.op in _FRAME_RULES:   # what TensorFlow stated stands (a SavedModel's bodies)
+        stated = _stated(node, ref.port)
+        if stated is not None:
+            return stated
+    if node.op in _PORTS:
+        return _port(shapes, ref, node)
     if ref.port != 0:   # FusedBatchNorm's statistics, Unique's indices ...: not activations
         return None
     handler = _HANDLERS.get(node.op)
@@ -205,15 +241,16 @@ def _rule(shapes: Shapes, ref: TensorRef) -> Shape | None:
     return found if found is not None else _stated(node)
 
 
-def _stated(node) -> Shape | None:
-    """The shape of output 0 as the node's ``_output_shapes`` attr states it (TensorFlow writes
-    them into a SavedModel's function bodies: a loop body's TensorListGetItem, say), or None."""
+def _stated(node, port: int = 0) -> Shape | None:
+    """The shape of output ``port`` as the node's ``_output_shapes`` attr states it (TensorFlow
+    writes them into a SavedModel's function bodies: a loop body's TensorListGetItem, say), or
+    None."""
     if "_output_shapes" not in node.attr:
         return None
     listed = node.attr["_output_shapes"].list.shape
-    if not listed or listed[0].unknown_rank:
+    if len(listed) <= port or listed[port].unknown_rank:
         return None
-    return tuple(d.size for d in listed[0].dim)
+    return tuple(d.size for d in listed[port].dim)
 
 
 # ----------------------------------------------------------------- one handler per op kind
@@ -255,10 +292,110 @@ def _pad(shapes: Shapes, inputs, node) -> Shape | None:
     return tuple(d if d < 0 else d + int(p[0]) + int(p[1]) for d, p in zip(x, pads))
 
 
+def _port(shapes: Shapes, ref: TensorRef, node) -> Shape | None:
+    """Output ``ref.port`` of a Switch (its input's shape), a Split or a SplitV (its value's,
+    cut along the axis; None where a cut size or the axis is not a Const)."""
+    inputs = shapes.graph.inputs(ref.node)
+    x = _const_shape(shapes, inputs[_VALUE[node.op]])
+    if x is None or node.op in ("Switch", "RefSwitch"):
+        return x
+    axis = shapes.value(inputs[0 if node.op == "Split" else 2])
+    if axis is None or not x:
+        return None
+    axis = int(axis) % len(x)
+    if node.op == "Split":
+        n = node.attr["num_split"].i
+        size = x[axis] // n if x[axis] >= 0 and n and x[axis] % n == 0 else None
+    else:
+        sizes = shapes.value(inputs[1])
+        size = None if sizes is None or ref.port >= len(sizes) else int(sizes[ref.port])
+        if size is not None and size < 0:
+            size = None   # the -1 piece: the rest of the axis
+    if size is None:
+        return None
+    return x[:axis] + (size,) + x[axis + 1:]
+
+
+def _list_item(shapes: Shapes, inputs, node) -> Shape | None:
+    """A TensorListGetItem's element_shape input (a Const; an open first dimension there is
+    :data:`ROWS`, the run-time size of what was stacked)."""
+    dims = shapes.value(inputs[2]) if len(inputs) > 2 else None
+    if dims is None or dims.ndim != 1 or any(d < 0 for d in dims[1:]):
+        return None
+    return tuple(ROWS if i == 0 and d < 0 else int(d) for i, d in enumerate(dims))
+
+
+def _fill(shapes: Shapes, inputs, node) -> Shape | None:
+    """A Fill's shape input: a Const, or a Pack of scalars where the ones not Const are
+    :data:`ROWS` (zeros as many as a run-time size: a recurrent layer's first state)."""
+    dims = shapes.value(inputs[0])
+    if dims is not None:
+        return tuple(int(d) for d in np.atleast_1d(dims))
+    pack = shapes.graph.node(inputs[0].node)
+    if pack.op != "Pack" or inputs[0].port:
+        return None
+    found = [shapes.value(r) for r in shapes.graph.inputs(pack.name)]
+    if any(v is not None and v.ndim for v in found):
+        return None
+    return tuple(ROWS if v is None else int(v) for v in found)
+
+
+def _merge(shapes: Shapes, inputs, node) -> Shape | None:
+    """A TF1 loop's Merge: the shape its value enters the loop with (the input that is not a
+    NextIteration's): a while loop keeps its values' shapes unless told otherwise
+    (``shape_invariants``, which a GraphDef does not keep; then the count is off, not the
+    graph). An open first dimension is :data:`ROWS` inside the loop: a run-time size."""
+    entering = [r for r in inputs if shapes.graph.node(r.node).op not in _NEXT]
+    found = {_const_shape(shapes, r) for r in entering}
+    if len(found) != 1 or None in found:
+        return None
+    x = found.pop()
+    return (ROWS,) + x[1:] if x and x[0] < 0 else x
+
+
+def _strided_slice(shapes: Shapes, inputs, node) -> Shape | None:
+    """A StridedSlice with Const begin, end and strides and no ellipsis or new axis (a
+    recurrent cell's gates cut from one product); an open dimension only where it is taken
+    whole."""
+    x = shapes.shape(inputs[0])
+    begin, end, strides = (shapes.value(r) for r in inputs[1:4])
+    attr = node.attr
+    if (x is None or begin is None or end is None or strides is None
+            or attr["ellipsis_mask"].i or attr["new_axis_mask"].i or begin.ndim != 1
+            or not len(begin) == len(end) == len(strides) <= len(x)):
+        return None
+    out = []
+    for axis, size in enumerate(x):
+        if axis >= len(begin):
+            out.append(size)
+            continue
+        b, e, step = int(begin[axis]), int(end[axis]), int(strides[axis])
+        bit = 1 << axis
+        whole = attr["begin_mask"].i & bit and attr["end_mask"].i & bit and step == 1
+        if attr["shrink_axis_mask"].i & bit:
+            if size < 0:
+                return None   # one sample or row of an open dimension: not a count per sample
+            continue
+        if whole:
+            out.append(size)
+            continue
+        if size < 0 or step == 0:
+            return None
+        b = None if attr["begin_mask"].i & bit else b
+        e = None if attr["end_mask"].i & bit else e
+        out.append(len(range(size)[slice(b, e, step)]))
+    return tuple(out)
+
+
 def _matmul(shapes: Shapes, inputs, node) -> Shape | None:
     a, b = shapes.shape(inputs[0]), _const_shape(shapes, inputs[1])
-    if a is None or b is None:
+    if b is None or len(b) != 2:
         return None
+    if a is None:   # its columns are the weight's; its rows not known (TensorFlow: (?, cols))
+        stated = _stated(node)   # unless TensorFlow stated them (a SavedModel's function body)
+        if stated is not None:
+            return stated
+        a = (ROWS, ROWS)
     rows = a[1] if node.attr["transpose_a"].b else a[0]
     cols = b[0] if node.attr["transpose_b"].b else b[1]
     return (rows, cols)
@@ -374,7 +511,7 @@ def _concat(shapes: Shapes, inputs, node) -> Shape | None:
     axis = int(axis) % len(parts[0])
     size = [p[axis] for p in parts]
     out = list(parts[0])
-    out[axis] = -1 if any(s < 0 for s in size) else sum(size)
+    out[axis] = _open(size) if any(s < 0 for s in size) else sum(size)
     return tuple(out)
 
 
@@ -414,7 +551,8 @@ _HANDLERS = {
     "Reshape": _reshaped,
     **dict.fromkeys(_REDUCE, _reduction),
     "ConcatV2": _concat, "Transpose": _transpose, "ExpandDims": _expand_dims,
-    "Squeeze": _squeeze, "Einsum": _einsum, **dict.fromkeys(_SIZED, _sized),
+    "Squeeze": _squeeze, "Einsum": _einsum, "StridedSlice": _strided_slice,
+    "Fill": _fill, "Merge": _merge, "RefMerge": _merge, "TensorListGetItem": _list_item, **dict.fromkeys(_SIZED, _sized),
 }
 
 
@@ -430,11 +568,17 @@ def _broadcast(parts: list[Shape | None]) -> Shape | None:
         elif len(dims) == 1:
             out.append(dims.pop())
         else:
-            known = dims - {-1}
+            known = dims - {-1, ROWS}
             if len(known) > 1:
                 return None   # does not broadcast: not a shape this walk can know
-            out.append(known.pop() if known else -1)
+            out.append(known.pop() if known else _open(dims))
     return tuple(out)
+
+
+def _open(dims) -> int:
+    """The open dimension that ``dims`` make: :data:`ROWS` where one of them is (a guess stays
+    a guess), else -1."""
+    return ROWS if ROWS in dims else -1
 
 
 def _spatial(node) -> tuple[int, list[int]]:
@@ -503,5 +647,5 @@ def _reshape(x: Shape | None, target: np.ndarray | None) -> Shape | None:
     # an open batch that stays first and open, each sample keeping its elements
     if (x[0] < 0 and all(d >= 0 for d in x[1:]) and dims[0] == -1
             and math.prod(dims[1:]) == math.prod(x[1:])):
-        return tuple(dims)
+        return (x[0], *dims[1:])
     return None
