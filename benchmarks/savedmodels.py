@@ -133,7 +133,8 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
         runs = {"fp32": _load(fp32, False), "ours": _load(ours, False),
                 "painted": _load(painted, False), "grappler": _load(fp32, True),
                 "frozen": (session(frozen_gd, False), f_in, f_out),
-                "folded": (session(folded_gd, False), f_in, f_out)}
+                "folded": (session(folded_gd, False), f_in, f_out),
+                "frozen_grappler": (session(frozen_gd, True), f_in, f_out)}
         outputs = {k: np.asarray(s.run(o, {i: value}), np.float64) for k, (s, i, o) in runs.items()}
         times = time_round_robin({k: functools.partial(s.run, o, {i: value})
                                   for k, (s, i, o) in runs.items()}, rounds, warmup=1)
@@ -142,7 +143,7 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     ref = outputs["fp32"]
     err = {k: float(np.linalg.norm(outputs[k] - ref) / max(np.linalg.norm(ref), 1e-30))
-           for k in ("ours", "painted", "grappler", "folded")}
+           for k in ("ours", "painted", "grappler", "folded", "frozen_grappler")}
     return {"name": name, "matrix": _matrix(report), "folded_matrix": _matrix(folded_report),
             **{f"{k}_ms": v for k, v in med.items()},
             **{f"{k}_err": v for k, v in err.items()},
@@ -170,8 +171,8 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
              f"cpu`, default options told the batch with `--shape NAME={batch},...`, and painted whole with `--min-matrix-intensity 0` as before "
              "the cost model weighed variables), grappler's "
              "`auto_mixed_precision_onednn_bfloat16` on the FP32 SavedModel, and the serving "
-             "signature frozen (docs/savedmodels.md \"Frozen graphs from a SavedModel\") as it is "
-             "and converted with `--fold-constants`; "
+             "signature frozen (docs/savedmodels.md \"Frozen graphs from a SavedModel\") as it is, "
+             "converted with `--fold-constants`, and painted by grappler's pass; "
              f"round-robin in one process, {rounds} rounds "
              f"after a warm-up run, medians; on {hardware.describe()}, {os.cpu_count()} cores "
              "shared with other jobs, "
@@ -188,21 +189,22 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
              "| model | MatMul/Conv in bf16: ours / frozen, folded | FP32 ms | amp-rewrite ms "
              "(ratio) | painted whole (`--min-matrix-intensity 0`) ms (ratio) | grappler ms "
              "(ratio) | frozen FP32 ms (ratio) | frozen with --fold-constants ms (ratio) | "
+             "frozen, grappler ms (ratio) | "
              "ours / grappler speed | bf16 gain frozen / as SavedModel | freeze suggested | "
              "rel. L2 error ours / painted / grappler / frozen, folded |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def cell(r, k):
         return f"{r[k + '_ms']:.2f} ({r['fp32_ms'] / r[k + '_ms']:.2f}x)"
 
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | | | | |")
+            lines.append(f"| {r['name']} | failed: {r['error']} | | | | | | | | | | | |")
             continue
         lines.append(
             f"| {r['name']} | {r['matrix']} / {r['folded_matrix']} | {r['fp32_ms']:.2f} | "
             f"{cell(r, 'ours')} | {cell(r, 'painted')} | {cell(r, 'grappler')} | "
-            f"{cell(r, 'frozen')} | {cell(r, 'folded')} | "
+            f"{cell(r, 'frozen')} | {cell(r, 'folded')} | {cell(r, 'frozen_grappler')} | "
             f"{r['grappler_ms'] / r['ours_ms']:.2f}x | "
             f"{r['frozen_ms'] / r['folded_ms'] / (r['fp32_ms'] / r['ours_ms']):.2f}x | "
             f"{'yes' if r['hint'] else 'no'} | "
@@ -216,9 +218,10 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
               "Xception's and MobileNetV2's frozen, folded conversions ran about twice as fast as "
               "their SavedModels' and gained far more from bfloat16 than the SavedModels did (the "
               "weights' casts gone, the batch norms folded into the convolutions and their "
-              "activations fused). The GRU and LSTM frozen conversions paint their matrix ops "
-              "(the cost model finds nothing to keep them float32 for once the weights are "
-              "Consts) and ran slower than frozen float32; the small MLP's and the embedding model's keep every matrix op "
+              "activations fused). The GRU and LSTM frozen conversions keep their loops' matrix "
+              "ops float32 (weighed per row of a step: the gates' Sigmoid and Tanh lose more than "
+              "the MatMuls save, docs/decisions.md) where grappler's painting of the frozen graph "
+              "ran slower than frozen float32; the small MLP's and the embedding model's keep every matrix op "
               "float32, frozen as well, so what freezing gains them (a fraction of a millisecond "
               "a run) is no conversion's: the suggestion stays quiet for all four."]
     return "\n".join(lines)
