@@ -167,10 +167,11 @@ def run(rounds: int) -> str:
                      f"{r['measure']['measured_ms']:.0f} / {r['measure']['grappler_ms']:.0f} "
                      f"({r['measure']['grappler_ms'] / r['measure']['measured_ms']:.2f}x) |")
     lines += ["", "Where the saved time is well above the estimate, the cost model undercounts "
-              "what a painted island gains, and keeps float32 islands that would run faster in "
-              "bfloat16 (the untrained MobileNetV2 of \"Keras models\": its unfused Relu6 lose "
-              "about what the estimate says, its convolutions save more); `--measure` settles it on the "
-              "machine that runs the model (docs/decisions.md \"When the estimate is not enough\")."]
+              "what a painted island gains. On the untrained MobileNetV2, though, what makes "
+              "grappler's painting faster than float32 is not its convolutions: its batch norms "
+              "become Muls by ones in bfloat16, which grappler drops (BENCHMARKS.md \"Untrained "
+              "batch norms in bfloat16\"); `--measure` settles such cases on the machine that "
+              "runs the model (docs/decisions.md \"When the estimate is not enough\")."]
     return "\n".join(lines)
 
 
