@@ -1,14 +1,21 @@
 """Frozen recurrent graphs as TF1 users bring them, on a CPU in bfloat16: control flow v1 (the
 loop's Enter, Merge, Switch, NextIteration and Exit in the graph itself, no While op), the steps
-read from a TensorArray (TensorArrayV3, TensorArrayReadV3), the weights frozen to Consts: a
-hand-written cell under ``tf.compat.v1.while_loop``."""
+read from a TensorArray (TensorArrayV3, TensorArrayReadV3), the weights frozen to Consts.
+
+Two builders: a hand-written cell under ``tf.compat.v1.while_loop``, and
+``tf.compat.v1.nn.dynamic_rnn`` with cells built as TF1's ``LSTMCell`` and ``GRUCell`` build
+theirs (those classes went with Keras 3: ``tf.compat.v1.nn.rnn_cell.LSTMCell`` raises
+AttributeError in TensorFlow 2.21 without tf_keras), their variables VariableV2s frozen by
+``graph_util.convert_variables_to_constants``. dynamic_rnn's first state is
+``RNNCell.zero_state``'s: a Fill of ConcatV2([ExpandDims(batch), [units]]), not the Pack of a
+TF2 loop (tests/test_frozen_loops.py)."""
 
 import contextlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
+from tensorflow.python.ops import control_flow_util, rnn_cell_impl
 
 from amp_rewrite import convert
 from amp_rewrite.core.ir import Graph, TensorRef
@@ -59,7 +66,65 @@ def _hand_written(cell):
     tf.identity(h, name="out")
 
 
-CASES = ["while_loop-gru", "while_loop-lstm"]
+class _Cell:
+    """What dynamic_rnn needs of a cell (``rnn_cell_impl.assert_like_rnncell``), computed with
+    the ops of TF1's ``LSTMCell`` (one MatMul, four gates by Split, forget bias 1) or ``GRUCell``
+    (gates MatMul + BiasAdd + Sigmoid cut in two, candidate MatMul + BiasAdd + Tanh)."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        r = np.random.default_rng(1)
+        width = (4 if kind == "lstm" else 2) * UNITS
+        with v1.variable_scope(f"{kind}_cell"):
+            self.kernel = v1.get_variable(
+                "kernel", initializer=_weight(r, FEATURES + UNITS, width), use_resource=False)
+            self.bias = v1.get_variable("bias", initializer=_weight(r, width), use_resource=False)
+            if kind == "gru":
+                self.candidate = v1.get_variable(
+                    "candidate/kernel", initializer=_weight(r, FEATURES + UNITS, UNITS),
+                    use_resource=False)
+                self.candidate_bias = v1.get_variable(
+                    "candidate/bias", initializer=_weight(r, UNITS), use_resource=False)
+
+    @property
+    def state_size(self):
+        return (UNITS, UNITS) if self.kind == "lstm" else UNITS
+
+    @property
+    def output_size(self):
+        return UNITS
+
+    def zero_state(self, batch_size, dtype):
+        return rnn_cell_impl._zero_state_tensors(self.state_size, batch_size, dtype)
+
+    def __call__(self, inputs, state):
+        if self.kind == "lstm":
+            c, h = state
+            z = tf.nn.bias_add(tf.matmul(tf.concat([inputs, h], 1), self.kernel), self.bias)
+            i, j, f, o = tf.split(z, 4, axis=1)
+            c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
+            h = tf.sigmoid(o) * tf.tanh(c)
+            return h, (c, h)
+        gates = tf.sigmoid(tf.nn.bias_add(
+            tf.matmul(tf.concat([inputs, state], 1), self.kernel), self.bias))
+        reset, update = tf.split(gates, 2, axis=1)
+        candidate = tf.tanh(tf.nn.bias_add(
+            tf.matmul(tf.concat([inputs, reset * state], 1), self.candidate),
+            self.candidate_bias))
+        h = update * state + (1 - update) * candidate
+        return h, h
+
+
+def _dynamic_rnn(cell, graph):
+    x = v1.placeholder(tf.float32, [None, STEPS, FEATURES], name="x")
+    outputs, _ = v1.nn.dynamic_rnn(_Cell(cell), x, dtype=tf.float32)
+    tf.identity(outputs[:, -1], name="out")
+    with v1.Session(graph=graph) as sess:
+        sess.run(v1.global_variables_initializer())
+        return v1.graph_util.convert_variables_to_constants(sess, graph.as_graph_def(), ["out"])
+
+
+CASES = ["while_loop-gru", "while_loop-lstm", "dynamic_rnn-gru", "dynamic_rnn-lstm"]
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +132,14 @@ def graphs():
     """Each case's frozen GraphDef, built once (input x:0, output out:0)."""
     built = {}
     for case in CASES:
-        cell = case.split("-")[1]
+        how, cell = case.split("-")
         g = tf.Graph()
         with g.as_default(), _control_flow_v1():
-            _hand_written(cell)
-            gd = g.as_graph_def()
+            if how == "while_loop":
+                _hand_written(cell)
+                gd = g.as_graph_def()
+            else:
+                gd = _dynamic_rnn(cell, g)
         ops = {n.op for n in gd.node}
         # a TF1 frame and a TensorArray, as a TF1 graph has them (not a While, not a list)
         assert {"Enter", "Merge", "Switch", "NextIteration", "Exit", "TensorArrayV3",
@@ -121,14 +189,17 @@ def test_a_tf1_frame_has_the_shapes_tensorflow_infers_and_its_state_rows_marked(
     states = [shapes.shape(TensorRef(n.name, 0)) for n in gd.node if n.op == "Merge"
               and any(graph.node(graph.inputs(r.node)[0].node).op == "Fill"
                       for r in graph.inputs(n.name) if graph.node(r.node).op == "Enter")]
-    assert len(states) == 2, states   # h and c
+    assert len(states) == (1 if case == "dynamic_rnn-gru" else 2), states   # h (and c)
     assert all(s == (ROWS, UNITS) for s in states), states
     for op in ("Sigmoid", "Tanh", "Mul"):
         assert by_op[op] and all(s and s[0] == ROWS and s[1] > 0 for s in by_op[op]), by_op[op]
 
 
-# what each case's MatMuls get: their gates' activations outweigh them per row (kept float32)
-KEPT = {"while_loop-gru": True, "while_loop-lstm": True}
+# what each case's MatMuls get: their gates' activations outweigh them per row (kept float32),
+# or, TF1's GRUCell, every activation follows a MatMul + BiasAdd the remapper fuses it into:
+# nothing loses, and the island is painted
+KEPT = {"while_loop-gru": True, "while_loop-lstm": True, "dynamic_rnn-gru": False,
+        "dynamic_rnn-lstm": True}
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -326,15 +326,27 @@ def _list_item(shapes: Shapes, inputs, node) -> Shape | None:
 
 
 def _fill(shapes: Shapes, inputs, node) -> Shape | None:
-    """A Fill's shape input: a Const, or a Pack of scalars where the ones not Const are
-    :data:`ROWS` (zeros as many as a run-time size: a recurrent layer's first state)."""
-    dims = shapes.value(inputs[0])
+    """A Fill's shape input (:func:`_sizes`): zeros as many as a run-time size are a recurrent
+    layer's first state."""
+    return _sizes(shapes, inputs[0])
+
+
+def _sizes(shapes: Shapes, ref: TensorRef, depth: int = 4) -> Shape | None:
+    """The values of ``ref``, a size vector: a Const, a Pack of scalars, or a ConcatV2 of such
+    pieces and of ExpandDims (TF1's ``RNNCell.zero_state``: [batch] + [units]); a scalar that is
+    not a Const is :data:`ROWS`. A piece of a size vector is 1-D, so an ExpandDims' is one
+    scalar."""
+    dims = shapes.value(ref)
     if dims is not None:
         return tuple(int(d) for d in np.atleast_1d(dims))
-    pack = shapes.graph.node(inputs[0].node)
-    if pack.op != "Pack" or inputs[0].port:
+    node = shapes.graph.node(ref.node)
+    parts = shapes.graph.inputs(node.name)
+    if ref.port or not depth or node.op not in ("Pack", "ExpandDims", "ConcatV2"):
         return None
-    found = [shapes.value(r) for r in shapes.graph.inputs(pack.name)]
+    if node.op == "ConcatV2":
+        found = [_sizes(shapes, r, depth - 1) for r in parts[:-1]]
+        return None if None in found else sum(found, ())
+    found = [shapes.value(r) for r in parts[:1 if node.op == "ExpandDims" else None]]
     if any(v is not None and v.ndim for v in found):
         return None
     return tuple(ROWS if v is None else int(v) for v in found)
