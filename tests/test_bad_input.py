@@ -365,6 +365,20 @@ def test_a_v1_loop_whose_merge_became_a_custom_op_is_a_cycle():
         convert(gd)
 
 
+def test_a_merge_whose_other_input_waits_on_it_is_a_cycle():
+    """A v1 loop's Merge may read its back edge (a NextIteration) before it has run, nothing
+    else: TensorFlow's importer aborts the process (a CHECK) on a Merge whose other input is
+    computed from the Merge itself; refused with one line instead."""
+    gd, _, _ = graphs.while_v1()
+    merge = next(n for n in gd.node if n.op == "Merge")
+    side = gd.node.add(name="side", op="Identity", input=[merge.name])
+    side.attr["T"].CopyFrom(merge.attr["T"])
+    merge.input.append("side")
+    merge.attr["N"].i = len([i for i in merge.input if not i.startswith("^")])
+    with pytest.raises(InputError, match="cycle that is not a while loop's"):
+        convert(gd)
+
+
 def test_forged_port_count_is_refused_without_allocating():
     """N=2**40 in a few bytes: refused before any per-port list is built."""
     gd, _, _ = graphs.mlp()

@@ -144,7 +144,8 @@ def graph_def_problems(graph_def: graph_pb2.GraphDef, *, structure: bool = True,
     defined twice. With ``structure``, also what its C++ half checks, for a graph it cannot
     be run on (one with custom ops): node names as TensorFlow spells them, control inputs
     after the data inputs, the attrs an OpDef requires, colocation with nodes of the graph,
-    no cycle but a v1 loop's, no library function named like an op. ``serialized``: the
+    no library function named like an op. And always no cycle but a v1 loop's: where the
+    importer's own check fails, it aborts the process. ``serialized``: the
     GraphDef's bytes, if at hand (they tell which attrs no node has).
     """
     functions = {f.signature.name for f in graph_def.library.function}
@@ -158,8 +159,10 @@ def graph_def_problems(graph_def: graph_pb2.GraphDef, *, structure: bool = True,
             or _function_attr_problem(nd, functions)
         if problem:
             yield f"node {nd.name!r} ({nd.op}) {problem}"
+    # always: TensorFlow's importer aborts the process (not an error) on a Merge whose other
+    # input waits on it
+    yield from _cycle_problems(graph_def)
     if structure:
-        yield from _cycle_problems(graph_def)
         yield from _custom_port_problems(graph_def, functions)
     yield from _library_problems(graph_def.library, functions, structure)
 
@@ -258,19 +261,20 @@ def _function_attrs(op: str) -> tuple[str, ...]:
 
 
 def _cycle_problems(graph_def) -> Iterator[str]:
-    """A node the importer never reaches: it adds a node once its inputs are in, but a Merge fed
-    by a NextIteration (a v1 loop's back edge) once one data input is. A cycle any other way
-    is refused (the IR lets a NextIteration's edges through whatever they feed)."""
+    """A node in a cycle that is not a v1 loop's: the only edge a cycle may close is a
+    NextIteration's into a Merge (the loop's back edge). TensorFlow's importer adds such a Merge
+    once one data input is in, and aborts the process (a CHECK in graph_constructor.cc) where
+    the Merge's other inputs wait on the Merge itself; so here a Merge waits for every input
+    but its back edges, and any node left waiting is refused (the IR lets a NextIteration's
+    edges through whatever they feed)."""
     nodes = {nd.name: nd for nd in graph_def.node}
     pending, consumers = {}, {}
     for nd in graph_def.node:
-        sources = [_input_node(text) for text in nd.input]
-        sources = [src for src in sources if src in nodes]
-        back = nd.op in MERGE_OPS and any(nodes[_input_node(text)].op in NEXT_ITERATION_OPS
-                                          for text in nd.input if not text.startswith("^")
-                                          and _input_node(text) in nodes)
-        controls = sum(text.startswith("^") for text in nd.input)
-        pending[nd.name] = controls + 1 if back else len(sources)
+        sources = [_input_node(text) for text in nd.input
+                   if _input_node(text) in nodes and not (
+                       nd.op in MERGE_OPS and not text.startswith("^")
+                       and nodes[_input_node(text)].op in NEXT_ITERATION_OPS)]
+        pending[nd.name] = len(sources)
         for src in sources:
             consumers.setdefault(src, []).append(nd.name)
     ready = [name for name, count in pending.items() if count <= 0]
