@@ -10,9 +10,9 @@ import tensorflow as tf
 from test_shapes import frozen_recurrence
 
 from amp_rewrite import convert
-from amp_rewrite.core.ir import Graph
+from amp_rewrite.core.ir import Graph, TensorRef
 from amp_rewrite.paint.costs import runtime_estimate
-from amp_rewrite.schema.shapes import Shapes
+from amp_rewrite.schema.shapes import ROWS, Shapes
 
 v1 = tf.compat.v1
 
@@ -43,6 +43,49 @@ def test_a_recurrent_step_whose_activations_outweigh_its_matmuls_stays_float32(c
     # the knob at 0 paints the step as grappler does: the decision above was the estimate's
     _, painted = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
     assert all(n.precision == "bfloat16" for n in _matmuls(painted))
+
+
+def test_a_stated_batch_gives_the_rows_their_number():
+    """Frozen with a batch of 8, a step's input is (8, 128) but its state, zeros as many as
+    the run-time batch, is ROWS: the island has one number of rows, so its ROWS counts take it
+    and the estimate is per run, the per-row one times 8."""
+    estimates = {}
+    for batch in (None, 8):
+        gd, _, _ = frozen_recurrence("gru", units=128, features=128, batch=batch)
+        graph = Graph.from_graph_def(gd)
+        shapes = Shapes(graph)
+        matmuls = sorted(n.name for n in gd.node if n.op == "MatMul")
+        if batch:   # the two rows the island holds: stated, and guessed
+            assert {shapes.shape(TensorRef(n, 0))[0] for n in matmuls} == {8, ROWS}
+        names = [n.name for n in gd.node if "while/body" in n.name]
+        estimates[batch] = runtime_estimate(graph, shapes, names)
+        _, report = convert(gd, target="bfloat16", device="cpu")
+        for node in _matmuls(report):
+            assert node.code == "cost", node
+            assert ("per row" in node.reason) == (batch is None)
+    one, eight = estimates[None], estimates[8]
+    assert one.per_row and not eight.per_row
+    assert eight.flops == 8 * one.flops and eight.lost_us == pytest.approx(8 * one.lost_us)
+
+
+def test_rows_never_weigh_against_an_open_batch():
+    """ROWS and an open batch (-1) in one island: how many rows a sample holds is not known, so
+    there is no estimate (the lists decide)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        n = v1.placeholder(tf.int32, [], name="n")
+        w = tf.constant(np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32))
+        rows = tf.sigmoid(tf.matmul(tf.reshape(x, tf.stack([n, 64])), w, name="mm_rows"),
+                          name="act_rows")
+        batch = tf.sigmoid(tf.matmul(x, w, name="mm_batch"), name="act_batch")
+        tf.identity(rows + batch, name="out")
+    graph = Graph.from_graph_def(g.as_graph_def())
+    shapes = Shapes(graph)
+    assert shapes.shape(TensorRef("mm_rows", 0)) == (ROWS, 64)
+    assert shapes.shape(TensorRef("mm_batch", 0)) == (-1, 64)
+    assert runtime_estimate(graph, shapes, ["mm_rows", "act_rows"]).per_row
+    assert runtime_estimate(graph, shapes, ["mm_rows", "act_rows", "mm_batch", "act_batch"]) is None
 
 
 def test_a_recurrent_step_whose_matmuls_outweigh_its_activations_is_painted_and_runs():
@@ -79,7 +122,9 @@ def test_rows_not_known_are_not_weighed_against_a_weight_cast():
                 node.attr["_output_shapes"].list.shape.add().dim.extend(
                     [tf.TensorShape([64]).as_proto().dim[0]] * 2)
         graph = Graph.from_graph_def(gd)
-        est = runtime_estimate(graph, Shapes(graph), ["mm", "act"])
+        shapes = Shapes(graph)
+        assert shapes.shape(TensorRef("mm", 0)) == (ROWS, 64)   # known: only the cast stops it
+        est = runtime_estimate(graph, shapes, ["mm", "act"])
         if weight == "variable":
             assert est is None
         else:

@@ -235,6 +235,50 @@ def test_a_frozen_loop_has_the_shapes_tensorflow_infers_with_its_rows_marked(cel
     must |= {"gru": {"StridedSlice"}, "lstm": {"Split"}, "sliced": {"SplitV"}}[cell]
     assert must <= known, must - known
     assert {"MatMul", "Sigmoid", "Tanh"} <= guessed
-    loop_matmuls = [n for n in gd.node if n.op == "MatMul"]
-    assert loop_matmuls and all(shapes.elements(TensorRef(n.name, 0)) in (3 * 8, 4 * 8, 2 * 8)
-                                for n in loop_matmuls)   # per row: the weight's columns
+    # TensorFlow's importer leaves most of these open; what they must be, by hand: a step's
+    # product is (rows, gates x units), each gate and the state (rows, units)
+    width = {"gru": 3, "lstm": 4, "sliced": 2}[cell] * 8
+    by_op = {}
+    for node in gd.node:
+        by_op.setdefault(node.op, []).append(shapes.shape(TensorRef(node.name, 0)))
+    assert set(by_op["MatMul"]) == {(ROWS, width)}
+    assert set(by_op["Sigmoid"]) == set(by_op["Tanh"]) == {(ROWS, 8)}
+    assert set(by_op["Fill"]) == {(ROWS, 8)}
+    assert (ROWS, 8) in by_op["Merge"] and () in by_op["Merge"]   # the state, the counter
+    gates = {"gru": "StridedSlice", "lstm": "Split", "sliced": "SplitV"}[cell]
+    pieces = {shapes.shape(TensorRef(n.name, port)) for n in gd.node
+              if n.op == gates and "while/" in n.name   # not the batch cut from a Shape
+              for port in range(n.attr["num_split"].i if "num_split" in n.attr else 1)}
+    assert pieces == {(ROWS, 8)}
+
+
+def test_a_lowered_cond_keeps_its_batch_open_and_rows_do_not_turn_into_a_batch():
+    """A frozen tf.cond is a Switch and a Merge too, but no loop: its Merge keeps the open batch
+    (-1), not ROWS. A concatenation of ROWS with an open batch stays ROWS whichever comes
+    first, and a Squeeze of a tensor with ROWS in it does not guess which dimension is 1."""
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2)
+    from amp_rewrite.schema.shapes import ROWS
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([], tf.bool)])
+    def run(x, flag):
+        return tf.identity(tf.cond(flag, lambda: x * 2.0, lambda: x - 1.0), name="picked")
+
+    gd = convert_variables_to_constants_v2(run.get_concrete_function()).graph.as_graph_def()
+    merges = [n for n in gd.node if n.op == "Merge"]
+    shapes = Shapes(Graph.from_graph_def(gd))
+    assert merges and all(shapes.shape(TensorRef(n.name, 0)) == (-1, 4) for n in merges)
+
+    g = tf.Graph()
+    with g.as_default():
+        ctx = v1.placeholder(tf.float32, [None, 64], name="ctx")
+        n = v1.placeholder(tf.int32, [], name="n")
+        h = tf.matmul(tf.reshape(ctx, tf.stack([n, 64])), _const([64, 64]), name="h")
+        tf.concat([ctx, h], 1, name="ctx_h")
+        tf.concat([h, ctx], 1, name="h_ctx")
+        tf.squeeze(tf.reshape(h, tf.stack([n, 1, 64])) + tf.zeros([1, 1, 64]), name="squeezed")
+        tf.squeeze(tf.expand_dims(h, 1), name="squeezed_rows")
+    shapes = Shapes(Graph.from_graph_def(g.as_graph_def()))
+    assert shapes.shape(TensorRef("h", 0)) == (ROWS, 64)
+    assert shapes.shape(TensorRef("ctx_h", 0)) == shapes.shape(TensorRef("h_ctx", 0)) == (ROWS, 128)
+    assert shapes.shape(TensorRef("squeezed_rows", 0)) is None

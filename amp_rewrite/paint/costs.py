@@ -225,10 +225,15 @@ class Estimate:
                     "costs in bfloat16 on this CPU\"; --min-matrix-intensity 0 paints it "
                     "anyway)")
         return (f"whose unfused {tname} activations ({ops}) would lose about "
-                f"{self.lost_us:.0f} µs a run on a CPU, more than the {self.saved_us:.0f} µs its "
+                f"{_us(self.lost_us)} µs a run on a CPU, more than the {_us(self.saved_us)} µs its "
                 f"{self.flops / 1e6:.0f} MFLOPs of matrix work save (shapes as the graph states "
                 "them, an open batch as 1; BENCHMARKS.md \"Op costs in bfloat16 on this CPU\"; "
                 "--min-matrix-intensity 0 paints it anyway)")
+
+
+def _us(value: float) -> str:
+    """Microseconds as a reason says them: whole ones, two decimals under ten."""
+    return f"{value:.2f}" if value < 10 else f"{value:.0f}"
 
 
 def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None) -> bool:
@@ -394,16 +399,20 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
     est.weights = sum({src: n for src, n in weights.values() if n}.values())
     if not slow and not est.weights:
         return est
-    # counted per row of a MatMul whose rows are not known (shapes.ROWS), or per sample: a row
-    # weighs against a row only, and nothing a run (a weight cast) against either
-    guessed: set[bool] = set()
+    # each count per row of a MatMul whose rows are not known (shapes.ROWS) or as the shapes
+    # state it; ROWS weighs against ROWS, or against the one number of rows the island's other
+    # counts state (a loop's step: its stated input, its state of run-time zeros), never
+    # against an open batch nor a weight's cast once a run
+    lost = {True: 0.0, False: 0.0}
+    flops = {True: 0.0, False: 0.0}
+    rows: set[int] = set()   # first dimensions of the counts that are not ROWS
     for name in slow:
         op = graph.node(name).op
-        count = shapes.elements(TensorRef(name, 0))
+        ref = TensorRef(name, 0)
+        count = shapes.elements(ref)
         if count is None:
             return None
-        guessed.add(shapes.guessed(TensorRef(name, 0)))
-        est.lost_us += count * EXTRA_PS_PER_ELEMENT[op] * 1e-6
+        lost[_rows(shapes, ref, rows)] += count * EXTRA_PS_PER_ELEMENT[op] * 1e-6
         est.slow[op] = est.slow.get(op, 0) + 1
     for name in island:
         node = graph.node(name)
@@ -411,11 +420,11 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
             if node.op not in _FLOPS_PER_OUTPUT:
                 return None
             per = _FLOPS_PER_OUTPUT[node.op](graph, shapes, node)
-            count = shapes.elements(TensorRef(name, 0))
+            ref = TensorRef(name, 0)
+            count = shapes.elements(ref)
             if per is None or count is None:
                 return None
-            guessed.add(shapes.guessed(TensorRef(name, 0)))
-            est.flops += per * count
+            flops[_rows(shapes, ref, rows)] += per * count
             src, elements = weights[name]
             if elements:   # cast once a run: per sample, a share of the run's batch
                 out = shapes.shape(TensorRef(name, 0))
@@ -424,13 +433,28 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
                 us = elements * CAST_PS_PER_ELEMENT * 1e-6 / (est.batch if shared else 1)
                 if us > casts.get(src, (0.0, False))[0]:
                     casts[src] = (us, shared)
-    if True in guessed and (False in guessed or casts):
-        return None
-    est.per_row = True in guessed
+    per_row = 1
+    if lost[True] or flops[True]:
+        if casts or len(rows) > 1 or any(r < 0 for r in rows):
+            return None
+        per_row = rows.pop() if rows else 1
+        est.per_row = per_row == 1 and not (lost[False] or flops[False])
+    est.lost_us = lost[False] + per_row * lost[True]
+    est.flops = flops[False] + per_row * flops[True]
     est.cast_us = sum(us for us, _ in casts.values())
     est.open_cast_us = sum(us * est.batch for us, shared in casts.values() if shared)
     est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
     return est
+
+
+def _rows(shapes: Shapes, ref: TensorRef, rows: set[int]) -> bool:
+    """Whether ``ref``'s count is per ROWS; if not, its first dimension joins ``rows``."""
+    if shapes.guessed(ref):
+        return True
+    shape = shapes.shape(ref)
+    if shape:
+        rows.add(shape[0])
+    return False
 
 
 def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:

@@ -68,7 +68,9 @@ def drop_cheap_islands(s: PaintState) -> None:
                 names = {s.items[i][0] for i in island}
                 est = runtime_estimate(s.graph, shapes, names, s.batch)
                 matrix = sum(s.nodes[n].op in MATRIX_OPS for n in names)
-                if est is not None and (est.weights or est.slow):   # freezing could change it
+                # freezing could change it; a per-row estimate (no variable cast: shapes.ROWS)
+                # has no samples to add to the others'
+                if est is not None and (est.weights or est.slow) and not est.per_row:
                     if variables is None:
                         variables = reads_variables(s.graph)
                     if variables:

@@ -101,17 +101,21 @@ class Shapes:
         if ref in self._known:
             return self._known[ref]
         # producers first, without recursion: chains of thousands of nodes are common
-        stack = [ref]
+        stack, waiting = [ref], set()
         while stack:
             top = stack[-1]
             if top in self._known:
                 stack.pop()
                 continue
             missing = [r for r in self._needs(top) if r not in self._known]
-            if missing:
+            if missing and top not in waiting:
+                waiting.add(top)
                 stack.extend(missing)
                 continue
             stack.pop()
+            if missing:   # its inputs wait on it: a cycle no rule breaks (check_input refuses
+                self._known[top] = None   # one that is not a loop's back edge): unknown
+                continue
             try:
                 self._known[top] = _rule(self, top)
             except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
@@ -362,7 +366,8 @@ def _merge(shapes: Shapes, inputs, node) -> Shape | None:
     if len(found) != 1 or None in found:
         return None
     x = found.pop()
-    return (ROWS,) + x[1:] if x and x[0] < 0 else x
+    loop = len(entering) < len(inputs)   # a lowered cond's Merge joins two branches instead
+    return (ROWS,) + x[1:] if loop and x and x[0] < 0 else x
 
 
 def _strided_slice(shapes: Shapes, inputs, node) -> Shape | None:
@@ -521,9 +526,15 @@ def _concat(shapes: Shapes, inputs, node) -> Shape | None:
     if axis is None or any(p is None for p in parts):
         return None
     axis = int(axis) % len(parts[0])
-    size = [p[axis] for p in parts]
-    out = list(parts[0])
-    out[axis] = _open(size) if any(s < 0 for s in size) else sum(size)
+    if any(len(p) != len(parts[0]) for p in parts):
+        return None
+    out = []
+    for i, dims in enumerate(zip(*parts)):
+        if i == axis:
+            out.append(_open(dims) if any(d < 0 for d in dims) else sum(dims))
+            continue
+        known = {d for d in dims if d >= 0}   # the parts agree, or the concat fails
+        out.append(known.pop() if len(known) == 1 else _open(dims) if not known else -1)
     return tuple(out)
 
 
@@ -547,7 +558,7 @@ def _squeeze(shapes: Shapes, inputs, node) -> Shape | None:
     if x is None:
         return None
     dims = {d % len(x) for d in node.attr["squeeze_dims"].list.i}
-    if not dims and -1 in x:
+    if not dims and any(d < 0 for d in x):
         return None   # which open dimensions are 1 is not known
     return tuple(d for i, d in enumerate(x) if (i not in dims if dims else d != 1))
 
