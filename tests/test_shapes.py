@@ -282,3 +282,29 @@ def test_a_lowered_cond_keeps_its_batch_open_and_rows_do_not_turn_into_a_batch()
     assert shapes.shape(TensorRef("h", 0)) == (ROWS, 64)
     assert shapes.shape(TensorRef("ctx_h", 0)) == shapes.shape(TensorRef("h_ctx", 0)) == (ROWS, 128)
     assert shapes.shape(TensorRef("squeezed_rows", 0)) is None
+
+
+def test_a_loop_that_grows_a_value_leaves_its_shape_unknown():
+    """A while loop may let a value grow (``shape_invariants``, which a frozen GraphDef does not
+    keep): the Merge is checked against what its NextIteration brings back, and a sequence
+    that one concatenation a step lengthens has no shape (TensorFlow: (None, None)), not the
+    one it entered with; the counter beside it keeps its ()."""
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2)
+    w = _const([1, 64])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32)])
+    def run(x):
+        def body(t, seq):
+            return t + 1, tf.concat([seq, tf.tanh(tf.matmul(seq[:, -1:], w))[:, :1]], axis=1)
+        _, seq = tf.while_loop(lambda t, s: t < 5, body, (0, x), shape_invariants=(
+            tf.TensorShape([]), tf.TensorShape([None, None])))
+        return tf.identity(tf.sigmoid(seq), name="out")
+
+    gd = convert_variables_to_constants_v2(run.get_concrete_function()).graph.as_graph_def()
+    shapes = Shapes(Graph.from_graph_def(gd))
+    merges = {n.name: shapes.shape(TensorRef(n.name, 0)) for n in gd.node if n.op == "Merge"}
+    assert None in merges.values() and () in merges.values()
+    concat = next(n.name for n in gd.node if n.op == "ConcatV2")
+    assert shapes.shape(TensorRef(concat, 0)) is None
+    assert shapes.shape(TensorRef("out", 0)) is None

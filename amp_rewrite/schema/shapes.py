@@ -83,6 +83,7 @@ class Shapes:
         self.graph = graph
         self.given = dict(given or {})
         self._known: dict[TensorRef, Shape | None] = {}
+        self._journal: list[TensorRef] | None = None   # what a walk round a loop worked out
 
     def elements(self, ref: TensorRef) -> int | None:
         """Elements of ``ref`` per sample (an open first dimension counts as 1), or None."""
@@ -114,13 +115,18 @@ class Shapes:
                 continue
             stack.pop()
             if missing:   # its inputs wait on it: a cycle no rule breaks (check_input refuses
-                self._known[top] = None   # one that is not a loop's back edge): unknown
+                self._remember(top, None)   # one that is not a loop's back edge): unknown
                 continue
             try:
-                self._known[top] = _rule(self, top)
+                self._remember(top, _rule(self, top))
             except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
-                self._known[top] = None   # attrs or values a rule did not expect: unknown
+                self._remember(top, None)   # attrs or values a rule did not expect: unknown
         return self._known[ref]
+
+    def _remember(self, ref: TensorRef, shape: Shape | None) -> None:
+        if self._journal is not None and ref not in self._known:
+            self._journal.append(ref)
+        self._known[ref] = shape
 
     def _needs(self, ref: TensorRef) -> list[TensorRef]:
         """The inputs whose shapes ``ref``'s rule reads."""
@@ -358,16 +364,39 @@ def _sizes(shapes: Shapes, ref: TensorRef, depth: int = 4) -> Shape | None:
 
 def _merge(shapes: Shapes, inputs, node) -> Shape | None:
     """A TF1 loop's Merge: the shape its value enters the loop with (the input that is not a
-    NextIteration's): a while loop keeps its values' shapes unless told otherwise
-    (``shape_invariants``, which a GraphDef does not keep; then the count is off, not the
-    graph). An open first dimension is :data:`ROWS` inside the loop: a run-time size."""
+    NextIteration's), where the loop keeps it (:func:`_kept_round_the_loop`; a loop may let it
+    grow: ``shape_invariants``, which a GraphDef does not keep). An open first dimension is
+    :data:`ROWS` inside the loop: a run-time size. A lowered cond's Merge: its branches'
+    shape."""
     entering = [r for r in inputs if shapes.graph.node(r.node).op not in _NEXT]
     found = {_const_shape(shapes, r) for r in entering}
     if len(found) != 1 or None in found:
         return None
     x = found.pop()
-    loop = len(entering) < len(inputs)   # a lowered cond's Merge joins two branches instead
-    return (ROWS,) + x[1:] if loop and x and x[0] < 0 else x
+    if len(entering) == len(inputs):   # a lowered cond's Merge, joining two branches
+        return x
+    x = (ROWS,) + x[1:] if x and x[0] < 0 else x
+    return x if _kept_round_the_loop(shapes, node, inputs, x) else None
+
+
+def _kept_round_the_loop(shapes: Shapes, merge, inputs, x: Shape) -> bool:
+    """Whether what a loop's Merge gets back from its NextIteration has the shape ``x`` it
+    entered with, worked out with the Merge taken as ``x``: a loop may let a value grow
+    (``shape_invariants``, which a GraphDef does not keep). A back edge whose shape no rule
+    knows is taken as kept, TensorFlow's default. Where it is not, whatever the walk worked out
+    from ``x`` is forgotten."""
+    ref = TensorRef(merge.name, 0)
+    outer, shapes._journal = shapes._journal, []
+    shapes._remember(ref, x)   # for the walk round the loop, which comes back to it
+    back = [shapes.shape(r) for r in inputs if shapes.graph.node(r.node).op in _NEXT]
+    walked, shapes._journal = shapes._journal, outer
+    if all(b is None or b == x for b in back):
+        if outer is not None:
+            outer.extend(walked)
+        return True
+    for key in walked:
+        del shapes._known[key]
+    return False
 
 
 def _strided_slice(shapes: Shapes, inputs, node) -> Shape | None:
