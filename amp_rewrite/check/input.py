@@ -270,10 +270,13 @@ def _cycle_problems(graph_def) -> Iterator[str]:
     nodes = {nd.name: nd for nd in graph_def.node}
     pending, consumers = {}, {}
     for nd in graph_def.node:
-        sources = [_input_node(text) for text in nd.input
-                   if _input_node(text) in nodes and not (
-                       nd.op in MERGE_OPS and not text.startswith("^")
-                       and nodes[_input_node(text)].op in NEXT_ITERATION_OPS)]
+        merge = nd.op in MERGE_OPS
+        sources = []
+        for text in nd.input:
+            src = _input_node(text)
+            if src in nodes and not (merge and not text.startswith("^")
+                                     and nodes[src].op in NEXT_ITERATION_OPS):   # back edge
+                sources.append(src)
         pending[nd.name] = len(sources)
         for src in sources:
             consumers.setdefault(src, []).append(nd.name)

@@ -427,20 +427,20 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
             flops[_rows(shapes, ref, rows)] += per * count
             src, elements = weights[name]
             if elements:   # cast once a run: per sample, a share of the run's batch
-                out = shapes.shape(TensorRef(name, 0))
+                out = shapes.shape(ref)
                 # a stated batch is in the element counts already: all per run
                 shared = out is None or not out or out[0] < 0
                 us = elements * CAST_PS_PER_ELEMENT * 1e-6 / (est.batch if shared else 1)
                 if us > casts.get(src, (0.0, False))[0]:
                     casts[src] = (us, shared)
-    per_row = 1
+    stated = 1   # what a ROWS count stands for: one row, or the island's stated rows
     if lost[True] or flops[True]:
         if casts or len(rows) > 1 or any(r < 0 for r in rows):
             return None
-        per_row = rows.pop() if rows else 1
-        est.per_row = per_row == 1 and not (lost[False] or flops[False])
-    est.lost_us = lost[False] + per_row * lost[True]
-    est.flops = flops[False] + per_row * flops[True]
+        stated = rows.pop() if rows else 1
+        est.per_row = stated == 1 and not (lost[False] or flops[False])
+    est.lost_us = lost[False] + stated * lost[True]
+    est.flops = flops[False] + stated * flops[True]
     est.cast_us = sum(us for us, _ in casts.values())
     est.open_cast_us = sum(us * est.batch for us, shared in casts.values() if shared)
     est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6

@@ -146,7 +146,7 @@ class Shapes:
             measured = _measured(self.graph, inputs[_SIZED[node.op]])
             return [measured] if measured is not None else []
         if node.op in ("Merge", "RefMerge"):   # not the back edge: no walk round the loop
-            return [r for r in inputs if self.graph.node(r.node).op not in _NEXT]
+            return _back_edges(self.graph, inputs)[0]
         return []   # no rule, or one that reads values only (Fill)
 
     def value(self, ref: TensorRef) -> np.ndarray | None:
@@ -368,18 +368,24 @@ def _merge(shapes: Shapes, inputs, node) -> Shape | None:
     grow: ``shape_invariants``, which a GraphDef does not keep). An open first dimension is
     :data:`ROWS` inside the loop: a run-time size. A lowered cond's Merge: its branches'
     shape."""
-    entering = [r for r in inputs if shapes.graph.node(r.node).op not in _NEXT]
+    entering, back = _back_edges(shapes.graph, inputs)
     found = {_const_shape(shapes, r) for r in entering}
     if len(found) != 1 or None in found:
         return None
     x = found.pop()
-    if len(entering) == len(inputs):   # a lowered cond's Merge, joining two branches
+    if not back:   # a lowered cond's Merge, joining two branches
         return x
     x = (ROWS,) + x[1:] if x and x[0] < 0 else x
-    return x if _kept_round_the_loop(shapes, node, inputs, x) else None
+    return x if _kept_round_the_loop(shapes, node, back, x) else None
 
 
-def _kept_round_the_loop(shapes: Shapes, merge, inputs, x: Shape) -> bool:
+def _back_edges(graph: Graph, inputs) -> tuple[list[TensorRef], list[TensorRef]]:
+    """A Merge's inputs: those entering it, and those a NextIteration brings back (a loop's)."""
+    back = [r for r in inputs if graph.node(r.node).op in _NEXT]
+    return [r for r in inputs if r not in back], back
+
+
+def _kept_round_the_loop(shapes: Shapes, merge, back, x: Shape) -> bool:
     """Whether what a loop's Merge gets back from its NextIteration has the shape ``x`` it
     entered with, worked out with the Merge taken as ``x``: a loop may let a value grow
     (``shape_invariants``, which a GraphDef does not keep). A back edge whose shape no rule
@@ -388,9 +394,9 @@ def _kept_round_the_loop(shapes: Shapes, merge, inputs, x: Shape) -> bool:
     ref = TensorRef(merge.name, 0)
     outer, shapes._journal = shapes._journal, []
     shapes._remember(ref, x)   # for the walk round the loop, which comes back to it
-    back = [shapes.shape(r) for r in inputs if shapes.graph.node(r.node).op in _NEXT]
+    came = [shapes.shape(r) for r in back]
     walked, shapes._journal = shapes._journal, outer
-    if all(b is None or b == x for b in back):
+    if all(b is None or b == x for b in came):
         if outer is not None:
             outer.extend(walked)
         return True
@@ -604,7 +610,8 @@ _HANDLERS = {
     **dict.fromkeys(_REDUCE, _reduction),
     "ConcatV2": _concat, "Transpose": _transpose, "ExpandDims": _expand_dims,
     "Squeeze": _squeeze, "Einsum": _einsum, "StridedSlice": _strided_slice,
-    "Fill": _fill, "Merge": _merge, "RefMerge": _merge, "TensorListGetItem": _list_item, **dict.fromkeys(_SIZED, _sized),
+    "Fill": _fill, "Merge": _merge, "RefMerge": _merge, "TensorListGetItem": _list_item,
+    **dict.fromkeys(_SIZED, _sized),
 }
 
 
