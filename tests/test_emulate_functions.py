@@ -25,6 +25,8 @@ from amp_rewrite.tools.verify import verify
 from amp_rewrite.transforms import emulate
 from amp_rewrite.transforms.constfold import grappler_alone
 
+from machine import onednn_float16
+
 v1 = tf.compat.v1
 SIGNATURES = {"serving_default": ("images", "probabilities"), "iterate": ("x", "state")}
 
@@ -172,7 +174,8 @@ def test_verify_emulates_a_float16_savedmodel(models, tmp_path, monkeypatch, cap
     assert emulated.ok and emulated.criteria.dtype == "float16"
     # verify --emulate runs what convert --emulate writes, not the float16 kernels
     assert emulated.outputs[0].rel_l2 == pytest.approx(written.outputs[0].rel_l2, rel=1e-6)
-    assert emulated.outputs[0].rel_l2 != pytest.approx(real.outputs[0].rel_l2, rel=1e-3)
+    if not onednn_float16:   # oneDNN's float16 kernels may round as the emulation does
+        assert emulated.outputs[0].rel_l2 != pytest.approx(real.outputs[0].rel_l2, rel=1e-3)
     # --per-node replays the emulated bodies: the loop body's MatMul computes in float32
     looped = verify(folder / "fp32", folder / "f16", inputs=str(folder / "x.npz"),
                     signature="iterate", nodes=True, emulate=True)

@@ -176,18 +176,23 @@ def test_per_node_counts_every_tensor_it_cannot_compare(trained, tmp_path):
     ranked = {n.tensor for n in found.ranked}
     assert not ranked & set(found.skipped)
     assert ranked | set(found.skipped) == everything
-    assert found.skipped[reserve] == "shape_changed"
-    assert {"shape_changed", "after_write", "control_flow", "only_converted"} <= set(
-        found.skipped.values())
+    # the reserve space's shape is its kernel's: oneDNN gives it another shape in float16 on
+    # some CPUs (AVX512-BF16), the same on others (AMX), where it is compared
+    changed = found.skipped.get(reserve) == "shape_changed"
+    assert changed or reserve in ranked
+    assert {"after_write", "control_flow", "only_converted"} | ({"shape_changed"} if changed else set()) \
+        <= set(found.skipped.values())
+    example = reserve if changed else next(t for t, why in found.skipped.items()
+                                           if why == "after_write")
     # the result, its text, its JSON and the HTML page say how many and why
     result = verify(orig, conv, inputs=data, checkpoint=ckpt, nodes=True)
     groups = {u.reason: u for u in result.uncompared}
     assert result.nodes_compared == len(ranked)
     assert {r: u.count for r, u in groups.items()} == dict(Counter(found.skipped.values()))
-    assert reserve in groups["shape_changed"].tensors
+    assert example in groups[found.skipped[example]].tensors
     text = format_result(result)
     total = len(found.skipped)
-    assert f"not compared: {total} " in text and reserve in text
+    assert f"not compared: {total} " in text and example in text
     for u in result.uncompared:
         assert f"{u.count}  {u.why}" in text
     data_json = json.loads(json.dumps(result.to_dict()))
@@ -199,4 +204,4 @@ def test_per_node_counts_every_tensor_it_cannot_compare(trained, tmp_path):
     dom.feed(page.read_text())
     rows = dom.tables["uncompared"]
     assert sorted(int(r[0]) for r in rows) == sorted(u.count for u in result.uncompared)
-    assert any(reserve in r[2] for r in rows)
+    assert any(example in r[2] for r in rows)

@@ -108,6 +108,13 @@ def bf16_matrix_unit() -> str | None:
     return next((f for f in BF16_MATRIX_FLAGS if f in cpu_flags()), None)
 
 
+def fp16_matrix_unit() -> str | None:
+    """``"amx_fp16"`` or ``"avx512_fp16"`` where TensorFlow runs float16 through oneDNN on it
+    (with AVX512-BW, :func:`target_note`), else None: Eigen's float16 CPU kernels then."""
+    flags = cpu_flags()
+    return next((f for f in FP16_MATRIX_FLAGS if f in flags), None) if "avx512bw" in flags else None
+
+
 def onednn_on_by_default() -> bool:
     """Whether TensorFlow turns its oneDNN ops on without ``TF_ENABLE_ONEDNN_OPTS`` on this CPU."""
     return any(f in cpu_flags() for f in ONEDNN_DEFAULT_FLAGS)
