@@ -81,6 +81,11 @@ def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
             raise InputError(f"--shape {item!r}: expected NAME=D1,D2,... (e.g. images=8,8,8,1)") from None
         if any(d < 0 for d in shapes[name]):
             raise InputError(f"--shape {item!r}: dimensions must be non-negative")
+        if 0 in shapes[name]:
+            # an empty tensor: a cost model weighs nothing of it, a run compares nothing
+            raise InputError(f"--shape {item!r}: a dimension of 0 makes an empty tensor (a "
+                             "batch of 0 samples), with nothing to weigh, run or compare; give "
+                             "the sizes you run, each at least 1")
     return shapes
 
 
@@ -157,26 +162,64 @@ def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ..
     return feeds
 
 
-def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
-    """Feeds from an ``.npz`` file whose keys are input names (or tensor names): one array for
-    every input, and every key names one (:func:`match_inputs`); an iterator's output it lacks
-    is left for :func:`fill_iterator_inputs`. Each input fed is logged with the shape of its
-    array."""
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` file at ``path``, by its key: the one reader of the data
+    files every command takes (``--inputs``, ``--calibration``, ``--holdout``). A file that is
+    not an archive ``np.savez`` wrote (a truncated download, another format renamed, a ``.npy``
+    file), a damaged member or an array of Python objects (never unpickled) is the user's
+    error: an :class:`InputError` naming the file and what it is not."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        raise InputError(f"{path}: not an .npz archive (np.savez writes a zip archive; this "
+                         f"file {_looks_like(head)})")
     try:
         data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read as .npz: {exc}") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):   # a .npy file: one array, no names
-        raise InputError(f"{path}: not an .npz archive of arrays named by input (np.savez)")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: not a readable .npz archive (truncated or damaged: "
+                         f"{_first_line(exc)})") from None
     with data:
-        matched = match_inputs(data.files, specs, f"{path}: array")
-        feeds = {spec.name: _array(data, key, path) for key, spec in matched.items()}
+        return {key: _array(data, key, path) for key in data.files}
+
+
+def _looks_like(head: bytes) -> str:
+    """What a file that is no zip archive starts like, in words."""
+    known = {b"\x93NUMPY": "is a single .npy array: save arrays by input name with np.savez",
+             b"\x89PNG": "is a PNG image", b"\xff\xd8\xff": "is a JPEG image",
+             b"\x1f\x8b": "is gzip-compressed", b"PK": "is a damaged zip archive"}
+    for magic, what in known.items():
+        if head.startswith(magic):
+            return what
+    if not head:
+        return "is empty"
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        return "is text"
+    return "starts with other bytes"
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
+    """Feeds from an ``.npz`` file (:func:`read_npz`) whose keys are input names (or tensor
+    names): one array for every input, and every key names one (:func:`match_inputs`); an
+    iterator's output it lacks is left for :func:`fill_iterator_inputs`. Each input fed is
+    logged with the shape of its array."""
+    data = read_npz(path)
+    matched = match_inputs(list(data), specs, f"{path}: array")
+    feeds = {spec.name: data[key] for key, spec in matched.items()}
     for spec in specs:
         if spec.name not in feeds:
             if spec.iterator:
                 continue
             raise InputError(f"{path}: no array for input {spec.name!r} (keys: "
-                             f"{', '.join(data.files) or 'none'})")
+                             f"{', '.join(data) or 'none'})")
         log.info("input %s: %s %s from %s", spec.name, feeds[spec.name].dtype,
                  shape_text(feeds[spec.name].shape), path)
     return {spec.name: feeds[spec.name] for spec in specs if spec.name in feeds}
@@ -185,12 +228,13 @@ def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str
 def _array(data, key: str, path) -> np.ndarray:
     try:
         return data[key]
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         if "allow_pickle" in str(exc):   # an object array (Python strings): never unpickled
             raise InputError(f"{path}: array {key!r} holds Python objects, which are not read "
                              "(no pickle); save strings as a NumPy string array, "
                              "np.array(words, dtype=str)") from None
-        raise InputError(f"{path}: cannot read array {key!r}: {exc}") from None
+        raise InputError(f"{path}: cannot read array {key!r} (truncated or damaged archive: "
+                         f"{_first_line(exc)})") from None
 
 
 def fill_iterator_inputs(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]]
