@@ -113,3 +113,32 @@ def loud_rows(n, width=32, seed=0, spread=0.8):
     rng = np.random.default_rng(seed)
     z = rng.standard_normal((n, width))
     return {"x": (z * np.exp(spread * rng.standard_normal((n, 1)))).astype(np.float32)}
+
+
+def sign_flip_softmax(seed=0, width=32, classes=8, gain=40.0):
+    """``softmax(gain * x @ W) @ V`` (output ``y``): scores that one batch drives past
+    float16's range negative (-inf, which the softmax turns into the zeros float32 gives: the
+    overflow looks harmless) and the next positive (+inf: NaN). :func:`hot_rows` makes such
+    batches."""
+    rng = graphs._rng(seed)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, width], name="x")
+        w = tf.constant(rng.normal(0, 1, (width, width)).astype(np.float32), name="w")
+        scores = tf.matmul(x, w, name="scores")
+        p = tf.nn.softmax(tf.multiply(scores, gain, name="scaled"), name="probs")
+        v = tf.constant(rng.normal(size=(width, classes)).astype(np.float32), name="v")
+        tf.identity(tf.matmul(p, v, name="mix"), name="y")
+    return g.as_graph_def()
+
+
+def hot_rows(n, sign, seed=0, width=32, graph_seed=0, score=1700.0):
+    """Rows of small values, each pushed so that one score of :func:`sign_flip_softmax`'s
+    (``graph_seed``'s weights) is ``sign * score``: times its gain of 40, past 65504 with that
+    sign, while the scores themselves stay under 65504 / 32 (the range margin's limit)."""
+    rng = np.random.default_rng(seed)
+    w = graphs._rng(graph_seed).normal(0, 1, (width, width)).astype(np.float32)
+    x = rng.uniform(-0.05, 0.05, (n, width)).astype(np.float32)
+    for r, c in enumerate(rng.integers(0, width, n)):
+        x[r] += sign * score * w[:, c] / np.dot(w[:, c], w[:, c])
+    return {"x": x}

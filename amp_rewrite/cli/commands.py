@@ -107,6 +107,8 @@ def _calibrated(options: Options, args) -> Options:
     options.headroom = HEADROOM if args.headroom is None else args.headroom
     options.check()
     found = ranges_mod.calibrate(args.input, args.calibration, checkpoint=args.checkpoint)
+    if not args.allow_nonfinite_reference:
+        found.check_finite()
     if not args.quiet:
         missed = f"; {len(found.unrecorded)} not recorded" if found.unrecorded else ""
         print(f"calibration: {found.samples} sample(s), {len(found.tensors)} float tensors "
@@ -155,7 +157,8 @@ def verify(args) -> int:
                                nodes=args.per_node,
                                signature=args.signature, outputs=args.output,
                                checkpoint=args.checkpoint, emulate=args.emulate,
-                               init_ops=args.init_op)
+                               init_ops=args.init_op,
+                               nonfinite_reference=args.allow_nonfinite_reference)
     if not args.quiet:
         if not hardware.gpu_visible():
             print(hardware.machine_line(_target(result.criteria.dtype)))
@@ -210,6 +213,7 @@ def tune(args) -> int:
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
                            shapes=parse_shapes(args.shape), report=args.report, init_ops=args.init_op,
                            allow_holdout_failure=args.allow_holdout_failure,
+                           nonfinite_reference=args.allow_nonfinite_reference,
                            error_margin=args.error_margin,
                            **({} if args.headroom is None else {"headroom": args.headroom}))
     if bar is not None:
@@ -219,6 +223,10 @@ def tune(args) -> int:
         if not args.quiet:
             print(result.summary())
         return 1
+    if result.mostly_float32:       # tuned, but no clean success: say so even with -q
+        m = result.matrix_after
+        print(f"amp-rewrite: warning: the tuned model runs {m['lowp']} of {m['total']} matrix "
+              f"ops in {result.target}: mostly float32 ({result.start_line()})", file=sys.stderr)
     if result.holdout_failure:      # --allow-holdout-failure: written, but said
         print(f"amp-rewrite: warning: held-out samples: {result.holdout_failure}; written "
               "anyway (--allow-holdout-failure)", file=sys.stderr)

@@ -144,6 +144,15 @@ def _calibration_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint", metavar="PREFIX",
                    help="restore a MetaGraph's variables from this checkpoint for the "
                    "calibration run (default: their initializers)")
+    _nonfinite_flag(g, "calibrate")
+
+
+def _nonfinite_flag(p, what: str) -> None:
+    """A verdict, a tuning or a calibration needs the float32 model's values finite on the
+    data given; this flag goes ahead anyway."""
+    p.add_argument("--allow-nonfinite-reference", action="store_true",
+                   help=f"{what} even where the float32 model itself gives inf or NaN on the "
+                   "data (refused by default, exit 2: there is no finite reference)")
 
 
 def _headroom_flag(p) -> None:
@@ -219,6 +228,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        "element (default float16 0.001, bfloat16 0.01)")
         p.add_argument("--max-abs", type=float, metavar="X",
                        help="max_abs check: largest absolute error (no default)")
+        _nonfinite_flag(p, "compare")
         p.add_argument("--per-node", action="store_true",
                        help="rank the tensors inside both models (a SavedModel's function "
                        "bodies included) by the error each adds")
@@ -283,6 +293,7 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
                    "else exit 1 and nothing written")
     p.add_argument("--allow-holdout-failure", action="store_true",
                    help="write the result even where it fails on --holdout samples (warned)")
+    _nonfinite_flag(p, "tune")
     # the default is core.dtypes.HEADROOM, which tune applies: importing it here would
     # import TensorFlow before a usage error could answer
     p.add_argument("--headroom", type=float, metavar="H",

@@ -212,8 +212,9 @@ def _verify(v: dict) -> str:
     described = {
         "rel_l2": lambda c: f"relative L2 error ≤ {c['threshold']:g}"
                             + (f" (gradients ≤ {c['gradients']:g})" if "gradients" in c else ""),
-        "top1": lambda c: f"top-1 agreement ≥ {100 * c['threshold']:g}% on outputs that are "
-                          "batches of scores (near-ties count as agreeing)",
+        "top1": lambda c: f"top-1 agreement ≥ {100 * c['threshold']:g}% on outputs with a "
+                          "class axis, by position (near-ties count as agreeing; integer "
+                          "outputs by exact match)",
         "allclose": lambda c: f"every element within {c['atol']:g} + {c['rtol']:g}·|original|",
         "max_abs": lambda c: f"largest absolute error ≤ {c['threshold']:g}"}
     # a result written before checks existed held only the per-element tolerance
@@ -225,7 +226,8 @@ def _verify(v: dict) -> str:
             for o in v["outputs"]]
     parts = [f'<h2>Verify: <span class="{"ok" if v["ok"] else "fail"}">{escape(verdict)}</span></h2>',
              f"<p>{v['samples']} sample(s); checks ({escape(v.get('dtype', 'float32'))} defaults "
-             "unless given): " + escape("; ".join(described[c["check"]](c) for c in checks)) + ".</p>",
+             "unless given): " + escape("; ".join(described[c["check"]](c) for c in checks))
+             + "; every element finite where float32's is.</p>",
              _table(("output", "max abs error", "relative L2", "top-1 agreement (%)",
                      "outside atol+rtol·|x| (%)", "elements", "non-finite", "failed checks", "ok"),
                     rows, "verify")]

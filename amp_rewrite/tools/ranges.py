@@ -37,12 +37,14 @@ from ..core.dtypes import (
     near_limit,
 )
 from ..core.errors import InputError
+from ..core.ops import PLACEHOLDER_OPS
 from ..io.files import is_keras_file
 from ..io.keras_files import saved_models
 from ..io.load import Model
 from ..schema.inputs import match_inputs
+from .masks import constant_masks
 from .runner import GraphRunner, Runner, load_inputs, open_model
-from .traces import Trace
+from .traces import TensorInfo, Trace
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,8 @@ class TensorRange:
     infinite: int = 0
     subnormal: dict[str, int] = field(default_factory=dict)
     flushed: dict[str, int] = field(default_factory=dict)
+    #: every value 0 or 1 (a 0/1 mask on these samples: :mod:`amp_rewrite.tools.masks`)
+    binary: bool = True
 
     def ratio(self, target: int = HALF) -> float:
         """The largest magnitude as a share of ``target``'s largest finite value."""
@@ -91,6 +95,8 @@ class TensorRange:
             mag = mag[finite]
         self.values += a.size
         self.nonfinite += bad
+        self.binary = self.binary and not bad and bool(np.all((mag == 0) | (mag == 1))) \
+            and not np.any(a < 0)
         if not mag.size:
             return
         self.max_abs = max(self.max_abs, float(mag.max()))
@@ -120,10 +126,13 @@ class Ranges:
     samples: int = 0
     tensors: dict[str, TensorRange] = field(default_factory=dict)
     unrecorded: dict[str, str] = field(default_factory=dict)
+    #: what each tensor is (its op and sources), from the traces added
+    info: dict[str, TensorInfo] = field(default_factory=dict)
 
     def add(self, trace: Trace) -> None:
         """One run's float tensors (every value a tensor took: a loop body's, per iteration)."""
         self.samples += 1
+        self.info.update(trace.info)
         for name, values in trace.values.items():
             found = self.tensors.get(name)
             if found is None:
@@ -131,6 +140,26 @@ class Ranges:
                 found = self.tensors[name] = TensorRange(name, info.op, info.dtype, info.order)
             for value in values:
                 found.add(value)
+
+    def check_finite(self, data: str = "the calibration data",
+                     anyway: str = "calibrate anyway") -> None:
+        """Calibration (and tuning) needs a finite reference: an :class:`InputError` where a
+        tensor holds inf or NaN in the float32 model itself on ``data`` (an all-NaN batch,
+        inputs of 1e30), naming the first such tensor and how many values, unless it is a
+        constant mask (a -inf or -1e9 mask is past any range by construction:
+        :mod:`.masks`)."""
+        bad = [t for t in self.ranked() if t.nonfinite]
+        masks = constant_masks(self.info, self.tensors, LARGEST[HALF], [t.tensor for t in bad])
+        bad = sorted((t for t in bad if t.tensor not in masks), key=lambda t: (t.order, t.tensor))
+        if bad:
+            first = bad[0]
+            more = f" (and {len(bad) - 1} more tensor(s) computed in float32)" if len(bad) > 1 else ""
+            where = (f"input {first.tensor} holds" if first.op in PLACEHOLDER_OPS else
+                     f"the float32 model itself gives, in {first.tensor} ({first.op}),")
+            raise InputError(
+                f"{where} {first.nonfinite} of {first.values} value(s) as inf or NaN on {data}"
+                f"{more}: there is no finite reference to compare 16 bits with; check the "
+                f"inputs, or {anyway} with --allow-nonfinite-reference")
 
     def maxima(self) -> dict[str, float]:
         """Tensor name -> its largest finite magnitude: what a conversion takes as calibration

@@ -69,6 +69,7 @@ each with the op and the error that chose it; ``force_lowp`` from ``relax``), wh
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -87,7 +88,7 @@ from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model
 from ..core.dtypes import BFLOAT16, HALF, HEADROOM, LARGEST, TARGET_NAMES, TARGETS, near_limit
 from ..core.errors import InputError, UnsupportedGraphError
-from ..core.ops import FUNCTIONAL_OPS
+from ..core.ops import FUNCTIONAL_OPS, MATRIX_OPS
 from ..io.files import (
     OutputSet,
     check_container,
@@ -112,8 +113,9 @@ from .runner import (
     open_model,
 )
 from .traces import upstream
-from .verify import (BEYOND, REL_L2, TOP1, Attribution, ErrorStats, attribute,
-                     compare_outputs, criteria, lowest_dtype)
+from .masks import constant_masks
+from .verify import (REL_L2, TOP1, Attribution, ErrorStats, attribute,
+                     check_finite_reference, compare_outputs, criteria, lowest_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -133,31 +135,32 @@ Metric = Callable[[Outputs, Outputs], float]
 
 
 # ----------------------------------------------------------------- metrics
-def _stats(ref: Outputs, out: Outputs, limit: float, top1: bool = False):
-    """Each output's :class:`~amp_rewrite.tools.verify.ErrorStats`; ``limit``: the target's
-    largest finite value, past which the original agrees with an inf of its sign."""
+def _stats(ref: Outputs, out: Outputs, top1: bool = False):
+    """Each output's :class:`~amp_rewrite.tools.verify.ErrorStats`, compared as ``verify``
+    compares outputs: an inf or NaN where float32 gives a number is an infinite error, whatever
+    its sign."""
     for name, a in ref.items():
-        s = ErrorStats(0.0, 0.0, limit=limit)
+        s = ErrorStats(0.0, 0.0)
         s.update(a, out[name], top1=top1)
         yield s
 
 
-def _rel_l2(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
-    return max((s.rel_l2 for s in _stats(ref, out, limit)), default=0.0)
+def _rel_l2(ref: Outputs, out: Outputs) -> float:
+    return max((s.rel_l2 for s in _stats(ref, out)), default=0.0)
 
 
-def _max_abs(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
-    return max((s.max_abs_error for s in _stats(ref, out, limit)), default=0.0)
+def _max_abs(ref: Outputs, out: Outputs) -> float:
+    return max((s.max_abs_error for s in _stats(ref, out)), default=0.0)
 
 
-def _top1(ref: Outputs, out: Outputs, limit: float = math.inf) -> float:
-    """The share of rows whose argmax moved, on the outputs that are batches of scores."""
-    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, limit, top1=True)
+def _top1(ref: Outputs, out: Outputs) -> float:
+    """The share of positions whose argmax moved, on the outputs with a class axis."""
+    moved = [(s.rows - s.agree) / s.rows for s in _stats(ref, out, top1=True)
              if s.top1 is not None]
     if not moved:
-        raise InputError("metric top1: no output is a batch of scores (a rank-2 float output "
-                         "whose last dimension is over 1); pick one with --output-tensor or "
-                         "choose another --metric")
+        raise InputError("metric top1: no output has a class axis (a float output of rank 2 "
+                         "or more whose last dimension is over 1); pick one with "
+                         "--output-tensor or choose another --metric")
     return max(moved)
 
 
@@ -187,6 +190,66 @@ def default_tolerance(metric: str, target: str) -> float:
         return round(1.0 - TOP1, 12)
     raise InputError(f"--metric {metric} needs --tolerance X: an absolute error has no default "
                      "(it depends on the outputs' scale)")
+
+
+# ----------------------------------------------------------------- what to meet
+@dataclass(frozen=True)
+class Search:
+    """What a tuning must meet and how far it may look: :func:`tune`'s keywords, checked by
+    :func:`search_settings`. ``metric`` names the metric (a function's ``__name__``),
+    ``score`` computes it, ``per_output`` scores one output alone (built-in metrics; names
+    the output a held-out sample fails on)."""
+
+    metric: str
+    score: Metric
+    tolerance: float
+    per_output: Callable | None = None
+    max_trials: int = DEFAULT_MAX_TRIALS
+    headroom: float = HEADROOM
+    error_margin: float = 1.0
+    relax: bool = False
+    nonfinite_reference: bool = False
+
+    @property
+    def accept(self) -> float:
+        """What a trial must meet on the tuning samples; verify's checks and the held-out
+        samples are judged against the tolerance itself (the margin is for unseen data)."""
+        return self.tolerance / self.error_margin
+
+    @property
+    def verify_checks(self) -> bool:
+        """The default metric is verify's default judgement: its other checks must agree."""
+        return self.metric == "rel_l2"
+
+
+def search_settings(metric: str | Metric, tolerance: float | None, target: str, *,
+                    max_trials: int = DEFAULT_MAX_TRIALS, headroom: float = HEADROOM,
+                    error_margin: float = 1.0, relax: bool = False,
+                    nonfinite_reference: bool = False) -> Search:
+    """:class:`Search` from :func:`tune`'s keywords, each checked (an :class:`InputError`
+    naming the flag)."""
+    if isinstance(metric, str):
+        if metric not in METRICS:
+            raise InputError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
+        name, score = metric, _BUILTIN[metric]
+        per_output = functools.partial(_per_output, score)
+        tolerance = default_tolerance(metric, target) if tolerance is None else tolerance
+    else:
+        name, score, per_output = getattr(metric, "__name__", "custom"), metric, None
+        if tolerance is None:
+            raise InputError("a metric function needs a tolerance")
+    if not (tolerance >= 0 and math.isfinite(tolerance)):
+        raise InputError(f"--tolerance {tolerance!r}: must be a finite number >= 0")
+    if not (headroom >= 1 and math.isfinite(headroom)):
+        raise InputError(f"--headroom {headroom!r}: must be a finite number >= 1 (1: no margin "
+                         "beyond the target's range)")
+    if not (error_margin >= 1 and math.isfinite(error_margin)):
+        raise InputError(f"--error-margin {error_margin!r}: must be a finite number >= 1 (a "
+                         "trial passes at the tolerance divided by it; 1: no margin)")
+    if max_trials < 1:
+        raise InputError("--max-trials must be at least 1")
+    return Search(name, score, tolerance, per_output, max_trials, headroom, error_margin, relax,
+                  nonfinite_reference)
 
 
 # ----------------------------------------------------------------- results
@@ -246,6 +309,31 @@ class TuneResult:
     target: str = "float16"
     headroom: float = HEADROOM        # the range margin's safety factor
     error_margin: float = 1.0         # trials passed at tolerance / error_margin
+    # the matrix ops of the painted graph and of the result: how many, in 16 bits, and kept
+    # float32 by the CPU cost model (tools.tuning._matrix)
+    matrix_before: dict = field(default_factory=dict)
+    matrix_after: dict = field(default_factory=dict)
+
+    @property
+    def mostly_float32(self) -> bool:
+        """The painted graph tune started from runs at most half its matrix ops in 16 bits:
+        whatever it kept, the result is mostly a float32 model."""
+        m = self.matrix_before
+        return bool(m.get("total")) and 2 * m["lowp"] <= m["total"]
+
+    def start_line(self) -> str:
+        """What tune started from: the painted graph's matrix ops in 16 bits and, where the
+        CPU cost model kept some float32, how to tune the graph painted whole instead."""
+        m = self.matrix_before
+        if not m.get("total"):
+            return "painted graph: no matrix ops (MatMul/Conv family)"
+        line = f"painted graph: {m['lowp']} of {m['total']} matrix ops in {self.target}"
+        if m["cost"]:
+            line += (f"; the CPU cost model kept {m['cost']} float32 (too small to gain at the "
+                     "batch it assumed), so this tuned that graph: to tune the graph painted "
+                     "whole, pass the batch you serve with --shape NAME=D1,D2,... or "
+                     "--min-matrix-intensity 0")
+        return line
 
     @property
     def graph_def(self):
@@ -262,7 +350,12 @@ class TuneResult:
                  f"{self.tolerance:g}{self._margin_note()}: painted graph {self.before:.3g} -> "
                  f"{'tuned' if self.ok else 'best tried'} {self.after:.3g}",
                  f"{self.trials} trials in {self.seconds:.1f} s; {len(self.kept)} node(s) kept "
-                 f"in float32; nodes in low precision {self.lowp_before} -> {self.lowp_after}"]
+                 f"in float32; nodes in low precision {self.lowp_before} -> {self.lowp_after}",
+                 self.start_line()]
+        if self.mostly_float32:
+            lines.append(f"note: the result is mostly float32 ({self.matrix_after['lowp']} of "
+                         f"{self.matrix_after['total']} matrix ops in {self.target}): it "
+                         "meets the tolerance, but gains little speed")
         if self.holdout_before is not None:
             verdict = f"FAIL: {self.holdout_failure}" if self.holdout_failure else "ok"
             lines.append(f"held-out samples: {self.holdout_before:.3g} -> "
@@ -289,7 +382,8 @@ class _Trial:
     runner: Runner | None
     force: frozenset[str] = frozenset()
     ok: bool = False          # every sample within tolerance / error margin, verify agrees
-    verify_failed: str = ""   # what verify's default checks refuse where the metric passes
+    verify_failed: str = ""   # what verify's checks, or a look inside, refuse where the metric passes
+    found: Attribution | None = None   # its tensors against the float32 model's, once traced
 
     @property
     def score(self) -> float:
@@ -314,27 +408,19 @@ class _Trial:
 # ----------------------------------------------------------------- the search
 class _Tuner:
     def __init__(self, model: Model, options: Options, ref: Runner, feeds: list[dict],
-                 metric: Metric, tolerance: float, max_trials: int, signature: str | None,
-                 outputs: Sequence[str], progress, workdir: Path, verify_checks: bool = False,
-                 headroom: float = HEADROOM, per_output: Callable | None = None,
-                 metric_name: str = "rel_l2", error_margin: float = 1.0):
+                 search: Search, workdir: Path, *, signature: str | None = None,
+                 outputs: Sequence[str] = (), progress=None):
         self.model, self.options, self.ref, self.feeds = model, options, ref, feeds
-        self.metric, self.tolerance, self.max_trials = metric, tolerance, max_trials
-        # what a trial must meet on the tuning samples; verify's checks and the held-out
-        # samples are judged against the tolerance itself (the margin is for unseen data)
-        self.accept = tolerance / error_margin
-        self.headroom, self.metric_name = headroom, metric_name
-        self.skipped = ""       # why the range margin could not be taken, if it could not
-        # the built-in metric applied to one output (None: a metric function, which scores
-        # the outputs together): names the output a held-out sample fails on
-        self.per_output = per_output
-        # the default metric is verify's default judgement: its other checks must agree too
-        self.verify_checks = verify_checks
+        self.search = search
+        # why the model's tensors cannot be traced, if they cannot: the range margin and the
+        # look inside each trial are then skipped, and the result's message says so
+        self.skipped = ""
         self.signature, self.outputs = signature, outputs
         self.progress, self.workdir = progress, workdir
         self.base = options.rule_set()
         self.ref_outputs = [self._outputs(ref, f) for f in feeds]
-        # the target's range: past it the original agrees with an inf of its sign (verify)
+        # the target's range: past it the original may agree with an inf of its sign, where
+        # it is a constant mask (tools.masks)
         self.crit = criteria(TARGETS[options.target])
         self.trials = self.folders = 0
         # every trial made, by its (keep, force) sets: none is run twice, and each is closed
@@ -346,17 +432,20 @@ class _Tuner:
         return dict(zip(self.ref.outputs, runner.callable()(feed)))
 
     def check_baseline(self) -> None:
+        """The float32 model judged against itself: its outputs finite on the samples (a
+        verdict needs a finite reference, unless ``nonfinite_reference``) and the metric 0."""
+        check_reference(self.ref.outputs, self.ref_outputs, self.search.nonfinite_reference)
         for i, (feed, want) in enumerate(zip(self.feeds, self.ref_outputs)):
             again = self._score(want, self._outputs(self.ref, feed))
-            if not again <= self.accept:
+            if not again <= self.search.accept:
                 raise InputError(
                     f"the tolerance cannot be met: the float32 model scored against itself (run "
-                    f"twice on sample {i}) gives {again:.3g} > {self.accept:g}, so no "
+                    f"twice on sample {i}) gives {again:.3g} > {self.search.accept:g}, so no "
                     "conversion can pass; the metric must give 0 (at most the tolerance) for "
                     "equal outputs, and the model's outputs must not vary between runs")
 
     def _score(self, ref: Outputs, out: Outputs) -> float:
-        value = float(self.metric(ref, out))
+        value = float(self.search.score(ref, out))
         return math.inf if math.isnan(value) else value
 
     def trial(self, keep: Iterable[str], why: str, force: Iterable[str] = ()) -> _Trial:
@@ -370,9 +459,12 @@ class _Tuner:
         self.seen[(keep, force)] = t
         t.scores = [self._score(want, self._outputs(runner, feed))
                     for feed, want in zip(self.feeds, self.ref_outputs)]
-        ok = t.score <= self.accept
-        if ok and self.verify_checks:
+        ok = t.score <= self.search.accept
+        if ok and self.search.verify_checks:
             t.verify_failed = self._verify_refuses(t)
+            ok = not t.verify_failed
+        if ok:
+            t.verify_failed = self._inside(t)
             ok = not t.verify_failed
         t.ok = ok
         self.log.append({"trial": self.trials - 1, "why": why, "kept": len(keep),
@@ -381,7 +473,7 @@ class _Tuner:
         log.info("trial %d (%s): %d kept, %d forced, metric %.3g %s", self.trials - 1, why,
                  len(keep), len(force), t.score, "ok" if ok else "over")
         if self.progress is not None:
-            self.progress(self.trials, self.max_trials, t.score, len(keep))
+            self.progress(self.trials, self.search.max_trials, t.score, len(keep))
         return t
 
     def _convert(self, keep: Iterable[str], force: Iterable[str] = ()):
@@ -397,9 +489,35 @@ class _Tuner:
         in trial ``t`` on the samples ("" when it passes): the metric bounds each sample's
         relative L2 error, verify also the top-1 agreement of batches of scores and how far a
         share of decisions moves."""
-        crit = criteria(lowest_dtype(t.runner), rel_l2=self.tolerance)
-        outs = compare_outputs(self.ref, t.runner, self.feeds, crit)
+        outs = compare_outputs(self.ref, t.runner, self.feeds, self.verify_criteria(t.runner))
         return "; ".join(f"{o.name}: {', '.join(o.failed)}" for o in outs if not o.ok)
+
+    def verify_criteria(self, runner: Runner):
+        """``verify``'s default checks for a conversion, with the tolerance as its bound."""
+        return criteria(lowest_dtype(runner), rel_l2=self.search.tolerance,
+                        nonfinite_reference=self.search.nonfinite_reference)
+
+    def _inside(self, t: _Trial) -> str:
+        """What trial ``t`` holds inside on the samples that no output shows yet ("" if
+        nothing): tensors that are inf or NaN where the float32 model is finite, but for a
+        constant mask's rounding no consumer turns into an error (the rule ``verify
+        --per-node`` judges by, :func:`~amp_rewrite.tools.verify.attribute`). Such a tensor
+        passes a batch by luck (scores overflowing to -inf, which a softmax turns into the
+        zeros float32 gives) and fails the next (+inf: NaN). Not looked at where the model
+        cannot be traced (said in :attr:`skipped`)."""
+        if self.skipped:
+            return ""
+        try:
+            t.found = attribute(self.ref, t.runner, self.feeds, self.crit)
+        except InputError as exc:
+            self._skip(exc)
+            return ""
+        bad = [n.tensor for n in t.found.ranked if math.isinf(n.rel_l2)]
+        if not bad:
+            return ""
+        return (f"{len(bad)} tensor(s) inside hold inf or NaN where float32 is finite, which "
+                f"the next batch may carry to an output: {', '.join(bad[:3])}"
+                + (" ..." if len(bad) > 3 else ""))
 
     def _open_converted(self, converted: Model) -> Runner:
         """A trial's conversion opened as ``verify`` opens one against the original
@@ -415,7 +533,8 @@ class _Tuner:
     def culprits(self, t: _Trial, kept: Mapping[str, Kept], names: set[str]) -> list[Kept]:
         """The nodes where the worst sample's error starts (module docstring, step 2)."""
         worst = max(range(len(self.feeds)), key=lambda i: t.scores[i])
-        found = attribute(self.ref, t.runner, [self.feeds[worst]], self.crit)
+        # a trial refused for what it holds inside was traced on every sample already
+        found = t.found or attribute(self.ref, t.runner, [self.feeds[worst]], self.crit)
         chosen: dict[str, Kept] = {}
         first = None
         for n in found.ranked:
@@ -439,24 +558,26 @@ class _Tuner:
         target = TARGETS[self.options.target]
         ranges = Ranges()
         info: dict = {}
+        if self.skipped:
+            return {}
         try:
             for feed in self.feeds:
                 trace = self.ref.trace(feed)
                 ranges.add(trace)
                 info.update(trace.info)
         except InputError as exc:
-            # a model verify --per-node refuses to trace (a signature writing a table, a
-            # random op inside) is still tuned, as before the margin: said, not silent
-            self.skipped = f"range margin skipped: {exc}"
-            log.warning("%s", self.skipped)
+            self._skip(exc)
             return {}
+        if not self.search.nonfinite_reference:   # no NaN of float32's own to chase
+            ranges.check_finite("the tuning samples", "tune anyway")
         # an infinity the float32 model holds itself is past any range (NaNs are left out)
         largest = {name: math.inf if t.infinite else t.max_abs
                    for name, t in ranges.tensors.items()}
-        near = {name: v for name, v in largest.items() if near_limit(v, target, self.headroom)}
-        past = [name for name, v in near.items() if not v <= LARGEST[target]]
-        harmless = self._harmless(start, past, info) if past else set()
-        near = {name: v for name, v in near.items() if name not in harmless}
+        near = {name: v for name, v in largest.items() if near_limit(v, target, self.search.headroom)}
+        # a constant mask (-1e9) is past the range by construction, whatever the data: it is
+        # the one exception (tools.masks: the rule verify --per-node judges by too)
+        masks = constant_masks(info, ranges.tensors, LARGEST[target], near)
+        near = {name: v for name, v in near.items() if name not in masks}
         order = sorted(near, key=lambda t: (info[t].order, t))
         chosen: dict[str, Kept] = {}
 
@@ -479,25 +600,14 @@ class _Tuner:
             keep(sorted(readers.get(tensor.rsplit(":", 1)[0], ())), report, tensor)
         return chosen
 
-    def _harmless(self, start: _Trial, past: list[str], info: Mapping) -> set[str]:
-        """The tensors of ``past`` (past the target's range on the tuning samples) whose
-        infinities the painted graph ``start`` shows harmless: the tensor and every tensor
-        computed directly from it compared, and each agrees within ``verify``'s default bound
-        for the target, infinities past the range agreeing as ``verify`` compares them (a
-        -1e9 mask that a softmax turns into the same zeros)."""
-        found = attribute(self.ref, start.runner, self.feeds, self.crit)
-        errors = {n.tensor: n for n in found.ranked}
-        readers: dict[str, set[str]] = {}
-        for name, i in info.items():
-            for source in i.sources:
-                readers.setdefault(source, set()).add(name)
+    def _skip(self, exc: InputError) -> None:
+        """A model verify --per-node refuses to trace (a signature writing a table, a random
+        op inside) is still tuned, as before the margin, without it and without looking
+        inside the trials: said, not silent."""
+        self.skipped = f"range margin skipped: {exc}"
+        log.warning("%s", self.skipped)
 
-        def agrees(tensor: str) -> bool:
-            n = errors.get(tensor)
-            return n is not None and n.harmless and n.rel_l2 <= self.crit.rel_l2
-        return {t for t in past if agrees(t) and all(agrees(r) for r in readers.get(t, ()))}
-
-    def run(self, relax: bool = False) -> tuple[_Trial, dict[str, Kept], _Trial, bool, str]:
+    def run(self) -> tuple[_Trial, dict[str, Kept], _Trial, bool, str]:
         """The search; returns the painted graph's trial, what is kept, the result's trial,
         whether it passes and a note (why it failed, or what was cut short)."""
         start = self.trial((), "painted graph")
@@ -506,16 +616,16 @@ class _Tuner:
         kept: dict[str, Kept] = dict(margin)
         current = start
         if margin:
-            if self.trials >= self.max_trials:
+            if self.trials >= self.search.max_trials:
                 return start, kept, start, False, (
-                    f"not met within --max-trials {self.max_trials}: the range margin "
+                    f"not met within --max-trials {self.search.max_trials}: the range margin "
                     f"({len(margin)} node(s)) needs a trial of its own")
             current = self.trial(kept, "range margin")
         while not current.ok:
-            if self.trials >= self.max_trials:
+            if self.trials >= self.search.max_trials:
                 return start, kept, current, False, (
-                    f"not met within --max-trials {self.max_trials}: in the last trial, "
-                    f"{_failure(current, self.accept)} with {len(kept)} node(s) kept")
+                    f"not met within --max-trials {self.search.max_trials}: in the last trial, "
+                    f"{_failure(current, self.search.accept)} with {len(kept)} node(s) kept")
             new = self.culprits(current, kept, names)
             why = "attribution"
             if not new:
@@ -526,7 +636,7 @@ class _Tuner:
                 if not new:
                     return start, kept, current, False, (
                         f"the tolerance cannot be met: with every node the conversion may keep "
-                        f"in float32 kept, {_failure(current, self.accept)}")
+                        f"in float32 kept, {_failure(current, self.search.accept)}")
             kept.update((k.node, k) for k in new)
             if current is not start:
                 current.close()
@@ -534,7 +644,7 @@ class _Tuner:
         # the margin's keeps stay: the tuning samples cannot show them unneeded
         current, note = self._release(current, [k for k in kept if k not in margin])
         kept = {k: v for k, v in kept.items() if k in current.keep}
-        if relax and not note:
+        if self.search.relax and not note:
             current, note = self._relax(current)
         return start, kept, current, current.ok, "; ".join(filter(None, [note, self.skipped]))
 
@@ -566,8 +676,8 @@ class _Tuner:
             keep, force = step(passing, group)
             t = self.seen.get((frozenset(keep), frozenset(force)))
             if t is None:
-                if self.trials >= self.max_trials:
-                    return passing, f"stopped {cut} at --max-trials {self.max_trials}"
+                if self.trials >= self.search.max_trials:
+                    return passing, f"stopped {cut} at --max-trials {self.search.max_trials}"
                 t = self.trial(keep, f"{why} {len(group)}", force)
             if t.ok:
                 if t is not passing:
@@ -651,7 +761,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
          progress: Callable[[int, int, float, int], None] | None = None,
          report: str | os.PathLike | None = None, init_ops: Sequence[str] = (),
          headroom: float = HEADROOM, allow_holdout_failure: bool = False,
-         error_margin: float = 1.0, **options) -> TuneResult:
+         error_margin: float = 1.0, nonfinite_reference: bool = False,
+         **options) -> TuneResult:
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
 
@@ -686,84 +797,107 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     started = time.perf_counter()
     opts = Options(**options)
     opts.check()
-    if isinstance(metric, str):
-        if metric not in METRICS:
-            raise InputError(f"--metric {metric}: unknown metric (choose from {', '.join(METRICS)})")
-        # scored as verify compares: a value past the target's range agrees with its inf
-        name = metric
-        metric_fn = functools.partial(_BUILTIN[metric], limit=BEYOND[opts.target])
-        per_output = functools.partial(_per_output, metric_fn)
-        tolerance = default_tolerance(metric, opts.target) if tolerance is None else tolerance
-    else:
-        name, metric_fn, per_output = getattr(metric, "__name__", "custom"), metric, None
-        if tolerance is None:
-            raise InputError("a metric function needs a tolerance")
-    if not (tolerance >= 0 and math.isfinite(tolerance)):
-        raise InputError(f"--tolerance {tolerance!r}: must be a finite number >= 0")
-    if not (headroom >= 1 and math.isfinite(headroom)):
-        raise InputError(f"--headroom {headroom!r}: must be a finite number >= 1 (1: no margin "
-                         "beyond the target's range)")
-    if not (error_margin >= 1 and math.isfinite(error_margin)):
-        raise InputError(f"--error-margin {error_margin!r}: must be a finite number >= 1 (a "
-                         "trial passes at the tolerance divided by it; 1: no margin)")
-    if max_trials < 1:
-        raise InputError("--max-trials must be at least 1")
-    if not isinstance(model, Model) and is_keras_file(model):
-        with saved_models([model]) as (saved,):   # tuned as its export, which lives for the call
-            return tune(dataclasses.replace(load(saved), source=Path(model)), output,
-                        feeds=feeds, metric=metric, tolerance=tolerance, max_trials=max_trials,
-                        holdout=holdout, rules_out=rules_out, signature=signature,
-                        outputs=outputs, force=force, relax=relax, progress=progress,
-                        report=report, headroom=headroom,
-                        allow_holdout_failure=allow_holdout_failure,
-                        error_margin=error_margin, **options)
-    if not isinstance(model, Model):
-        model = load(model)
-    out_paths = _check_outputs(model, output, rules_out, force, report)
-    if model.kind != "savedmodel" and "the graph" in training_parts(model.graph_def):
-        raise UnsupportedGraphError(f"{model.path}: the graph trains; tune compares inference "
-                                    "outputs: freeze or export the inference graph first")
+    search = search_settings(metric, tolerance, opts.target, max_trials=max_trials,
+                             headroom=headroom, error_margin=error_margin, relax=relax,
+                             nonfinite_reference=nonfinite_reference)
+    with contextlib.ExitStack() as stack:
+        model = _model(model, stack)
+        out_paths = _check_outputs(model, output, rules_out, force, report)
+        if model.kind != "savedmodel" and "the graph" in training_parts(model.graph_def):
+            raise UnsupportedGraphError(f"{model.path}: the graph trains; tune compares "
+                                        "inference outputs: freeze or export the inference "
+                                        "graph first")
+        result = _search(model, opts, search, feeds, holdout, signature=signature,
+                         outputs=outputs, init_ops=init_ops, progress=progress,
+                         allow_holdout_failure=allow_holdout_failure)
+        result.seconds = time.perf_counter() - started
+        if result.ok and out_paths is not None:
+            _write(result, model, opts, out_paths, report, force)
+    return result
+
+
+def _model(model: str | os.PathLike | Model, stack: contextlib.ExitStack) -> Model:
+    """``model`` loaded; a Keras file as its export, which lives as long as ``stack``."""
+    if isinstance(model, Model):
+        return model
+    if is_keras_file(model):
+        (saved,) = stack.enter_context(saved_models([model]))
+        return dataclasses.replace(load(saved), source=Path(model))
+    return load(model)
+
+
+def _search(model: Model, opts: Options, search: Search, feeds, holdout, *, signature,
+            outputs, init_ops, progress, allow_holdout_failure: bool) -> TuneResult:
+    """The float32 model opened, the search run on ``feeds`` and judged on ``holdout``."""
     with tempfile.TemporaryDirectory(prefix="amp-tune.") as workdir, \
             _open(model, signature, outputs, init_ops) as ref:
-        tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), metric_fn, tolerance,
-                       max_trials, signature, outputs, progress, Path(workdir),
-                       verify_checks=name == "rel_l2", headroom=headroom,
-                       per_output=per_output, metric_name=name, error_margin=error_margin)
+        tuner = _Tuner(model, opts, ref, _feed_list(feeds, ref, "feeds"), search, Path(workdir),
+                       signature=signature, outputs=outputs, progress=progress)
         held = _feed_list(holdout, ref, "holdout")
         try:
             tuner.check_baseline()
-            start, kept, final, ok, note = tuner.run(relax)
+            start, kept, final, ok, note = tuner.run()
             result = TuneResult(
-                ok, name, tolerance, len(tuner.feeds), tuner.trials,
+                ok, search.metric, search.tolerance, len(tuner.feeds), tuner.trials,
                 0.0, start.score, final.score, list(kept.values()),
                 final.forced, _lowp(start.report),
                 _lowp(final.report), final.model, final.report, message=note,
-                trial_log=tuner.log, target=opts.target, headroom=headroom,
-                error_margin=error_margin)
+                trial_log=tuner.log, target=opts.target, headroom=search.headroom,
+                error_margin=search.error_margin, matrix_before=_matrix(start.report),
+                matrix_after=_matrix(final.report))
             if held:
-                wanted = [tuner._outputs(ref, f) for f in held]
-                result.holdout_before = _score_on(tuner, start, held, wanted, judge=False)[0]
-                result.holdout_after, result.holdout_failure = _score_on(tuner, final, held,
-                                                                         wanted)
-                if ok and result.holdout_failure and not allow_holdout_failure:
-                    result.ok = False
-                    result.message = (f"held-out samples: {result.holdout_failure} "
-                                      "(--allow-holdout-failure writes it anyway)")
+                _judge_holdout(tuner, result, start, final, held, allow_holdout_failure)
         finally:
             for t in tuner.seen.values():
                 t.close()
-    result.seconds = time.perf_counter() - started
-    if result.ok and out_paths is not None:
-        out, rules_path = out_paths
-        with OutputSet() as written:    # checked before the search, each of them
-            stage(result.model, out, written, force=force)
-            written.add_file(rules_path, rules_text(result, model, opts).encode("utf-8"),
-                             force=force)
-            if report is not None:
-                written.add_file(report, result.report.to_json().encode("utf-8"), force=force)
-            written.commit()
-        result.rules_file = str(rules_path)
     return result
+
+
+def _judge_holdout(tuner: _Tuner, result: TuneResult, start: _Trial, final: _Trial,
+                   held: list[dict], allow_failure: bool) -> None:
+    """The painted graph and the result scored on the held-out samples, never tuned on; a
+    result that fails there fails, unless ``allow_failure``."""
+    wanted = [tuner._outputs(tuner.ref, f) for f in held]
+    check_reference(tuner.ref.outputs, wanted, tuner.search.nonfinite_reference)
+    result.holdout_before = _score_on(tuner, start, held, wanted, judge=False)[0]
+    result.holdout_after, result.holdout_failure = _score_on(tuner, final, held, wanted)
+    if result.ok and result.holdout_failure and not allow_failure:
+        result.ok = False
+        result.message = (f"held-out samples: {result.holdout_failure} "
+                          "(--allow-holdout-failure writes it anyway)")
+
+
+def _write(result: TuneResult, model: Model, opts: Options, paths, report, force: bool) -> None:
+    """The tuned model, its rules file and (``report``) the JSON report, all or none."""
+    out, rules_path = paths
+    with OutputSet() as written:    # checked before the search, each of them
+        stage(result.model, out, written, force=force)
+        written.add_file(rules_path, rules_text(result, model, opts).encode("utf-8"),
+                         force=force)
+        if report is not None:
+            written.add_file(report, result.report.to_json().encode("utf-8"), force=force)
+        written.commit()
+    result.rules_file = str(rules_path)
+
+
+def check_reference(names: Sequence[str], outputs: Sequence[Outputs],
+                    nonfinite_reference: bool = False) -> None:
+    """The float32 model's outputs on every sample (dicts by output name) hold elements, all
+    finite (unless ``nonfinite_reference``), else the :class:`InputError` of
+    :func:`~amp_rewrite.tools.verify.check_finite_reference`."""
+    nonfinite = [0 if nonfinite_reference else
+                 sum(int(np.count_nonzero(~np.isfinite(np.asarray(o[n], np.float64))))
+                     for o in outputs) for n in names]
+    totals = [sum(np.size(o[n]) for o in outputs) for n in names]
+    check_finite_reference(names, nonfinite, totals)
+
+
+def _matrix(report: Report) -> dict[str, int]:
+    """The matrix ops (the MatMul/Conv family, function bodies included) of a conversion: how
+    many, how many in 16 bits, and how many the CPU cost model kept float32 (code ``cost``)."""
+    ops = [n for n in report.nodes if n.op in MATRIX_OPS]
+    return {"total": len(ops), "lowp": sum(1 for n in ops if n.precision in _LOWP | {"mixed"}),
+            "cost": sum(1 for n in ops if n.code == "cost")}
 
 
 def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict],
@@ -777,11 +911,10 @@ def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict],
         worst = max(range(len(scores)), key=lambda i: scores[i])
         if not judge:
             return scores[worst], ""
-        if scores[worst] > tuner.tolerance:
+        if scores[worst] > tuner.search.tolerance:
             return scores[worst], _over(tuner, wanted[worst], got[worst], worst, len(feeds))
-        if tuner.verify_checks:
-            crit = criteria(lowest_dtype(runner), rel_l2=tuner.tolerance)
-            for o in compare_outputs(tuner.ref, runner, feeds, crit):
+        if tuner.search.verify_checks:
+            for o in compare_outputs(tuner.ref, runner, feeds, tuner.verify_criteria(runner)):
                 for c in o.checks:
                     if not c.ok:
                         need = "at least" if c.check == "top1" and not o.decisions else "limit"
@@ -796,19 +929,21 @@ def _score_on(tuner: _Tuner, t: _Trial, feeds: list[dict], wanted: list[dict],
 def _over(tuner: _Tuner, want: Outputs, got: Outputs, index: int, count: int) -> str:
     """The output whose metric is worst on one sample (a built-in metric), else the metric
     function's value on the sample, with the tolerance."""
-    limit = f"(limit {tuner.tolerance:g})"
-    if tuner.per_output is None:
-        return (f"{tuner.metric_name} {tuner._score(want, got):.3g} on sample {index + 1} of "
+    search = tuner.search
+    limit = f"(limit {search.tolerance:g})"
+    if search.per_output is None:
+        return (f"{search.metric} {tuner._score(want, got):.3g} on sample {index + 1} of "
                 f"{count} {limit}")
-    values = tuner.per_output(want, got)
+    values = search.per_output(want, got)
     name = max(values, key=lambda k: (values[k], k))
-    return f"output {name!r} {tuner.metric_name} {values[name]:.3g} {limit}"
+    return f"output {name!r} {search.metric} {values[name]:.3g} {limit}"
 
 
 def _failure(t: _Trial, tolerance: float) -> str:
     """Why trial ``t`` does not pass, in words for the result's message."""
     if t.score <= tolerance and t.verify_failed:
-        return f"verify's default checks fail ({t.verify_failed})"
+        return t.verify_failed if t.found is not None else (
+            f"verify's default checks fail ({t.verify_failed})")
     return f"the metric is {t.score:.3g} > {tolerance:g}"
 
 

@@ -3,39 +3,52 @@
 Both models run on the same inputs (an ``.npz`` file, or random data from the inputs' dtypes
 and shapes, ``--samples`` sets of it). Each output is measured (largest absolute error,
 relative L2 error, share of elements outside ``|conv - orig| <= atol + rtol*|orig|``, and for
-a classifier-shaped output the top-1 agreement; a non-finite value where the original is finite
-counts as an infinite error, except the 16-bit dtype's own rounding of a value past its range:
-±inf where the original holds a finite value beyond it (65504 for float16) of the same sign,
-such as a -1e9 attention mask, agrees) and judged by the checks in force, each with its
-threshold:
+an output with a class axis the top-1 agreement) and judged by the checks in force, each with
+its threshold, and always by one more:
 
+* ``finite``: an element the converted model gives as inf or NaN where the float32 model
+  gives a number fails its output, whatever its sign and whatever the other checks say: the
+  user receives that inf (a softmax over it gives NaN). The line says how many;
 * ``rel_l2``: ``||conv - orig||_2 / ||orig||_2`` at most ``--rel-l2`` (default by the
   converted graph's lowest float dtype: float16 1e-2, bfloat16 5e-2, float32 1e-5); for the
   gradients among a training graph's outputs at most ``--grad-rel-l2`` (default 1e-1);
-* ``top1``: on a rank-2 float output whose last dimension is over 1 (a batch of scores), the
-  share of rows whose argmax agrees at least ``--top1`` (default 0.99). A row whose original
-  scores for the two classes involved differ by no more than the ``rel_l2`` bound times the
-  row's L2 norm is a near-tie, within the error ``rel_l2`` accepts: it counts as agreeing;
+* ``top1``: on a float output of rank 2 or more whose last dimension is over 1 (a batch of
+  scores; a score per pixel of a segmentation, per token of a language model), the share of
+  positions (rows, pixels, tokens) whose argmax over the last axis agrees, at least ``--top1``
+  (default 0.99). A position whose original scores for the two classes involved differ by no
+  more than the ``rel_l2`` bound times the position's L2 norm is a near-tie, within the error
+  ``rel_l2`` accepts: it counts as agreeing.
   An output that is a share of yes/no decisions (an accuracy, the mean of a cast
   ``Equal(ArgMax(...), labels)``) moves by whole decisions, not by rounding: it is judged by
   ``top1``'s allowance instead of ``rel_l2`` (unless ``--check rel_l2`` is chosen): it may
   move by at most ``1 - --top1`` (one point at 0.99). How many decisions flipped it cannot
   say (flips either way cancel in a share): compare the scores themselves for that;
+* ``match``: an integer or boolean output (token ids, class ids) is compared by exact match,
+  in place of ``rel_l2`` and ``top1``: the share of its elements equal to the original's, at
+  least ``--top1``;
 * ``allclose``: every element within ``atol + rtol*|orig|`` (``--rtol``/``--atol``; defaults
   float16 0.01/0.001, bfloat16 0.05/0.01, float32 1e-5/1e-6);
 * ``max_abs``: the largest absolute error at most ``--max-abs`` (no default).
 
 Without ``--check``, ``rel_l2`` and ``top1`` are in force, plus any check whose threshold is
-given. The result names, for each output, which check failed.
+given. The result names, for each output, which check failed. A verdict needs a finite
+reference: where the float32 model itself gives inf or NaN in an output on the inputs given,
+nothing is judged (an :class:`InputError` naming the output and how many elements), unless
+``--allow-nonfinite-reference`` asks to compare anyway (an element non-finite on both sides,
+the same value, then agrees).
 
 ``--per-node`` compares the tensors inside both models and ranks them by the error each
 *adds* over the tensors it is computed from (its relative L2 error minus the largest of
 theirs), so the first tensor that diverges, such as an op overflowing float16, comes first.
-A tensor past the range held as ±inf (see above) agrees while what its consumers compute
-from it agrees (a softmax turns the masked scores into the same zeros); once a consumer gives a
-non-finite value the original does not have, those infinities are its cause and count as
-errors again, in the tensors that carry them down to it, so the tensor where they start comes
-first (:func:`attribute`).
+Inside the model, a 16-bit dtype's ±inf for a float32 value past its range (of the same sign)
+is harmless only where the value is past the range by construction, a constant mask (a -1e9
+attention mask, also times a 0/1 mask from the data: :mod:`amp_rewrite.tools.masks`, the rule
+``tune`` uses too), and only while what its consumers compute from it agrees (a softmax turns
+the masked scores into the same zeros); a tensor the data drives past the range is an
+overflow even where nothing after it shows harm on these samples, and a mask whose infinities
+a consumer turns into a non-finite value the original does not have counts as an error, in the
+tensors that carry them down to it, so the tensor where they start comes first
+(:func:`attribute`).
 Graph files compare every float tensor a fetch reaches without running a variable write;
 SavedModels the tensors of their signature's function bodies (see
 :meth:`amp_rewrite.tools.runner.SavedModelRunner.trace`). A tensor it cannot compare (its shape
@@ -62,6 +75,7 @@ from .runner import (
     input_feeds,
     open_pair,
 )
+from .masks import constant_masks
 from .ranges import Ranges, TensorRange
 from .traces import upstream
 
@@ -106,6 +120,8 @@ class Criteria:
     atol: float
     max_abs: float | None = None
     chosen: bool = False
+    #: compare outputs the float32 model itself gives as inf or NaN (--allow-nonfinite-reference)
+    nonfinite_reference: bool = False
 
     @property
     def limit(self) -> float:
@@ -128,19 +144,21 @@ class Criteria:
 
     def describe(self) -> str:
         parts = {"rel_l2": f"rel_l2 <= {self.rel_l2:g} (gradients {self.grad_rel_l2:g})",
-                 "top1": f"top1 >= {100 * self.top1:g}% (classifier outputs; near-ties agree)",
+                 "top1": f"top1 >= {100 * self.top1:g}% (outputs with a class axis; near-ties agree)",
                  "allclose": f"allclose |conv - orig| <= {self.atol:g} + {self.rtol:g}*|orig|",
                  "max_abs": f"max_abs <= {self.max_abs:g}" if self.max_abs is not None else ""}
-        return ", ".join(parts[c] for c in self.checks)
+        return ", ".join([parts[c] for c in self.checks] + ["finite where float32 is"])
 
 
 def criteria(dtype: int = FLOAT, checks: Sequence[str] = (), *, rel_l2: float | None = None,
              grad_rel_l2: float | None = None, top1: float | None = None,
              rtol: float | None = None, atol: float | None = None,
-             max_abs: float | None = None) -> Criteria:
+             max_abs: float | None = None, nonfinite_reference: bool = False) -> Criteria:
     """The checks and thresholds in force for a converted model whose lowest float dtype is
     ``dtype``: ``checks`` (``--check``) or the defaults plus each check a threshold is given
-    for. A threshold out of range, or given for a check not chosen, is an InputError."""
+    for. A threshold out of range, or given for a check not chosen, is an InputError.
+    ``nonfinite_reference``: outputs the float32 model gives as inf or NaN are compared
+    anyway (else they are refused: :func:`compare_outputs`)."""
     for check in checks:
         if check not in CHECKS:
             raise InputError(f"--check {check}: unknown check (choose from {', '.join(CHECKS)})")
@@ -173,33 +191,56 @@ def criteria(dtype: int = FLOAT, checks: Sequence[str] = (), *, rel_l2: float | 
                     TOP1 if top1 is None else top1,
                     GRAD_REL_L2.get(dtype, GRAD_REL_L2[FLOAT]) if grad_rel_l2 is None else grad_rel_l2,
                     d_rtol if rtol is None else rtol, d_atol if atol is None else atol,
-                    max_abs, bool(checks))
+                    max_abs, bool(checks), nonfinite_reference)
 
 
 class ErrorStats:
-    """Errors of one tensor accumulated over samples (relative L2 over all of them together),
-    and for a batch of scores (rank 2, last dimension over 1) the top-1 agreement, where a row
-    is a near-tie when the original's scores of the two classes differ by at most ``tie``
-    times the row's L2 norm.
+    """Errors of one tensor accumulated over samples (relative L2 over all of them together).
 
-    A converted ±inf where the original holds a finite value beyond ``limit`` (the largest
-    finite value of the converted dtype, :attr:`Criteria.limit`) of the same sign is that
-    dtype's rounding of it: it agrees, as two equal infinities do, and is counted in
-    ``beyond``. The default limit (inf) accepts no such value."""
+    A float tensor with a class axis (rank 2 or more, its last dimension over 1: a batch of
+    scores, or a score per pixel or token) is also judged by top-1 agreement at every position
+    along the other axes; a position is a near-tie when the original's scores of the two
+    classes differ by at most ``tie`` times the position's L2 norm. An integer or boolean
+    tensor (token ids, class ids, masks) is compared element by element for exact equality
+    (``matched``).
+
+    ``lost`` counts the elements the converted model holds as inf or NaN where the original is
+    finite; ``ref_nonfinite`` those the original itself holds as inf or NaN.
+
+    Inside a model (``verify --per-node``), a converted ±inf where the original holds a finite
+    value beyond ``limit`` (the largest finite value of the converted dtype,
+    :attr:`Criteria.limit`) of the same sign is that dtype's rounding of it: counted in
+    ``beyond``, and it agrees, as two equal infinities do; whether that is harmless is the
+    rule of :mod:`amp_rewrite.tools.masks`. The default limit (inf), which outputs are compared
+    with, accepts no such value."""
 
     def __init__(self, rtol: float, atol: float, tie: float = 0.0, limit: float = math.inf):
         self.rtol, self.atol, self.tie, self.limit = rtol, atol, tie, limit
         self.diff_sq = self.ref_sq = self.max_abs = 0.0
         self.out_of_tol = self.total = self.nonfinite = self.beyond = 0
+        self.lost = self.ref_nonfinite = 0
         self.rows = self.agree = self.ties = 0
         self.classifier = True
+        self.positions = False   # the class axis is that of a rank-3+ tensor: per position
+        self.integer = False     # integers or booleans: compared by exact match
+        self.matched = 0
         self.decisions = False   # a share of yes/no decisions (see the module docstring)
 
     def update(self, ref: np.ndarray, out: np.ndarray, top1: bool = True) -> None:
-        ref = np.asarray(ref, np.float64)
-        out = np.asarray(out, np.float64)
+        ref, out = np.asarray(ref), np.asarray(out)
         if ref.shape != out.shape:
             raise ValueError(f"shape {list(out.shape)} where the original has {list(ref.shape)}")
+        self.integer = ref.dtype.kind in "iub" and out.dtype.kind in "iub"
+        if self.integer:
+            self.matched += int(np.count_nonzero(ref == out))
+        ref = ref.astype(np.float64)
+        out = out.astype(np.float64)
+        with np.errstate(all="ignore"):   # inf - inf, inf * 0: counted, never warned
+            self._update(ref, out, top1)
+
+    def _update(self, ref: np.ndarray, out: np.ndarray, top1: bool) -> None:
+        self.lost += int(np.count_nonzero(~np.isfinite(out) & np.isfinite(ref)))
+        self.ref_nonfinite += int(np.count_nonzero(~np.isfinite(ref)))
         # float16 holds a float32 value past its range as the infinity of its sign: compare it
         # as the original rounded to float16 (an inf on both sides); the other sign, a NaN or
         # an inf from a value within the range stay errors
@@ -207,6 +248,7 @@ class ErrorStats:
                   & (np.sign(ref) == np.sign(out)))
         if beyond.any():
             self.beyond += int(np.count_nonzero(beyond))
+            self.lost -= int(np.count_nonzero(beyond))
             ref = np.where(beyond, out, ref)
         finite = np.isfinite(ref) & np.isfinite(out)
         # a non-finite value on either side counts unless both sides hold the same one
@@ -220,9 +262,13 @@ class ErrorStats:
         close = np.isclose(out, ref, rtol=self.rtol, atol=self.atol, equal_nan=True)
         self.out_of_tol += int(np.count_nonzero(~close))
         self.total += ref.size
-        self.classifier = self.classifier and top1 and ref.ndim == 2 and ref.shape[1] > 1
+        self.classifier = (self.classifier and top1 and not self.integer and ref.ndim >= 2
+                           and ref.shape[-1] > 1)
         if self.classifier:
-            self._top1(ref, out, np.isfinite(out) | same_special)
+            self.positions = self.positions or ref.ndim > 2
+            classes = ref.shape[-1]
+            self._top1(ref.reshape(-1, classes), out.reshape(-1, classes),
+                       (np.isfinite(out) | same_special).reshape(-1, classes))
 
     def _top1(self, ref: np.ndarray, out: np.ndarray, agreed: np.ndarray) -> None:
         rows = np.arange(ref.shape[0])
@@ -256,10 +302,18 @@ class ErrorStats:
 
     @property
     def top1(self) -> float | None:
-        """Rows whose argmax agrees or that are near-ties, as a share; None: not scores."""
+        """Positions whose argmax agrees or that are near-ties, as a share; None: no class
+        axis."""
         if not (self.classifier and self.rows):
             return None
         return (self.agree + self.ties) / self.rows
+
+    @property
+    def match(self) -> float | None:
+        """The share of elements exactly equal, for integer and boolean tensors; else None."""
+        if not self.integer:
+            return None
+        return self.matched / self.total if self.total else 1.0
 
 
 @dataclass
@@ -290,7 +344,10 @@ class OutputError:
     checks: list[CheckResult] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     decisions: bool = False     # a share of yes/no decisions (an accuracy): top1 bounds its move
-    beyond_range: int = 0       # elements past the dtype's range held as ±inf: agree (ErrorStats)
+    lost: int = 0               # elements inf or NaN where the original is finite: it fails
+    positions: bool = False     # top1 is per position of a rank-3+ output (pixels, tokens)
+    match: float | None = None  # integer/boolean output: share of elements exactly equal
+    reference_nonfinite: int = 0  # elements the original itself holds as inf or NaN
 
 
 @dataclass
@@ -301,7 +358,7 @@ class NodeError:
     rel_l2: float
     added: float                # rel_l2 minus the largest rel_l2 among its compared inputs
     beyond_range: int = 0       # elements past the dtype's range held as ±inf (ErrorStats)
-    harmless: bool = True       # ... which agree: no consumer turns them into an error
+    harmless: bool = True       # ... which agree: a constant mask no consumer turns into an error
 
 
 #: why ``--per-node`` could not compare a tensor (:class:`Uncompared`), by reason code
@@ -423,7 +480,8 @@ def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping
     judge each by the checks in force."""
     check_same_interface(original, converted)
     run_a, run_b = original.callable(), converted.callable()
-    stats = [ErrorStats(crit.rtol, crit.atol, crit.rel_l2, crit.limit) for _ in original.outputs]
+    # an output is what the user receives: an inf past the range is no rounding to accept there
+    stats = [ErrorStats(crit.rtol, crit.atol, crit.rel_l2) for _ in original.outputs]
     gradients = [name in original.gradients for name in original.outputs]
     shares = original.decision_shares()
     for name, s in zip(original.outputs, stats):
@@ -435,18 +493,50 @@ def compare_outputs(original: Runner, converted: Runner, feeds: Sequence[Mapping
             except ValueError as exc:
                 raise InputError(f"output {name}: the converted model gives {exc} (--output "
                                  "picks the outputs to compare)") from None
+    check_finite_reference(original.outputs,
+                           [0 if crit.nonfinite_reference else s.ref_nonfinite for s in stats],
+                           [s.total for s in stats])
     out = [_judge(name, other, s, grad, crit) for name, other, s, grad
            in zip(original.outputs, converted.outputs, stats, gradients)]
-    if crit.chosen and "top1" in crit.checks and all(o.top1 is None and not o.decisions for o in out):
-        raise InputError("--check top1: no output is a batch of scores (a rank-2 float output "
-                         "whose last dimension is over 1); pick one with --output or choose "
-                         "another --check")
+    if crit.chosen and "top1" in crit.checks and all(
+            o.top1 is None and o.match is None and not o.decisions for o in out):
+        raise InputError("--check top1: no output has a class axis (a float output of rank 2 "
+                         "or more whose last dimension is over 1) or holds integers; pick one "
+                         "with --output or choose another --check")
     return out
 
 
+#: the flag that compares anyway where the float32 model's outputs are not finite
+NONFINITE_FLAG = "--allow-nonfinite-reference"
+
+
+def check_finite_reference(names: Sequence[str], nonfinite: Sequence[int],
+                           totals: Sequence[int]) -> None:
+    """A verdict needs a finite reference: where the float32 model itself gives inf or NaN in
+    an output (``nonfinite`` of ``totals`` elements, by output), an :class:`InputError` names
+    the first such output and how many, and the flag that compares anyway. Outputs that hold
+    no element at all (an empty batch) leave nothing to judge: refused too."""
+    if names and not any(totals):
+        raise InputError(f"the outputs ({', '.join(names)}) hold no elements on these inputs "
+                         "(an empty batch?): there is nothing to judge the conversion by")
+    for name, bad, total in zip(names, nonfinite, totals):
+        if bad:
+            raise InputError(
+                f"the float32 model itself gives {bad} of {total} element(s) of output {name} "
+                "as inf or NaN on these inputs, so there is no finite reference to judge the "
+                f"conversion by; check the inputs, or compare anyway with {NONFINITE_FLAG}")
+
+
 def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria) -> OutputError:
-    checks = []
+    # whatever the checks, an element the user receives as inf or NaN where float32 gives a
+    # number fails its output
+    checks = [CheckResult("finite", s.lost, 0, False)] if s.lost else []
+    decided = s.match is not None and bool({"rel_l2", "top1"} & set(crit.checks))
+    if decided:   # ids moved: a share of exact matches, with top1's allowance
+        checks.append(CheckResult("match", s.match, crit.top1, s.match >= crit.top1))
     for check in crit.checks:
+        if decided and check in ("rel_l2", "top1"):
+            continue
         if check == "rel_l2":
             if s.decisions and "top1" in crit.checks and not crit.chosen:
                 continue    # a decision moving is no rounding error: top1 judges it
@@ -469,7 +559,8 @@ def _judge(name: str, other: str, s: ErrorStats, gradient: bool, crit: Criteria)
                        s.rows - s.agree - s.ties if s.top1 is not None else 0,
                        s.ties if s.top1 is not None else 0,
                        "gradient" if gradient else "output", other if other != name else "",
-                       checks, failed, s.decisions, s.beyond)
+                       checks, failed, s.decisions, s.lost, s.positions, s.match,
+                       s.ref_nonfinite)
 
 
 @dataclass
@@ -554,7 +645,7 @@ def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
             skipped.setdefault(name, reason)
     for name in skipped:
         stats.pop(name, None)
-    harmful = _harmful_infinities(info, stats)
+    harmful = _harmful_infinities(info, stats, ranges, crit.limit)
     errors = {name: math.inf if name in harmful else s.rel_l2 for name, s in stats.items()}
     ranked = []
     for name, s in stats.items():
@@ -592,15 +683,22 @@ def _has_tensor(runner: GraphRunner, name: str) -> bool:
     return True
 
 
-def _harmful_infinities(info: Mapping, stats: Mapping[str, ErrorStats]) -> set[str]:
-    """The tensors whose ±inf past the dtype's range (``ErrorStats.beyond``, agreeing) reach a
-    tensor holding a non-finite value the original does not: every such tensor on an unbroken
-    path of them up from that tensor. Their infinities are its cause (``1e6 * 1e-4`` is 100 in
-    the original, inf converted), so they count as errors again; those no consumer turns into
-    an error (a -1e9 mask a softmax turns into zeros) keep agreeing."""
+def _harmful_infinities(info: Mapping, stats: Mapping[str, ErrorStats], ranges: Ranges,
+                        limit: float) -> set[str]:
+    """The tensors whose ±inf past the dtype's range (``ErrorStats.beyond``) count as errors.
+    Every one the data drives past the range: not a constant mask
+    (:func:`~amp_rewrite.tools.masks.constant_masks` on the original's trace and ``ranges``),
+    even where nothing after it shows harm on these samples, since the sign of the next
+    batch's overflow, and so the harm, is the data's. And a constant mask whose infinities
+    reach a tensor holding a non-finite value the original does not, through an unbroken path
+    of such tensors: its infinities are that tensor's cause (``mask * 0`` is NaN in float16).
+    Only a constant mask no consumer turns into an error (a -1e9 mask a softmax turns into
+    zeros) agrees."""
     carrying = {name for name, s in stats.items() if s.beyond}
-    harmful: set[str] = set()
-    todo = [name for name, s in stats.items() if s.nonfinite and carrying]
+    if not carrying:
+        return set()
+    harmful = carrying - constant_masks(info, ranges.tensors, limit, carrying)
+    todo = [name for name, s in stats.items() if s.nonfinite]
     while todo:
         for source in _float_sources(todo.pop(), info, stats):
             if source in carrying and source not in harmful:
@@ -629,15 +727,16 @@ def verify(original_path, converted_path, *, inputs: str | None = None, samples:
            atol: float | None = None, max_abs: float | None = None, nodes: bool = False,
            signature: str | None = None, outputs: Sequence[str] = (),
            checkpoint: str | None = None, emulate: bool = False,
-           init_ops: Sequence[str] = ()) -> VerifyResult:
+           init_ops: Sequence[str] = (), nonfinite_reference: bool = False) -> VerifyResult:
     """Compare two models on the same inputs (see the module docstring); ``emulate`` runs a
     float16 conversion as its float32 emulation (:mod:`amp_rewrite.transforms.emulate`);
     ``init_ops`` (``--init-op``) run in both before the first run, after the initializers
-    found (:meth:`~amp_rewrite.tools.analysis.Analysis.init_ops`)."""
+    found (:meth:`~amp_rewrite.tools.analysis.Analysis.init_ops`); ``nonfinite_reference``
+    compares outputs the float32 model itself gives as inf or NaN (refused otherwise)."""
     if samples < 1:
         raise InputError("--samples must be at least 1")
     thresholds = dict(rel_l2=rel_l2, grad_rel_l2=grad_rel_l2, top1=top1, rtol=rtol, atol=atol,
-                      max_abs=max_abs)
+                      max_abs=max_abs, nonfinite_reference=nonfinite_reference)
     criteria(FLOAT, checks, **thresholds)  # flag mistakes answer before the models load
     with open_pair(original_path, converted_path, signature=signature, outputs=outputs,
                    checkpoint=checkpoint, emulate=emulate, init_ops=init_ops) as (a, b):
@@ -660,16 +759,23 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
     width = max(map(len, labels))
     for o, label in zip(result.outputs, labels):
         parts = [f"max abs {o.max_abs:.3g}", f"rel L2 {o.rel_l2:.3g}"]
-        if o.decisions:
+        if o.lost:
+            parts.append(f"{o.lost} of {o.elements} element(s) inf or NaN where float32 is "
+                         "finite")
+        if o.match is not None:
+            parts = [f"exact match {100 * o.match:.2f}% of {o.elements} elements"] + parts[2:]
+        elif o.decisions:
             parts.append(f"a share of decisions: moved {100 * o.max_abs:.2f} points (top1 allows "
                          f"{100 * (1 - c.top1):g})")
         elif o.top1 is not None:
-            parts.append(f"top1 {100 * o.top1:.2f}% of {o.rows} rows ({o.top1_disagree} moved, "
-                         f"{o.top1_ties} near-ties)")
+            unit = "positions" if o.positions else "rows"
+            parts.append(f"top1 {100 * o.top1:.2f}% of {o.rows} {unit} ({o.top1_disagree} "
+                         f"moved, {o.top1_ties} near-ties)")
         if "allclose" in c.checks:
             parts.append(f"outside atol+rtol*|orig| {100 * o.out_of_tolerance:.2f}% of {o.elements}")
-        if o.beyond_range:
-            parts.append(f"{o.beyond_range} past {c.dtype}'s range, ±inf as rounding gives (agree)")
+        if o.reference_nonfinite:
+            parts.append(f"{o.reference_nonfinite} inf/NaN in float32 itself (compared "
+                         "anyway)")
         verdict = "ok" if o.ok else "FAIL: " + ", ".join(o.failed)
         lines.append(f"{label:<{width}}  " + "  ".join(parts) + f"  {verdict}")
     if result.per_node:
