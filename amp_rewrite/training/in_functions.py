@@ -270,37 +270,18 @@ def _refuse_tapes_through_gradients(body: _Body, seeds: list[str], inside: set[s
             seen.setdefault(name, seed)
 
 
-def _widen_pass_through(body: _Body, reader: str, index: int, value: TensorRef) -> bool:
-    """A low-precision gradient read by an Identity/IdentityN (Keras' all-reduce point) whose
-    output only feeds casts to float32: that slot becomes float32 and reads ``value``, so the
-    unscaled gradient never rounds through 16 bits again (small ones would flush to zero)."""
-    op = body.op(reader)
-    if op not in ("Identity", "IdentityN"):
-        return False
-    slot = 0 if op == "Identity" else index
-    casts = body.readers(TensorRef(reader, slot))
-    if not casts or any(body.op(c) != "Cast" or body.attr(c)["DstT"].type != FLOAT
-                        for c, _ in casts):
-        return False
-    body.graph.set_input(reader, index, value)
-    node = body.graph.node(reader)
-    if op == "Identity":
-        node.attr["T"].type = FLOAT
-    else:
-        node.attr["T"].list.type[index] = FLOAT
-    node.attr.pop("_output_shapes", None)
-    invalidate(node)
-    for cast, _ in casts:
-        body.attr(cast)["SrcT"].type = FLOAT
-        invalidate(body.graph.node(cast))
-    return True
-
-
 def _unscale_and_check(body: _Body, gradients: list[TensorRef],
                        scale: TensorRef) -> tuple[TensorRef, list[TensorRef]]:
     """Divide each gradient by ``scale`` in float32 where it leaves the tape; returns the one
     flag that all of them are finite, and the float32 tensors unscaled (one per gradient: a
-    16-bit gradient and painting's float32 cast of it are the same gradient)."""
+    16-bit gradient and painting's float32 cast of it are the same gradient).
+
+    Painting kept the update float32 (:mod:`amp_rewrite.paint.updates`), so the update reads a
+    gradient through painting's float32 cast of it, made inside the tape's scope: that cast is
+    the gradient found, and its readers read the unscaled value. A gradient that leaves the
+    tape in 16 bits has only 16-bit readers, off the way to any write (a gradient norm the step
+    returns): they read the unscaled value rounded back. One on the way to a write would be our
+    bug, and the lint of the body (:meth:`_Body.finish`) reports it."""
     unscaled: dict[TensorRef, TensorRef] = {}
     flags = []
     for k, grad in enumerate(gradients):
@@ -326,8 +307,8 @@ def _unscale_and_check(body: _Body, gradients: list[TensorRef],
         for reader, index in readers:
             if dtype == FLOAT:
                 body.graph.set_input(reader, index, value)
-            elif reader != wide.node and not _widen_pass_through(body, reader, index, value):
-                back = f"{grad.node}/amp_unscaled_{k}"   # a 16-bit reader gets it rounded back
+            elif reader != wide.node:   # a 16-bit reader, off the update: rounded back
+                back = f"{grad.node}/amp_unscaled_{k}"
                 ref = TensorRef(back) if back in body.graph else body.add(
                     "Cast", back, [value], SrcT=FLOAT, DstT=dtype)
                 body.graph.set_input(reader, index, ref)
