@@ -191,3 +191,20 @@ def test_the_lint_fails_a_body_whose_unscaled_gradient_reaches_a_write_through_f
     with pytest.raises(LintError):
         lint(graph, original=before)
     assert LintError.exit_code == 70
+
+
+def test_a_force_lowp_override_cannot_move_the_update(tmp_path):
+    """The user's force_lowp on every node paints the forward pass, but the update stays
+    float32 (code update) and a warning says why the override was refused there."""
+    rules = tmp_path / "force.toml"
+    rules.write_text('[[override]]\nglob = "*"\naction = "force_lowp"\n')
+    meta = build("mlp", "momentum", backprop="hand_momentum")
+    model = Model(Path("train.meta"), "metagraph", False, (meta,))
+    out, report = convert_model(model, Options(target="float16", device="cpu", rules=[str(rules)]))
+    region = update_nodes(out.meta_graph.graph_def.node, scope="gradients/")
+    assert region and not {name for name, n in region.items() if sixteen_bit(n)}
+    codes = {n.name: n.code for n in report.nodes}
+    kept = {codes[name] for name in region if name in codes and codes[name] != "variable"}
+    assert "update" in kept and kept <= {"update", "not_float32", "deny_list", "not_listed"}
+    assert any("force_lowp refused" in w and "update reads the gradients in float32" in w
+               for w in report.warnings)
