@@ -4,8 +4,8 @@
 
 The step is one step (docs/training.md "Several tapes in one step"): one loss scale for both
 seeds, one finiteness check over both parts' gradients, every write gated, so an overflow on
-either side skips the whole step; a train function no signature reaches is left alone; the
-flags only graph files take are refused for a SavedModel or a Keras file.
+either side skips the whole step; a train method loss scaling would refuse is left alone, with
+the reason; the flags only graph files take are refused for a SavedModel or a Keras file.
 """
 
 from __future__ import annotations
@@ -229,7 +229,8 @@ def test_a_step_applying_one_tape_before_the_next_is_refused_and_its_split_conve
     assert not (tmp_path / "refused").exists()
     save(SplitGAN(), tmp_path / "split")
     report = convert_file(tmp_path / "split", tmp_path / "f16", target="float16")
-    assert len(report.to_dict()["loss_scaling"]["functions"]) == 2
+    # both traces of each step (the one train_step calls, the one saved with the method)
+    assert len(report.to_dict()["loss_scaling"]["functions"]) == 4
     loaded = tf.saved_model.load(str(tmp_path / "f16"))
     before = model_bits(loaded)
     out = loaded.signatures["train"](**dict(zip(("images", "noise"), next(batches(1, 0)))))
@@ -300,10 +301,12 @@ def test_a_tape_differentiating_another_tapes_gradients_is_refused(tmp_path):
     assert not (tmp_path / "f16").exists()
 
 
-def test_a_train_function_no_signature_reaches_is_left_alone(tmp_path, caplog):
+def test_a_train_method_loss_scaling_would_refuse_is_left_alone_with_the_reason(tmp_path, caplog):
     """The step above, which a signature would have refused, saved only as the module's
     method (the serving signature is ``generate``): no refusal, its body keeps its bytes, it
-    trains exactly as the original, a warning names it; ``generate`` is converted."""
+    trains exactly as the original, and a warning names it with the refusal's reason and fix;
+    ``generate`` is converted. (A method that can be scaled is scaled:
+    tests/test_saved_methods.py.)"""
     save(AlternatingGAN(), tmp_path / "fp32", train_signature=False)
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
         report = convert_file(tmp_path / "fp32", tmp_path / "f16", target="float16")
@@ -312,7 +315,9 @@ def test_a_train_function_no_signature_reaches_is_left_alone(tmp_path, caplog):
     assert after[train].SerializeToString(deterministic=True) == \
         before[train].SerializeToString(deterministic=True)
     assert "loss_scaling" not in report.to_dict()
-    assert any(train in w and "no signature reaches" in w for w in report.warnings)
+    (warning,) = [w for w in report.warnings if train in w]
+    assert "left as it is (float32, without loss scaling)" in warning
+    assert "Split the step into one tf.function per tape" in warning
     assert train in caplog.text
     (generate,) = [n for n in after if n.startswith("__inference_generate")]
     assert any(n.op == "MatMul" and n.attr["T"].type == types_pb2.DT_HALF

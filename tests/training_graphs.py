@@ -83,6 +83,18 @@ def _minimize(optimizer, loss, step, backprop: str):
         updates = [v.assign_sub(0.2 * g) for v, g in zip(variables, tf.gradients(loss, variables))]
         with tf.control_dependencies(updates):
             return tf.group(step.assign_add(1), name="train")
+    if backprop == "hand_momentum":   # momentum written by hand: v = 0.9 v + g, w -= lr v
+        lr = optimizer._learning_rate   # noqa: SLF001 (the optimizer's own rate, by the factor)
+        updates = []
+        for var, grad in zip(variables, tf.gradients(loss, variables)):
+            velocity = v1.get_variable(f"{var.op.name}/velocity", trainable=False,
+                                       initializer=np.zeros(var.shape, np.float32),
+                                       use_resource=isinstance(var, tf.Variable) and
+                                       hasattr(var, "handle"))
+            new = velocity.assign(0.9 * velocity + grad)
+            updates.append(var.assign_sub(lr * new))
+        with tf.control_dependencies(updates):
+            return tf.group(step.assign_add(1), name="train")
     if backprop == "grad_ys":
         grads = tf.gradients(loss, variables, grad_ys=tf.ones_like(loss, name="seed"))
     elif backprop == "all_reduce":   # a one-replica collective all-reduce of each gradient
@@ -104,7 +116,8 @@ def build(model: str = "mlp", optimizer: str = "sgd", *, resource: bool = True,
     a graph whose FP32 training is unchanged but whose gradients are tiny. ``backprop`` is
     ``"gradients"`` (minimize), ``"tape"`` (tf.GradientTape), ``"grad_ys"`` (tf.gradients
     seeded by the user's ``tf.ones_like(loss, name="seed")``), ``"manual"`` (SGD by
-    ``assign_sub``, no optimizer), ``"all_reduce"`` (each gradient
+    ``assign_sub``, no optimizer), ``"hand_momentum"`` (momentum written by hand with a
+    velocity variable per weight, at the optimizer's learning rate), ``"all_reduce"`` (each gradient
     through a collective all-reduce) or ``"step_in_group"`` (the global step increment grouped
     with the updates instead of waiting on them).
     """

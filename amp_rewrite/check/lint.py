@@ -13,6 +13,7 @@ from ..core.errors import LintError
 from ..core.ir import Graph
 from ..core.ops import NEXT_ITERATION_OPS, VARIABLE_OPS
 from ..rules.loader import RuleSet
+from ..schema.backprop import update_region
 from ..schema.opdefs import (
     TypeAttr,
     allowed_by_opdef,
@@ -40,8 +41,10 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
     their dtypes; an op TensorFlow does not register sees the dtypes it saw before; no node the
     conversion added sits on a v1 loop's back edge; the TensorList ops of one list (whose
     handles meet) that held one element dtype still hold one (a list with float32 and float16
-    ops fails only when it runs). Those last five compare with ``original``, the record of the
-    graph before the conversion.
+    ops fails only when it runs); in a graph that trains, no path from a gradient to a variable
+    write goes through a 16-bit tensor the conversion made (the update reads the gradients,
+    unscaled, in float32: docs/training.md "Updates in float32"). Those last six compare with
+    ``original``, the record of the graph before the conversion.
 
     ``only`` limits the checks to those nodes and the edges into them: a pass that knows what
     it changed (and the readers of what it retyped) need not lint what ``original`` already
@@ -66,6 +69,31 @@ def lint_problems(graph: Graph, *, original: Before | None = None,
             problems += _back_edge_problems(graph, node)
     if original is not None:
         problems += _tensorlist_problems(graph, original, names)
+        problems += _update_problems(graph, original, names)
+    return problems
+
+
+def _update_problems(graph: Graph, original: Before, names: list[str]) -> list[str]:
+    """The edges of the update region (:func:`~amp_rewrite.schema.backprop.update_region`)
+    into ``names``, on a path from a gradient leaving the backward pass to a variable write,
+    that carry a 16-bit dtype their producer did not have before the conversion: an unscaled
+    gradient cast back to 16 bits, or a moment computed in float16."""
+    region = update_region(graph)
+    if not region:
+        return []
+    was_low = set(original.low_precision)
+    problems = []
+    for name in names:
+        if name not in region.computed:
+            continue
+        for port, ref in enumerate(graph.inputs(name)):
+            if ref.node not in region.computed and ref.node not in region.backward:
+                continue
+            dtype = output_dtype(graph.node(ref.node), ref.port)
+            if dtype in LOW_PRECISION and ref.node not in was_low:
+                problems.append(f"edge {ref} -> {name!r}:{port} ({graph.node(name).op}) carries "
+                                f"{dtype_name(dtype)} between the gradients and a variable "
+                                "write: the update must read them in float32")
     return problems
 
 

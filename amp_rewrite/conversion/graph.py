@@ -228,8 +228,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
 
     ``rules`` defaults to ``options.rule_set()``; ``loss_scaling=False`` leaves a graph that
     trains unscaled whatever ``options`` ask (SavedModels, see README); ``leave`` names library
-    functions left unpainted (a SavedModel's train steps no signature reaches:
-    :func:`~amp_rewrite.training.in_functions.unreached_train_functions`).
+    functions left unpainted (a SavedModel's train methods that loss scaling would refuse:
+    :func:`~amp_rewrite.training.in_functions.unscalable_train_functions`).
     """
     options.check()
     rules = rules or options.rule_set()

@@ -51,8 +51,8 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     """Paint, in place, every library function reachable from ``graph_def``'s nodes or ``roots``.
 
     ``roots`` (a SavedModel's concrete functions) keep their signatures; ``leave`` names
-    functions kept as they are, unpainted (train steps no signature reaches, when loss scaling
-    is asked for: docs/training.md): a function they call is painted only where something else
+    functions kept as they are, unpainted (train methods no signature reaches that loss
+    scaling would refuse: docs/training.md): a function they call is painted only where something else
     reaches it, and keeps its signature, so their calls still fit; ``interface`` names the
     graph's nodes whose outputs are fetched (signature tensors), and ``keep`` the ``--keep``
     names: their dtypes never change, nor those of graph outputs nothing reads. Function nodes

@@ -37,7 +37,7 @@ from ..training.config import scale_config
 from ..training.detect import training_parts
 from ..training.in_functions import (
     add_saved_model_loss_scaling,
-    unreached_train_functions,
+    unscalable_train_functions,
 )
 from ..training.state import SCOPE
 from .graph import Options, convert_graph, emulate
@@ -122,11 +122,13 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
             _refuse_saved_model_training(model, options)
     converted, report, added = [], None, {}
     for meta in model.meta_graphs:
-        # a train step no signature reaches is left alone: neither painted nor scaled
-        leave = unreached_train_functions(meta) if saved and config is not None else []
-        new, sub = convert_graph(meta, options, rules=rules, loss_scaling=not saved, leave=leave)
+        # every train step the SavedModel restores is scaled, a method's as a signature's;
+        # a method no signature reaches that scaling would refuse is left alone, with why
+        leave = unscalable_train_functions(meta, config) if saved and config is not None else {}
+        new, sub = convert_graph(meta, options, rules=rules, loss_scaling=not saved,
+                                 leave=sorted(leave))
         if saved and config is not None:
-            state = add_saved_model_loss_scaling(new, config, sub)
+            state = add_saved_model_loss_scaling(new, config, sub, leave)
             if state is not None and added:
                 raise UnsupportedGraphError(f"{model.path}: train functions in more than one "
                                             "MetaGraph; loss-scale state is added to one")

@@ -5,7 +5,9 @@ in the order :func:`paint` runs them, each in its own module:
 
 0. :mod:`.state`: variables, non-float32 types, ``keep_fp32`` overrides and the graph's
    interface are blocked;
-0b. :mod:`.calibrated`: with calibration, nodes whose values come within the headroom of the
+0b. :mod:`.updates`: in a graph that trains, the update (from the gradients to the variable
+   writes) is blocked (code ``update``);
+0c. :mod:`.calibrated`: with calibration, nodes whose values come within the headroom of the
    target's largest value are blocked (code ``range``);
 1-5. :mod:`.propagation`: allow ops, deny propagation, infer/clear ops between allow ops,
    infer ops after allow ops (rule ``infer_follows_allow``), allow spreading through clear ops;
@@ -43,6 +45,7 @@ from .propagation import (
 )
 from .reasons import record
 from .state import PaintState, interface_names
+from .updates import block_updates
 
 __all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "paint"]
 
@@ -62,12 +65,14 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     observed: a node that computes or reads one within ``headroom`` of the target's largest
     value stays float32 (code ``range``, :mod:`.calibrated`). ``input_shapes`` (placeholder
     name -> shape) and ``batch`` (what an open first dimension stands for) are what the model
-    runs at, for the cost model's estimate (bfloat16 on a CPU, :mod:`.islands`).
+    runs at, for the cost model's estimate (bfloat16 on a CPU, :mod:`.islands`). In a graph
+    that trains, the update stays float32 (code ``update``, :mod:`.updates`).
     """
     s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),
                    lowp_io=lowp_io, min_intensity=min_intensity, input_shapes=input_shapes,
                    batch=batch)
     s.block_fixed()
+    block_updates(s)
     block_ranges(s, ranges or {}, headroom)
     seed_allow(s)
     propagate_deny(s)

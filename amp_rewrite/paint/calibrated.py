@@ -1,4 +1,4 @@
-"""Step 0b of painting: nodes whose values come near the 16-bit dtype's largest value on the
+"""Step 0c of painting: nodes whose values come near the 16-bit dtype's largest value on the
 calibration data stay float32 (code ``range``).
 
 Calibration (``--calibration``, :func:`amp_rewrite.tools.ranges.calibrate`) ran the float32

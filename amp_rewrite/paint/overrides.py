@@ -3,7 +3,7 @@
 An override lifts a ``cost`` decision (the cost model estimates; the user knows) and a ``range``
 one (calibration saw a sample of the data; the user knows what the values mean: a -1e9 mask
 that float16 holds as -inf). It cannot
-move the graph's interface (a warning says so), a functional op (While, If,
+move the graph's interface or a training graph's update (a warning says so), a functional op (While, If,
 Case, a function call: its dtypes are its functions' signatures), nor an op TensorFlow has no
 kernel for in the target dtype (the item is blocked with ``no_kernel`` and a warning). An
 override that matches no node is warned about.
@@ -62,6 +62,7 @@ _LIFTED = ("cost", "range")
 _REFUSED = {
     "interface": "its dtypes are the graph's interface (--lowp-io lets inputs and outputs go)",
     "user_keep": "--keep holds its dtypes",
+    "update": "an update reads the gradients in float32 (docs/training.md \"Updates in float32\")",
 }
 
 

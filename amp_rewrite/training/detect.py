@@ -8,7 +8,8 @@ nodes under ``gradient_tape/``. The gradients are the float tensors that leave t
 updates are the variable writes (Apply*, ResourceApply*, the sparse ones, Assign*, Scatter*)
 that read them.
 
-Everything here only reads the graph.
+Everything here only reads the graph. The backprop scope and what counts as training are
+:mod:`amp_rewrite.schema.backprop`'s (painting and the lint ask there too).
 """
 
 from __future__ import annotations
@@ -20,26 +21,11 @@ from ..core.dtypes import CONVERTIBLE
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import Graph, TensorRef
 from ..core.ops import ALL_REDUCE_OPS, is_variable_write
+from ..schema.backprop import backprop_scope, trains
 from ..schema.consts import is_all_ones
 from ..schema.opdefs import output_dtype
 
-_BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
 _SEED_LEAF = re.compile(r"^(?:Fill|grad_ys_\d+)$")
-
-
-def backprop_scope(name: str) -> str | None:
-    """The backprop name scope ``name`` lies in (``"gradients/"``, ``"x/gradient_tape/"``), or None."""
-    match = None
-    for match in _BACKPROP_SCOPE.finditer(name):
-        pass
-    return name[:match.end()] if match else None
-
-
-def trains(nodes) -> bool:
-    """Whether ``nodes`` (the NodeDefs of a graph or of a function body) compute gradients (a
-    node under a backprop scope) and write variables."""
-    nodes = list(nodes)
-    return any(backprop_scope(n.name) for n in nodes) and any(is_variable_write(n.op) for n in nodes)
 
 
 def training_functions(library, names=None) -> list[str]:

@@ -22,9 +22,12 @@ SavedModel's object graph, and its state lives in ``variables/``. Loss scaling t
   "Several tapes in one step" gives the reasons); a step that applies one tape's gradients
   before another tape's gradients are computed (they read what it wrote) cannot be checked
   whole, and is refused with the split into one function per tape that converts;
-* only the train functions a signature reaches (or the graph's own nodes, for a graph file)
-  are scaled: a train function nothing calls (a method saved beside the signatures) is left
-  alone, float32 and unscaled, with a warning (:func:`unreached_train_functions`);
+* every train function the SavedModel restores is scaled: those a signature reaches, and the
+  ``tf.function`` methods saved beside the signatures (``loaded.train_step``), every trace of
+  them (the object graph's concrete functions), their state handles bound to the same three
+  variables; a method no signature reaches that loss scaling would refuse is left alone
+  instead, float32 and unscaled, with a warning giving the refusal's reason and fix
+  (:func:`unscalable_train_functions`), so the rest of the model still converts;
 * the scale and counters are updated as in TF1 graphs (docs/training.md "Training graphs and loss
   scaling").
 
@@ -49,7 +52,7 @@ from tensorflow.python.framework import tensor_util
 from ..check import lint
 from ..check.input import check_input
 from ..core.dtypes import CONVERTIBLE, FLOAT
-from ..core.errors import LintError, UnsupportedGraphError
+from ..core.errors import InputError, LintError, UnsupportedGraphError
 from ..core.ir import Node, TensorRef
 from ..core.ops import CALL_OPS, is_variable_write
 from ..schema.functiondef import (
@@ -270,37 +273,18 @@ def _refuse_tapes_through_gradients(body: _Body, seeds: list[str], inside: set[s
             seen.setdefault(name, seed)
 
 
-def _widen_pass_through(body: _Body, reader: str, index: int, value: TensorRef) -> bool:
-    """A low-precision gradient read by an Identity/IdentityN (Keras' all-reduce point) whose
-    output only feeds casts to float32: that slot becomes float32 and reads ``value``, so the
-    unscaled gradient never rounds through 16 bits again (small ones would flush to zero)."""
-    op = body.op(reader)
-    if op not in ("Identity", "IdentityN"):
-        return False
-    slot = 0 if op == "Identity" else index
-    casts = body.readers(TensorRef(reader, slot))
-    if not casts or any(body.op(c) != "Cast" or body.attr(c)["DstT"].type != FLOAT
-                        for c, _ in casts):
-        return False
-    body.graph.set_input(reader, index, value)
-    node = body.graph.node(reader)
-    if op == "Identity":
-        node.attr["T"].type = FLOAT
-    else:
-        node.attr["T"].list.type[index] = FLOAT
-    node.attr.pop("_output_shapes", None)
-    invalidate(node)
-    for cast, _ in casts:
-        body.attr(cast)["SrcT"].type = FLOAT
-        invalidate(body.graph.node(cast))
-    return True
-
-
 def _unscale_and_check(body: _Body, gradients: list[TensorRef],
                        scale: TensorRef) -> tuple[TensorRef, list[TensorRef]]:
     """Divide each gradient by ``scale`` in float32 where it leaves the tape; returns the one
     flag that all of them are finite, and the float32 tensors unscaled (one per gradient: a
-    16-bit gradient and painting's float32 cast of it are the same gradient)."""
+    16-bit gradient and painting's float32 cast of it are the same gradient).
+
+    Painting kept the update float32 (:mod:`amp_rewrite.paint.updates`), so the update reads a
+    gradient through painting's float32 cast of it, made inside the tape's scope: that cast is
+    the gradient found, and its readers read the unscaled value. A gradient that leaves the
+    tape in 16 bits has only 16-bit readers, off the way to any write (a gradient norm the step
+    returns): they read the unscaled value rounded back. One on the way to a write would be our
+    bug, and the lint of the body (:meth:`_Body.finish`) reports it."""
     unscaled: dict[TensorRef, TensorRef] = {}
     flags = []
     for k, grad in enumerate(gradients):
@@ -326,8 +310,8 @@ def _unscale_and_check(body: _Body, gradients: list[TensorRef],
         for reader, index in readers:
             if dtype == FLOAT:
                 body.graph.set_input(reader, index, value)
-            elif reader != wide.node and not _widen_pass_through(body, reader, index, value):
-                back = f"{grad.node}/amp_unscaled_{k}"   # a 16-bit reader gets it rounded back
+            elif reader != wide.node:   # a 16-bit reader, off the update: rounded back
+                back = f"{grad.node}/amp_unscaled_{k}"
                 ref = TensorRef(back) if back in body.graph else body.add(
                     "Cast", back, [value], SrcT=FLOAT, DstT=dtype)
                 body.graph.set_input(reader, index, ref)
@@ -514,22 +498,43 @@ def _function_ref(body: _Body, ref: TensorRef) -> str:
 
 
 # ----------------------------------------------------------------- the model around them
-def unreached_train_functions(meta: meta_graph_pb2.MetaGraphDef) -> list[str]:
-    """The library functions of ``meta`` that train but that nothing the graph runs reaches:
-    no signature calls them (a tf.function method saved beside the signatures, a trace kept
-    with its method). Loss scaling leaves them alone, neither scaled nor painted: they keep
-    their float32 bytes and train as before, and nothing in them is refused."""
+def unscalable_train_functions(meta: meta_graph_pb2.MetaGraphDef,
+                               config: ScaleConfig) -> dict[str, str]:
+    """The train functions of ``meta`` that no signature reaches (a ``tf.function`` method
+    saved beside the signatures, a trace kept with its method) and that loss scaling would
+    refuse, each with the refusal (its reason and its fix): found by scaling a copy of each
+    body, before anything is painted. They are left alone, neither painted nor scaled, so a
+    method that cannot be converted keeps the rest of the model convertible; a signature that
+    reaches such a function is refused instead, when its turn comes."""
     library = meta.graph_def.library
     reached = set(reachable(meta.graph_def.node, library))
-    return [name for name in training_functions(library) if name not in reached]
+    restored = reachable((), library, meta.object_graph_def.concrete_functions)
+    by_name = {f.signature.name: f for f in library.function}
+    signatures = _signatures(library)
+    out = {}
+    for name in training_functions(library, restored):
+        if name in reached:
+            continue
+        try:
+            _refuse_writes_in_callees(by_name, [name])
+            _refuse_direct_calls(meta.graph_def, name)
+            trial = function_pb2.FunctionDef()
+            trial.CopyFrom(by_name[name])
+            _scale_function(_Body(trial, signatures), function_pb2.FunctionDefLibrary(),
+                            config, {})
+        except InputError as exc:   # the user's: a refusal, or a body we cannot take
+            out[name] = str(exc)
+    return out
 
 
 def add_saved_model_loss_scaling(meta: meta_graph_pb2.MetaGraphDef, config: ScaleConfig,
-                                 report) -> dict[str, np.ndarray] | None:
-    """Loss scaling in every train function a signature of ``meta`` reaches (in place); returns
-    the variables to add to the checkpoint under ``root.amp_loss_scale`` (local name ->
-    starting value), or None when nothing it reaches trains. Train functions no signature
-    reaches are left alone, with a warning (:func:`unreached_train_functions`).
+                                 report, leave: dict[str, str] | None = None
+                                 ) -> dict[str, np.ndarray] | None:
+    """Loss scaling in every train function ``meta`` restores (in place): those a signature
+    reaches and the object graph's concrete functions (a method's traces), but those of
+    ``leave`` (:func:`unscalable_train_functions`: name -> why), which are named in a warning.
+    Returns the variables to add to the checkpoint under ``root.amp_loss_scale`` (local name ->
+    starting value), or None when nothing trains.
 
     Raises :class:`UnsupportedGraphError` for a graph whose own nodes train (a TF1 SavedModel),
     a train step whose writes sit in functions it calls, one that applies a tape's gradients
@@ -537,8 +542,10 @@ def add_saved_model_loss_scaling(meta: meta_graph_pb2.MetaGraphDef, config: Scal
     """
     library = meta.graph_def.library
     og = meta.object_graph_def
-    _warn_left_alone(unreached_train_functions(meta), report)
-    train = training_functions(library, reachable(meta.graph_def.node, library))
+    leave = leave or {}
+    _warn_left_alone(leave, report)
+    restored = reachable(meta.graph_def.node, library, og.concrete_functions)
+    train = [name for name in training_functions(library, restored) if name not in leave]
     if not train:
         return None
     if not og.nodes:
@@ -557,16 +564,13 @@ def add_saved_model_loss_scaling(meta: meta_graph_pb2.MetaGraphDef, config: Scal
             "good_steps": np.int64(0)}
 
 
-def _warn_left_alone(names: list[str], report) -> None:
-    if not names:
-        return
-    text = (f"{len(names)} train function(s) that no signature reaches left as they are, "
-            f"float32 and without loss scaling: {', '.join(names[:3])}"
-            + (" ..." if len(names) > 3 else "")
-            + " (a method saved beside the signatures trains as before; to train it in float16, "
-              "save it as a signature too)")
-    report.warnings.append(text)
-    log.warning(text)
+def _warn_left_alone(leave: dict[str, str], report) -> None:
+    """One warning per train function left alone: float32, unscaled, and why."""
+    for name, why in leave.items():
+        text = (f"train function {name!r}, which no signature reaches, left as it is (float32, "
+                f"without loss scaling): {why}")
+        report.warnings.append(text)
+        log.warning(text)
 
 
 def scale_train_functions(meta: meta_graph_pb2.MetaGraphDef, train: list[str],

@@ -70,7 +70,13 @@ def _scale_seed(graph: Graph, seed: TensorRef, scale: TensorRef) -> None:
 
 
 def _unscale(graph: Graph, grad: TensorRef, scale: TensorRef) -> TensorRef:
-    """``grad / scale`` in float32, read by every reader of ``grad`` outside the backprop scope."""
+    """``grad / scale`` in float32, read by every reader of ``grad`` outside the backprop scope.
+
+    Painting kept the update float32 (:mod:`amp_rewrite.paint.updates`): a gradient read by
+    it leaves the scope through painting's float32 cast (named inside the scope), so its
+    readers read the float32 quotient itself. Only a gradient that leaves the scope in 16 bits
+    is cast back, for its 16-bit readers, which are off the way to any write (a summary of
+    it); one on that way would be our bug, which the lint of the graph reports."""
     readers = [(c, p) for c, p in graph.consumers(grad.node, grad.port) if backprop_scope(c) is None]
     dtype = output_dtype(graph.node(grad.node), grad.port)
     wide = nd.cast(graph, f"{grad.node}/amp_float32", grad, dtype, FLOAT)

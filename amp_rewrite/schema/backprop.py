@@ -1,0 +1,109 @@
+"""The parts of a graph that trains, read from its structure: the backward pass and the update.
+
+A graph (or a function body) trains when it computes gradients, under a backprop name scope
+(``gradients/`` of ``tf.gradients``, ``gradient_tape/`` of a ``GradientTape``), and writes
+variables. Its **update region** is what lies between the two: the nodes outside the backward
+pass that are computed from the gradients and lead to a variable write (momentum and Adam's
+moments, bias corrections applied to them, weight decay, clipping, the all-reduce point, the
+update itself), and what only they read (a learning-rate schedule, ``1 - beta ** t``). Painting
+keeps that region float32 (``paint.updates``, decision code ``update``), so the update reads the
+gradients in float32, as loss scaling unscales them; the lint holds a converted graph to it
+(``check.lint``: no path from a gradient to a write through a 16-bit tensor).
+
+A write here is a variable write (:func:`~amp_rewrite.core.ops.is_variable_write`), or a
+functional op that reads a resource handle: loss scaling turns each write of a TF2 train step
+into an ``If`` on its finiteness check whose branch writes.
+
+Everything here only reads the graph; nothing raises. ``training.detect`` builds the loss
+scaling's finer detection (seeds, hints, all-reduces) on the scope defined here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..core.dtypes import RESOURCE
+from ..core.ir import Graph, Node, TensorRef
+from ..core.ops import FUNCTIONAL_OPS, is_variable_write
+from .opdefs import input_dtype
+
+_BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
+
+
+def backprop_scope(name: str) -> str | None:
+    """The backprop name scope ``name`` lies in (``"gradients/"``, ``"x/gradient_tape/"``), or None."""
+    match = None
+    for match in _BACKPROP_SCOPE.finditer(name):
+        pass
+    return name[:match.end()] if match else None
+
+
+def trains(nodes) -> bool:
+    """Whether ``nodes`` (the NodeDefs of a graph or of a function body) compute gradients (a
+    node under a backprop scope) and write variables."""
+    nodes = list(nodes)
+    return any(backprop_scope(n.name) for n in nodes) and any(is_variable_write(n.op) for n in nodes)
+
+
+def writes(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` writes a variable: a write op, or a functional op that reads a resource
+    handle (a gated write of a loss-scaled step, a call or branch that writes)."""
+    if is_variable_write(node.op):
+        return True
+    return node.op in FUNCTIONAL_OPS and any(
+        input_dtype(node, port) == RESOURCE for port in range(len(graph.inputs(node.name))))
+
+
+@dataclass(frozen=True)
+class UpdateRegion:
+    """The update region of one graph (see the module doc); empty when it does not train."""
+
+    #: outside the backward pass, computed from the gradients, leading to a write
+    computed: frozenset[str] = frozenset()
+    #: what only the update reads (not the forward or backward pass): schedules, corrections
+    read: frozenset[str] = frozenset()
+    #: the backward pass: the backprop scopes and what lies between their nodes
+    backward: frozenset[str] = frozenset()
+    #: the tensors leaving the backward pass that the update reads (the gradients)
+    gradients: tuple[TensorRef, ...] = field(default=())
+
+    def __bool__(self) -> bool:
+        return bool(self.computed)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.computed or name in self.read
+
+
+def update_region(graph: Graph) -> UpdateRegion:
+    """The update region of ``graph`` (data edges only).
+
+    The backward pass is every node under a backprop scope and what lies between such nodes (a
+    tape sums a gradient's terms with an ``AddN`` outside its scope and reads the sum again; a
+    gradient penalty differentiates what another gradient computed; a forward loop reads its
+    gradient's accumulators and is read by them): none of it is the update. The region is
+    what the backward pass computes that feeds a write, and the side computations that feed
+    only it."""
+    names = graph.names()
+    scoped = [n for n in names if backprop_scope(n)]
+    if not scoped:
+        return UpdateRegion()
+    sinks = [n for n in names if writes(graph, graph.node(n))]
+    if not sinks:
+        return UpdateRegion()
+    after = graph.descendants(scoped)
+    upstream = graph.ancestors(scoped, control=False)
+    backward = set(scoped) | (after & upstream)
+    computed = (after & graph.ancestors(sinks, control=False)) - backward
+    if not computed:
+        return UpdateRegion()
+    read = graph.ancestors(computed, control=False) - upstream - backward - computed
+    gradients: list[TensorRef] = []
+    for name in names:
+        if name not in computed:
+            continue
+        for ref in graph.inputs(name):
+            if ref.node in backward and ref not in gradients:
+                gradients.append(ref)
+    return UpdateRegion(frozenset(computed), frozenset(read), frozenset(backward),
+                        tuple(gradients))
