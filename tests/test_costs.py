@@ -13,7 +13,7 @@ from amp_rewrite import convert, convert_file
 from amp_rewrite.core.ir import Graph
 from amp_rewrite.core.ops import MATRIX_OPS
 from amp_rewrite.io.load import load
-from amp_rewrite.paint.costs import matrix_intensity
+from amp_rewrite.paint.costs import DEFAULT_BATCH, matrix_intensity
 
 v1 = tf.compat.v1
 BF16 = tf.bfloat16.as_datatype_enum
@@ -424,7 +424,24 @@ def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
     small = convert_file(model, tmp_path / "b", target="bfloat16", device="cpu",
                          shapes={"x": (64, 256)})
     mm = next(n for n in small.nodes if n.op == "MatMul")
-    assert mm.code == "cost" and "an open batch as 64" in mm.reason
+    # --shape reaches the function body the signature calls: weighed per sample, its weight
+    # casts shared by the 64 of a run, and says so; so does the report
+    assert mm.code == "cost" and "µs a sample" in mm.reason
+    assert "(a batch of 64: from a batch of 92 on it would gain" in mm.reason
+    assert small.extra["cost_model"] == {"batch": 64, "told": True,
+                                         "summary": "islands weighed at a batch of 64 (--shape)"}
+    assert default.extra["cost_model"] == {"batch": DEFAULT_BATCH, "told": False}
+    assert "(an open batch as 1: " in next(n for n in default.nodes if n.op == "MatMul").reason
+
+
+def test_the_help_says_the_default_batch_the_cost_model_takes():
+    """--shape's help names the batch an open one counts as; it is DEFAULT_BATCH."""
+    from amp_rewrite.cli import run as cli_run
+    assert int(cli_run.BATCH_DEFAULT) == DEFAULT_BATCH
+    for command in ([], ["explain"], ["tune"]):
+        parser = cli_run._command_parser(command[0]) if command else cli_run._convert_parser()
+        text = " ".join(parser.format_help().split())
+        assert f"an open batch counts as a batch of {DEFAULT_BATCH}" in text, command
 
 
 def test_shape_names_an_input_that_fits_and_only_where_a_cost_model_weighs(tmp_path, capsys):

@@ -43,6 +43,9 @@ _LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
 #: what --headroom's help names as its default: amp_rewrite.core.dtypes.HEADROOM (not imported
 #: here: that module imports TensorFlow's protos; tests/test_ranges.py holds the two equal)
 HEADROOM_DEFAULT = "32"
+#: the batch --shape's help says an open one counts as: amp_rewrite.paint.costs.DEFAULT_BATCH
+#: (not imported here, for the same reason; tests/test_costs.py holds the two equal)
+BATCH_DEFAULT = "1"
 #: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
 QUIET_TF_LOG_LEVEL = "3"
 
@@ -72,8 +75,9 @@ def _batch_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
                    help="the shape input NAME runs at (repeatable; its first dimension is the "
                         "batch), for the cost model of bfloat16 on cpu, which weighs casts of "
-                        "variable weights (once a run) against matrix savings (per sample); "
-                        "an open batch counts as 8 without it")
+                        "variable weights (once a run) against matrix savings (per sample), "
+                        "here and in the function bodies the input is passed to; without it "
+                        f"an open batch counts as a batch of {BATCH_DEFAULT}")
 
 
 def _convert_parser() -> argparse.ArgumentParser:

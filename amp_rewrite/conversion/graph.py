@@ -32,7 +32,7 @@ from ..report.decisions import Report
 from ..paint.costs import DEFAULT_BATCH
 from ..rules.loader import RuleSet, load_rules
 from ..schema.functiondef import check_call_types, reachable, saver_functions
-from ..schema.inputs import fitting_shape, match_inputs, meta_graph_inputs
+from ..schema.inputs import fitting_shape, input_keys, match_inputs, meta_graph_inputs
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
@@ -161,12 +161,27 @@ def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
     MetaGraph's inputs: its signatures', else its placeholders); a name that names none, or a
     shape that does not fit the input's stated one, is an InputError."""
     resolved = []
-    for name, spec in match_inputs(shapes, meta_graph_inputs(meta, graph), "--shape").items():
-        dims = fitting_shape(name, shapes[name], spec)
-        node = spec.tensor.rpartition(":")[0]
-        if node in graph and graph.node(node).op in PLACEHOLDER_OPS:
-            resolved.append((node, dims))
-    return tuple(resolved)
+    specs = meta_graph_inputs(meta, graph)
+    for name in match_inputs(shapes, specs, "--shape"):
+        # a signature's input key names that input of every signature that has it (a Keras
+        # export's serve and serving_default)
+        for spec in (s for s in specs if name in input_keys(s)):
+            dims = fitting_shape(name, shapes[name], spec)
+            node = spec.tensor.rpartition(":")[0]
+            if node in graph and graph.node(node).op in PLACEHOLDER_OPS:
+                resolved.append((node, dims))
+    return tuple(dict(resolved).items())
+
+
+def _weighed_batch(target: Target) -> dict:
+    """The report's ``cost_model`` entry: the batch an open first dimension stands for when the
+    cost model weighs an island (``--shape``'s, which also reaches the function bodies its
+    inputs are passed to, else :data:`~amp_rewrite.paint.costs.DEFAULT_BATCH`)."""
+    told = target.batch is not None
+    entry = {"batch": target.batch if told else DEFAULT_BATCH, "told": told}
+    if told:
+        entry["summary"] = f"islands weighed at a batch of {target.batch} (--shape)"
+    return entry
 
 
 def _hint_batch(report: Report, meta: meta_graph_pb2.MetaGraphDef, graph: Graph,
@@ -253,6 +268,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                                  input_shapes=input_shapes(options.shapes or {}, graph, meta))
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
+    if options.weighed():   # the batch an open first dimension is weighed at, here and in bodies
+        report.extra["cost_model"] = _weighed_batch(target)
     if fused is not None and (fused.scales_folded or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
     if trains(source.node):   # its weights change: freezing them is no option
