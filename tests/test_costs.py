@@ -234,6 +234,13 @@ def _fusion_cases():
         tf.sigmoid(x, name="lone")
         s2 = tf.sigmoid(x, name="swish_read_twice")
         tf.identity(x * s2 + s2)
+        # Keras' swish: h * sigmoid(beta * h), beta a Const 1 grappler simplifies away first
+        # (h computed: a Mul of a fed placeholder by 1 is left as it is)
+        h = tf.matmul(x, c(8, 8))
+        s3 = tf.sigmoid(tf.multiply(tf.constant(1.0), h), name="keras_swish_sigmoid")
+        tf.multiply(h, s3, name="keras_swish")
+        s4 = tf.sigmoid(tf.multiply(tf.constant(2.0), h), name="swish_beta_2")
+        tf.multiply(h, s4)
         tf.nn.relu(tf.nn.bias_add(mm(), c(8)), name="relu_matmul_bias")
         tf.tanh(tf.nn.bias_add(mm(), c(8)), name="tanh_matmul_bias")
         tf.tanh(tf.nn.bias_add(conv(), c(4)), name="tanh_conv_bias")
@@ -272,6 +279,7 @@ def _fusion_cases():
         y, _, _ = v1.nn.fused_batch_norm(conv(), u(4), c(4), is_training=True)
         tf.nn.relu6(y, name="relu6_conv_training_bn")
     want = {"swish_sigmoid": False, "lone": True, "swish_read_twice": True,
+            "keras_swish_sigmoid": False, "swish_beta_2": True,
             "relu_matmul_bias": False, "tanh_matmul_bias": False, "tanh_conv_bias": True,
             "sigmoid_conv_bias": True, "relu6_conv_bias": False, "relu6_dw_bias": False,
             "leaky_dw_bias": True, "relu6_conv_add_vector": False,
@@ -304,8 +312,9 @@ def test_what_counts_as_fused_is_what_grappler_fuses_on_a_cpu():
     for node in painted.node:
         node.device = "/device:CPU:0"
     meta = meta_graph_pb2.MetaGraphDef(graph_def=painted)
+    read = {i.split(":")[0].lstrip("^") for m in painted.node for i in m.input}
     meta.collection_def["train_op"].node_list.value.extend(
-        [n.name for n in painted.node if not any(n.name in i for m in painted.node for i in m.input)])
+        [n.name for n in painted.node if n.name not in read])   # fetched: nothing prunes them
     optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
     left = {(n.name, n.op) for n in optimized.node}
     ops = {n.name: n.op for n in gd.node}

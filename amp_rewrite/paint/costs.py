@@ -31,6 +31,7 @@ import numpy as np
 from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
 from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS, is_variable_write
+from ..schema.consts import is_all_ones
 from ..schema.shapes import (FOLDED_OPS, Shapes, const_behind, convolution_output, einsum_sizes,
                              folded_value, parse_einsum)
 
@@ -275,11 +276,29 @@ def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None) -> bo
 
 
 def _swish(graph: Graph, node: Node, x: TensorRef) -> bool:
-    """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish."""
+    """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish.
+    Keras' ``swish`` / ``silu`` computes sigmoid(beta * x) with beta a Const 1, which grappler
+    simplifies away first (a Keras 3 EfficientNet's swishes run as oneDNN's eltwise_swish)."""
     if not graph.read_once(node.name):
         return False
     reader, port = graph.consumers(node.name)[0]
-    return graph.node(reader).op == "Mul" and port < 2 and graph.inputs(reader)[1 - port] == x
+    if graph.node(reader).op != "Mul" or port >= 2:
+        return False
+    other = graph.inputs(reader)[1 - port]
+    return other == x or other == _times_one(graph, x)
+
+
+def _times_one(graph: Graph, ref: TensorRef) -> TensorRef | None:
+    """``y`` where ``ref`` is ``y * 1`` (a Mul by a Const of ones, either side), else None."""
+    node = graph.node(ref.node)
+    inputs = graph.inputs(node.name)
+    if node.op != "Mul" or ref.port or len(inputs) != 2:
+        return None
+    for i, operand in enumerate(inputs):
+        const = const_behind(graph, operand)
+        if const is not None and is_all_ones(const):
+            return inputs[1 - i]
+    return None
 
 
 def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
