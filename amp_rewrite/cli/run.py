@@ -27,6 +27,7 @@ from ..io.files import (
     check_container,
     is_keras_file,
     is_saved_model,
+    not_freezable,
     refuse_graph_file_options,
     same_file,
     tune_rules_path,
@@ -100,6 +101,10 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "into the convolutions they follow (graphs without variables): fewer "
                         "casts, one rounding per folded value, convolutions TensorFlow fuses "
                         "with their activations")
+    p.add_argument("--freeze", action="store_true",
+                   help="a SavedModel or Keras file: freeze every serving signature (variables "
+                        "to Consts), fold constants as --fold-constants does and convert; writes "
+                        "a SavedModel serving the same signatures")
     p.add_argument("--min-matrix-intensity", type=float, metavar="X",
                    help="least matrix work (FLOPs per element an op reads and writes) the "
                         "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
@@ -381,16 +386,30 @@ def _check_paths(command: str, args) -> None:
     if command == "convert":
         _check_convert_outputs(args, inputs)
         scale_config(args.loss_scale, args.target, args.loss_scale_options)  # conflicts, ranges
-        if is_saved_model(args.input) or is_keras_file(args.input):   # before a Keras export
-            refuse_graph_file_options(args.input, {"lowp_io": args.lowp_io,
-                                                   "fold_constants": args.fold_constants,
-                                                   **args.loss_scale_options})
+        saved = is_saved_model(args.input) or is_keras_file(args.input)
+        if args.freeze:
+            _check_freeze_flags(args, saved)
+        if saved:   # before a Keras export
+            refuse_graph_file_options(args.input, {
+                "lowp_io": args.lowp_io, "fold_constants": args.fold_constants and not args.freeze,
+                **args.loss_scale_options})
     written = []
     for flag in ("html", "json"):
         path = getattr(args, flag, None)
         if path and command != "convert":
             _check_output(path, f"--{flag} file", force=args.force, inputs=inputs, outputs=written)
             written.append(path)
+
+
+def _check_freeze_flags(args, saved: bool) -> None:
+    """--freeze takes a SavedModel or Keras file, and not the options that name what freezing
+    changes (--calibration's tensors) or retype the signatures (--lowp-io)."""
+    if not saved:
+        raise InputError(not_freezable(args.input))
+    for flag, given in (("--calibration", args.calibration), ("--lowp-io", args.lowp_io)):
+        if given:
+            raise InputError(f"{flag} and --freeze: --freeze does not take {flag} (docs/"
+                             "savedmodels.md \"--freeze\"); drop one")
 
 
 def _check_calibration_flags(command: str, args) -> None:

@@ -91,6 +91,9 @@ class Options:
     # (``--shape``), for the cost model: bfloat16 on a CPU weighs variable-weight casts per run
     # against matrix savings per sample, so it needs the batch (paint.costs.DEFAULT_BATCH else)
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    # --freeze: a SavedModel's signatures frozen, folded and converted, written as a SavedModel
+    # with the same signatures (conversion.pipeline; docs/savedmodels.md "--freeze")
+    freeze: bool = False
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -106,6 +109,12 @@ class Options:
             raise InputError("--emulate emulates float16: use it with --target float16")
         if self.emulate and self.lowp_io:
             raise InputError("--emulate keeps the graph's interface float32: drop --lowp-io")
+        if self.freeze and self.lowp_io:
+            raise InputError("--freeze keeps the signatures' inputs and outputs as they are: "
+                             "drop --lowp-io")
+        if self.freeze and self.calibration is not None:
+            raise InputError("--calibration names the SavedModel's tensors, which freezing "
+                             "renames: convert with --freeze without --calibration")
         if self.min_matrix_intensity is not None and not self.min_matrix_intensity >= 0:
             raise InputError(f"--min-matrix-intensity must be 0 or more, not "
                              f"{self.min_matrix_intensity!r}")
@@ -217,20 +226,23 @@ def _hint_folding(report: Report) -> None:
     log.warning(text)
 
 
-def _hint_freezing(report: Report) -> None:
+def _hint_freezing(report: Report, saved: bool) -> None:
     """Where the weights are variables and the cost model estimates that freezing them and
     converting with --fold-constants gains enough (:data:`FREEZE_HINT_SHARE`,
     :data:`FREEZE_HINT_US`), say so, with the estimate (docs/savedmodels.md "When freezing
-    gains")."""
+    gains"): for a SavedModel's graph (``saved``), the command that does it, ``--freeze``."""
     gain = report.extra.get("freezing")
     if not gain or gain["gain_us"] < max(FREEZE_HINT_US, FREEZE_HINT_SHARE * gain["fp32_us"]):
         return
     more = (f" and puts {gain['matrix_ops']} matrix ops kept float32 here in {report.target}"
             if gain["matrix_ops"] else "")
-    text = ("freeze the signature and convert the frozen graph with --fold-constants: by the "
-            f"cost model that gains about {gain['gain_us']:.0f} µs a sample{more} (no weight "
-            "casts, batch norms folded into the convolutions; docs/savedmodels.md \"Frozen "
-            "graphs from a SavedModel\")")
+    how = ("convert with --freeze (every signature frozen, folded and converted, written as a "
+           "SavedModel serving the same signatures)" if saved else
+           "freeze the variables to Consts and convert the frozen graph with --fold-constants")
+    where = "--freeze" if saved else "Frozen graphs from a SavedModel"
+    text = (f"{how}: by the cost model that gains about {gain['gain_us']:.0f} µs a sample{more} "
+            f"(no weight casts, batch norms folded into the convolutions; docs/savedmodels.md "
+            f"\"{where}\")")
     gain["summary"] = text   # the CLI prints it with the summary, so it is not logged too
     report.warnings.append(text)
 
@@ -286,8 +298,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface,
                   ranges=options.calibration, headroom=options.headroom, leave=leave)
-    if not options.fold_constants:
-        _hint_freezing(report)
+    if not options.fold_constants:   # a SavedModel's MetaGraph has tags: --freeze takes it
+        _hint_freezing(report, saved=bool(meta_graph.meta_info_def.tags))
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if report.extra.get("batch"):
