@@ -327,3 +327,23 @@ def test_the_freezing_hint_names_freeze_and_freeze_paints_what_it_said(models, t
     frozen = json.loads((tmp_path / "frozen.json").read_text())
     assert [n["precision"] for n in frozen["nodes"] if n["op"] in MATRIX_OPS and "Conv" in n["op"]] == [
         "bfloat16"] * len(convs)
+
+
+def test_measure_times_the_frozen_conversion_and_hints_where_it_ran_faster(models, tmp_path,
+                                                                           capsys):
+    """--measure on a SavedModel also times its --freeze conversion against the one it writes;
+    where frozen ran at least FREEZE_HINT_SHARE faster, the freezing hint says so, naming
+    --freeze (a measurement that it gains, where the estimate may not see it)."""
+    from amp_rewrite.conversion.graph import FREEZE_HINT_SHARE
+    code, stdout, err = run_cli(capsys, [models["cnn"], "-o", tmp_path / "m", *BF16, "--measure",
+                                         "--shape", "digits=64,8,8,1",
+                                         "--report", tmp_path / "m.json"])
+    assert code == 0, err
+    report = json.loads((tmp_path / "m.json").read_text())
+    measured = report["measured"]
+    assert measured["frozen_ms"] > 0 and "frozen (--freeze)" in measured["summary"]
+    hint = report.get("freezing", {}).get("summary", "")
+    faster = measured["frozen_ratio"] >= 1 + FREEZE_HINT_SHARE
+    assert ("timed here" in hint) == faster, (measured, hint)
+    if faster:
+        assert hint.startswith("convert with --freeze") and f"freezing: {hint}" in stdout
