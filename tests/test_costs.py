@@ -502,3 +502,31 @@ def test_tune_takes_the_batch_too(tmp_path, capsys):
     assert main(["tune", str(model), "-o", str(tmp_path / "f16"), "--inputs", str(data),
                  "--shape", "x=8,256"]) == 2
     assert "has no such cost model: drop --shape" in capsys.readouterr().err
+
+
+def test_shape_reaches_the_function_bodies_a_signature_calls(tmp_path):
+    """A Keras export whose signature leaves the image size open: its convolutions sit in the
+    function the signature calls, where no shape is known, so without --shape nothing there is
+    weighed. --shape's dimensions reach that body through the calls (its batch shared by the
+    weight casts): the island is weighed, at the batch given, and the reasons and the report
+    say 32."""
+    import keras
+    L = keras.layers
+    keras.utils.set_random_seed(0)
+    x = keras.Input((None, None, 16), name="images")
+    h = L.ReLU(6.0)(L.BatchNormalization()(L.Conv2D(64, 3, padding="same", use_bias=False)(x)))
+    h = L.ReLU(6.0)(L.BatchNormalization()(L.DepthwiseConv2D(3, padding="same",
+                                                              use_bias=False)(h)))
+    keras.Model(x, L.Dense(10)(L.GlobalAveragePooling2D()(h))).export(
+        str(tmp_path / "open"), verbose=False)
+    unweighed = convert_file(tmp_path / "open", tmp_path / "a", target="bfloat16", device="cpu")
+    assert not any(n.code == "cost" for n in unweighed.nodes)
+    assert unweighed.extra["cost_model"] == {"batch": DEFAULT_BATCH, "told": False}
+    told = convert_file(tmp_path / "open", tmp_path / "b", target="bfloat16", device="cpu",
+                        shapes={"images": (32, 16, 16, 16)})
+    # (both signatures, serve and serving_default, pass the input to the body: the key names
+    # the input of both, or their calls would disagree and leave the body's argument unknown)
+    convs = [n for n in told.nodes if n.op in MATRIX_OPS and "Conv" in n.op]
+    assert len(convs) == 2 and all(n.code == "cost" for n in convs)
+    assert all("a batch of 32;" in n.reason for n in convs), convs[0].reason
+    assert told.extra["cost_model"]["batch"] == 32 and told.extra["cost_model"]["told"]
