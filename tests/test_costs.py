@@ -443,14 +443,23 @@ def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
     assert "(an open batch as 1: " in next(n for n in default.nodes if n.op == "MatMul").reason
 
 
-def test_the_help_says_the_default_batch_the_cost_model_takes():
-    """--shape's help names the batch an open one counts as; it is DEFAULT_BATCH."""
+def test_the_help_and_the_docs_say_the_default_batch_the_cost_model_takes():
+    """--shape's help, the README and the docs name the batch an open one counts as (the
+    reasons, the test above); it is DEFAULT_BATCH."""
+    from pathlib import Path
+
     from amp_rewrite.cli import run as cli_run
     assert int(cli_run.BATCH_DEFAULT) == DEFAULT_BATCH
     for command in ([], ["explain"], ["tune"]):
         parser = cli_run._command_parser(command[0]) if command else cli_run._convert_parser()
         text = " ".join(parser.format_help().split())
         assert f"an open batch counts as a batch of {DEFAULT_BATCH}" in text, command
+    word = {1: "one"}[DEFAULT_BATCH]
+    root = Path(__file__).resolve().parent.parent
+    for doc, words in (("README.md", f"an open batch is {word} sample unless"),
+                       ("docs/convert.md", f"counts an open batch as {word} sample otherwise"),
+                       ("docs/decisions.md", f"an open batch counts as {word} sample (`DEFAULT_BATCH`")):
+        assert words in " ".join((root / doc).read_text().split()), doc
 
 
 def test_shape_names_an_input_that_fits_and_only_where_a_cost_model_weighs(tmp_path, capsys):
