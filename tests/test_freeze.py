@@ -301,6 +301,11 @@ def test_freeze_is_refused_for_a_graph_file_and_with_options_it_cannot_keep(mode
     assert "drop --freeze" in err
     with pytest.raises(InputError, match="drop --freeze"):
         convert_file(graph, tmp_path / "out.pb", freeze=True)
+    # ... refused by the command line before TensorFlow is imported, as by the library
+    from amp_rewrite.cli import run as cli_run
+    command, args = cli_run.parse([str(graph), "-o", str(tmp_path / "out.pb"), "--freeze"])
+    with pytest.raises(InputError, match="drop --freeze"):
+        cli_run._check_paths(command, args)
     src = models["cnn"]
     for flags, message in ((["--lowp-io"], "--lowp-io and --freeze"),
                            (["--calibration", models["digits"]], "--calibration and --freeze")):
@@ -330,11 +335,12 @@ def test_the_freezing_hint_names_freeze_and_freeze_paints_what_it_said(models, t
 
 
 def test_measure_times_the_frozen_conversion_and_hints_where_it_ran_faster(models, tmp_path,
-                                                                           capsys):
+                                                                           capsys, monkeypatch):
     """--measure on a SavedModel also times its --freeze conversion against the one it writes;
     where frozen ran at least FREEZE_HINT_SHARE faster, the freezing hint says so, naming
     --freeze (a measurement that it gains, where the estimate may not see it)."""
     from amp_rewrite.conversion.graph import FREEZE_HINT_SHARE
+    from amp_rewrite.tools import measured as measured_mod
     code, stdout, err = run_cli(capsys, [models["cnn"], "-o", tmp_path / "m", *BF16, "--measure",
                                          "--shape", "digits=64,8,8,1",
                                          "--report", tmp_path / "m.json"])
@@ -347,3 +353,29 @@ def test_measure_times_the_frozen_conversion_and_hints_where_it_ran_faster(model
     assert ("timed here" in hint) == faster, (measured, hint)
     if faster:
         assert hint.startswith("convert with --freeze") and f"freezing: {hint}" in stdout
+    # where frozen did not run FREEZE_HINT_SHARE faster (here: a share no model can meet),
+    # the measurement names nothing
+    monkeypatch.setattr(measured_mod, "FREEZE_HINT_SHARE", 1e9)
+    code, _, err = run_cli(capsys, [models["cnn"], "-o", tmp_path / "m2", *BF16, "--measure",
+                                    "--report", tmp_path / "m2.json"])
+    assert code == 0, err
+    report = json.loads((tmp_path / "m2.json").read_text())
+    assert report["measured"]["frozen_ratio"] > 0
+    assert "timed here" not in report.get("freezing", {}).get("summary", "")
+
+
+def test_a_custom_gradient_loads_without_a_warning(models, tmp_path, capsys, caplog):
+    """Keras' swish carries a custom gradient; a frozen graph serves, and TensorFlow loads it
+    without saying that the gradient was not saved."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((64,), name="pixels")
+    model = keras.Model(x, L.Dense(10)(L.Dense(128, activation="swish")(x)))
+    model.export(str(tmp_path / "swish"), verbose=False)
+    _freeze(capsys, tmp_path / "swish", tmp_path / "out")
+    with caplog.at_level("WARNING"):
+        served = tf.saved_model.load(str(tmp_path / "out"))
+    assert not [r for r in caplog.records if "custom gradient" in r.getMessage()]
+    pixels = tf.constant(_digits()[0][:8].reshape(8, 64))
+    want = model(pixels).numpy()
+    got = served.signatures["serving_default"](pixels=pixels)["output_0"].numpy()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05

@@ -134,6 +134,20 @@ def test_a_graph_with_variables_is_weighed_unless_it_trains():
     assert "freezing" not in training.extra and not _suggests(training)
 
 
+def test_the_freezing_estimate_is_per_sample_whatever_batch_the_shapes_state():
+    """Told its batch (--shape), a graph's islands are weighed per run of it; what freezing
+    weighs is still said per sample: the float32 matrix time and what the frozen graph would
+    save, the same as with the batch open (the gain over the conversion as it is, whose weight
+    casts the batch shares, may differ)."""
+    _, open_batch = convert(_tf1_conv_bn(False), target="bfloat16", device="cpu")
+    _, told = convert(_tf1_conv_bn(False), target="bfloat16", device="cpu",
+                      shapes={"x": (32, 16, 16, 16)})
+    assert told.extra["cost_model"]["batch"] == 32
+    for key in ("fp32_us", "frozen_us"):
+        assert told.extra["freezing"][key] == pytest.approx(open_batch.extra["freezing"][key],
+                                                            rel=0.01), key
+
+
 def _module_conv_bn(path, train: bool):
     """A SavedModel serving conv + Keras-style batch norm on variables + Relu6; with ``train``,
     also a train step function (a tape, a variable written) whose forward pass is the same."""
