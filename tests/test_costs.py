@@ -13,7 +13,7 @@ from amp_rewrite import convert, convert_file
 from amp_rewrite.core.ir import Graph
 from amp_rewrite.core.ops import MATRIX_OPS
 from amp_rewrite.io.load import load
-from amp_rewrite.paint.costs import matrix_intensity
+from amp_rewrite.paint.costs import DEFAULT_BATCH, matrix_intensity
 
 v1 = tf.compat.v1
 BF16 = tf.bfloat16.as_datatype_enum
@@ -234,6 +234,13 @@ def _fusion_cases():
         tf.sigmoid(x, name="lone")
         s2 = tf.sigmoid(x, name="swish_read_twice")
         tf.identity(x * s2 + s2)
+        # Keras' swish: h * sigmoid(beta * h), beta a Const 1 grappler simplifies away first
+        # (h computed: a Mul of a fed placeholder by 1 is left as it is)
+        h = tf.matmul(x, c(8, 8))
+        s3 = tf.sigmoid(tf.multiply(tf.constant(1.0), h), name="keras_swish_sigmoid")
+        tf.multiply(h, s3, name="keras_swish")
+        s4 = tf.sigmoid(tf.multiply(tf.constant(2.0), h), name="swish_beta_2")
+        tf.multiply(h, s4)
         tf.nn.relu(tf.nn.bias_add(mm(), c(8)), name="relu_matmul_bias")
         tf.tanh(tf.nn.bias_add(mm(), c(8)), name="tanh_matmul_bias")
         tf.tanh(tf.nn.bias_add(conv(), c(4)), name="tanh_conv_bias")
@@ -272,6 +279,7 @@ def _fusion_cases():
         y, _, _ = v1.nn.fused_batch_norm(conv(), u(4), c(4), is_training=True)
         tf.nn.relu6(y, name="relu6_conv_training_bn")
     want = {"swish_sigmoid": False, "lone": True, "swish_read_twice": True,
+            "keras_swish_sigmoid": False, "swish_beta_2": True,
             "relu_matmul_bias": False, "tanh_matmul_bias": False, "tanh_conv_bias": True,
             "sigmoid_conv_bias": True, "relu6_conv_bias": False, "relu6_dw_bias": False,
             "leaky_dw_bias": True, "relu6_conv_add_vector": False,
@@ -304,8 +312,9 @@ def test_what_counts_as_fused_is_what_grappler_fuses_on_a_cpu():
     for node in painted.node:
         node.device = "/device:CPU:0"
     meta = meta_graph_pb2.MetaGraphDef(graph_def=painted)
+    read = {i.split(":")[0].lstrip("^") for m in painted.node for i in m.input}
     meta.collection_def["train_op"].node_list.value.extend(
-        [n.name for n in painted.node if not any(n.name in i for m in painted.node for i in m.input)])
+        [n.name for n in painted.node if n.name not in read])   # fetched: nothing prunes them
     optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
     left = {(n.name, n.op) for n in optimized.node}
     ops = {n.name: n.op for n in gd.node}
@@ -424,7 +433,33 @@ def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
     small = convert_file(model, tmp_path / "b", target="bfloat16", device="cpu",
                          shapes={"x": (64, 256)})
     mm = next(n for n in small.nodes if n.op == "MatMul")
-    assert mm.code == "cost" and "an open batch as 64" in mm.reason
+    # --shape reaches the function body the signature calls: weighed per sample, its weight
+    # casts shared by the 64 of a run, and says so; so does the report
+    assert mm.code == "cost" and "µs a sample" in mm.reason
+    assert "(a batch of 64: from a batch of 92 on it would gain" in mm.reason
+    assert small.extra["cost_model"] == {"batch": 64, "told": True,
+                                         "summary": "islands weighed at a batch of 64 (--shape)"}
+    assert default.extra["cost_model"] == {"batch": DEFAULT_BATCH, "told": False}
+    assert "(an open batch as 1: " in next(n for n in default.nodes if n.op == "MatMul").reason
+
+
+def test_the_help_and_the_docs_say_the_default_batch_the_cost_model_takes():
+    """--shape's help, the README and the docs name the batch an open one counts as (the
+    reasons, the test above); it is DEFAULT_BATCH."""
+    from pathlib import Path
+
+    from amp_rewrite.cli import run as cli_run
+    assert int(cli_run.BATCH_DEFAULT) == DEFAULT_BATCH
+    for command in ([], ["explain"], ["tune"]):
+        parser = cli_run._command_parser(command[0]) if command else cli_run._convert_parser()
+        text = " ".join(parser.format_help().split())
+        assert f"an open batch counts as a batch of {DEFAULT_BATCH}" in text, command
+    word = {1: "one"}[DEFAULT_BATCH]
+    root = Path(__file__).resolve().parent.parent
+    for doc, words in (("README.md", f"an open batch is {word} sample unless"),
+                       ("docs/convert.md", f"counts an open batch as {word} sample otherwise"),
+                       ("docs/decisions.md", f"an open batch counts as {word} sample (`DEFAULT_BATCH`")):
+        assert words in " ".join((root / doc).read_text().split()), doc
 
 
 def test_shape_names_an_input_that_fits_and_only_where_a_cost_model_weighs(tmp_path, capsys):
@@ -476,3 +511,31 @@ def test_tune_takes_the_batch_too(tmp_path, capsys):
     assert main(["tune", str(model), "-o", str(tmp_path / "f16"), "--inputs", str(data),
                  "--shape", "x=8,256"]) == 2
     assert "has no such cost model: drop --shape" in capsys.readouterr().err
+
+
+def test_shape_reaches_the_function_bodies_a_signature_calls(tmp_path):
+    """A Keras export whose signature leaves the image size open: its convolutions sit in the
+    function the signature calls, where no shape is known, so without --shape nothing there is
+    weighed. --shape's dimensions reach that body through the calls (its batch shared by the
+    weight casts): the island is weighed, at the batch given, and the reasons and the report
+    say 32."""
+    import keras
+    L = keras.layers
+    keras.utils.set_random_seed(0)
+    x = keras.Input((None, None, 16), name="images")
+    h = L.ReLU(6.0)(L.BatchNormalization()(L.Conv2D(64, 3, padding="same", use_bias=False)(x)))
+    h = L.ReLU(6.0)(L.BatchNormalization()(L.DepthwiseConv2D(3, padding="same",
+                                                              use_bias=False)(h)))
+    keras.Model(x, L.Dense(10)(L.GlobalAveragePooling2D()(h))).export(
+        str(tmp_path / "open"), verbose=False)
+    unweighed = convert_file(tmp_path / "open", tmp_path / "a", target="bfloat16", device="cpu")
+    assert not any(n.code == "cost" for n in unweighed.nodes)
+    assert unweighed.extra["cost_model"] == {"batch": DEFAULT_BATCH, "told": False}
+    told = convert_file(tmp_path / "open", tmp_path / "b", target="bfloat16", device="cpu",
+                        shapes={"images": (32, 16, 16, 16)})
+    # (both signatures, serve and serving_default, pass the input to the body: the key names
+    # the input of both, or their calls would disagree and leave the body's argument unknown)
+    convs = [n for n in told.nodes if n.op in MATRIX_OPS and "Conv" in n.op]
+    assert len(convs) == 2 and all(n.code == "cost" for n in convs)
+    assert all("a batch of 32;" in n.reason for n in convs), convs[0].reason
+    assert told.extra["cost_model"]["batch"] == 32 and told.extra["cost_model"]["told"]

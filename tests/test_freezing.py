@@ -1,6 +1,6 @@
 """A SavedModel's conversion says where freezing its variables and converting with
---fold-constants would gain (the cost model's FreezeGain, docs/savedmodels.md "When freezing
-gains"), and stays quiet where it would not."""
+--fold-constants would gain, naming --freeze, which does both (the cost model's FreezeGain,
+docs/savedmodels.md "When freezing gains"), and stays quiet where it would not."""
 
 import keras
 import numpy as np
@@ -58,8 +58,11 @@ def exported(tmp_path_factory):
 
 
 def _suggests(report) -> bool:
-    return any(w.startswith("freeze the signature") and "--fold-constants" in w
-               for w in report.warnings)
+    """Whether the conversion suggests freezing: a SavedModel's with the command that does it
+    (--freeze), a graph file's (whose variables --freeze does not take) by hand."""
+    return any(w.startswith("convert with --freeze") or (
+        w.startswith("freeze the variables to Consts") and "--fold-constants" in w)
+        for w in report.warnings)
 
 
 def test_batch_norms_on_variables_suggest_freezing(exported, tmp_path):
@@ -98,8 +101,8 @@ def test_the_cli_prints_the_suggestion_once_in_its_summary(exported, tmp_path, c
                  "--device", "cpu"]) == 0
     out = capsys.readouterr()
     lines = [line for line in out.out.splitlines() if line.startswith("freezing: ")]
-    assert len(lines) == 1 and "--fold-constants" in lines[0] and "µs a sample" in lines[0]
-    assert "--fold-constants" not in out.err
+    assert len(lines) == 1 and "--freeze" in lines[0] and "µs a sample" in lines[0]
+    assert "--freeze" not in out.err
 
 
 def _tf1_conv_bn(train: bool):
@@ -125,8 +128,24 @@ def _tf1_conv_bn(train: bool):
 def test_a_graph_with_variables_is_weighed_unless_it_trains():
     _, serving = convert(_tf1_conv_bn(False), target="bfloat16", device="cpu")
     assert serving.extra["freezing"]["gain_us"] > 0 and _suggests(serving)
+    # a graph's variables are frozen by hand: --freeze takes SavedModels and Keras files
+    assert serving.extra["freezing"]["summary"].startswith("freeze the variables to Consts")
     _, training = convert(_tf1_conv_bn(True), target="bfloat16", device="cpu")
     assert "freezing" not in training.extra and not _suggests(training)
+
+
+def test_the_freezing_estimate_is_per_sample_whatever_batch_the_shapes_state():
+    """Told its batch (--shape), a graph's islands are weighed per run of it; what freezing
+    weighs is still said per sample: the float32 matrix time and what the frozen graph would
+    save, the same as with the batch open (the gain over the conversion as it is, whose weight
+    casts the batch shares, may differ)."""
+    _, open_batch = convert(_tf1_conv_bn(False), target="bfloat16", device="cpu")
+    _, told = convert(_tf1_conv_bn(False), target="bfloat16", device="cpu",
+                      shapes={"x": (32, 16, 16, 16)})
+    assert told.extra["cost_model"]["batch"] == 32
+    for key in ("fp32_us", "frozen_us"):
+        assert told.extra["freezing"][key] == pytest.approx(open_batch.extra["freezing"][key],
+                                                            rel=0.01), key
 
 
 def _module_conv_bn(path, train: bool):

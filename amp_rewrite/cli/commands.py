@@ -94,7 +94,7 @@ def _options(args) -> Options:
         lowp_io=args.lowp_io, fold_constants=args.fold_constants, loss_scale=args.loss_scale,
         loss_scale_options=args.loss_scale_options,
         min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
-        cost_aware=args.cost_aware, shapes=parse_shapes(args.shape))
+        cost_aware=args.cost_aware, shapes=parse_shapes(args.shape), freeze=args.freeze)
     return _calibrated(options, args)
 
 

@@ -27,6 +27,7 @@ from ..io.files import (
     check_container,
     is_keras_file,
     is_saved_model,
+    not_freezable,
     refuse_graph_file_options,
     same_file,
     tune_rules_path,
@@ -43,6 +44,9 @@ _LOSS_SCALE_DEFAULTS = "start 32768, interval 2000, factor 2"
 #: what --headroom's help names as its default: amp_rewrite.core.dtypes.HEADROOM (not imported
 #: here: that module imports TensorFlow's protos; tests/test_ranges.py holds the two equal)
 HEADROOM_DEFAULT = "32"
+#: the batch --shape's help says an open one counts as: amp_rewrite.paint.costs.DEFAULT_BATCH
+#: (not imported here, for the same reason; tests/test_costs.py holds the two equal)
+BATCH_DEFAULT = "1"
 #: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
 QUIET_TF_LOG_LEVEL = "3"
 
@@ -72,8 +76,9 @@ def _batch_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
                    help="the shape input NAME runs at (repeatable; its first dimension is the "
                         "batch), for the cost model of bfloat16 on cpu, which weighs casts of "
-                        "variable weights (once a run) against matrix savings (per sample); "
-                        "an open batch counts as 8 without it")
+                        "variable weights (once a run) against matrix savings (per sample), "
+                        "here and in the function bodies the input is passed to; without it "
+                        f"an open batch counts as a batch of {BATCH_DEFAULT}")
 
 
 def _convert_parser() -> argparse.ArgumentParser:
@@ -96,6 +101,10 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "into the convolutions they follow (graphs without variables): fewer "
                         "casts, one rounding per folded value, convolutions TensorFlow fuses "
                         "with their activations")
+    p.add_argument("--freeze", action="store_true",
+                   help="a SavedModel or Keras file: freeze every serving signature (variables "
+                        "to Consts), fold constants as --fold-constants does and convert; writes "
+                        "a SavedModel serving the same signatures")
     p.add_argument("--min-matrix-intensity", type=float, metavar="X",
                    help="least matrix work (FLOPs per element an op reads and writes) the "
                         "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
@@ -388,16 +397,30 @@ def _check_paths(command: str, args) -> None:
     if command == "convert":
         _check_convert_outputs(args, inputs)
         scale_config(args.loss_scale, args.target, args.loss_scale_options)  # conflicts, ranges
-        if is_saved_model(args.input) or is_keras_file(args.input):   # before a Keras export
-            refuse_graph_file_options(args.input, {"lowp_io": args.lowp_io,
-                                                   "fold_constants": args.fold_constants,
-                                                   **args.loss_scale_options})
+        saved = is_saved_model(args.input) or is_keras_file(args.input)
+        if args.freeze:
+            _check_freeze_flags(args, saved)
+        if saved:   # before a Keras export
+            refuse_graph_file_options(args.input, {
+                "lowp_io": args.lowp_io, "fold_constants": args.fold_constants and not args.freeze,
+                **args.loss_scale_options})
     written = []
     for flag in ("html", "json"):
         path = getattr(args, flag, None)
         if path and command != "convert":
             _check_output(path, f"--{flag} file", force=args.force, inputs=inputs, outputs=written)
             written.append(path)
+
+
+def _check_freeze_flags(args, saved: bool) -> None:
+    """--freeze takes a SavedModel or Keras file, and not the options that name what freezing
+    changes (--calibration's tensors) or retype the signatures (--lowp-io)."""
+    if not saved:
+        raise InputError(not_freezable(args.input))
+    for flag, given in (("--calibration", args.calibration), ("--lowp-io", args.lowp_io)):
+        if given:
+            raise InputError(f"{flag} and --freeze: --freeze does not take {flag} (docs/"
+                             "savedmodels.md \"--freeze\"); drop one")
 
 
 def _check_calibration_flags(command: str, args) -> None:

@@ -32,7 +32,7 @@ from ..report.decisions import Report
 from ..paint.costs import DEFAULT_BATCH
 from ..rules.loader import RuleSet, load_rules
 from ..schema.functiondef import check_call_types, reachable, saver_functions
-from ..schema.inputs import fitting_shape, match_inputs, meta_graph_inputs
+from ..schema.inputs import fitting_shape, input_keys, match_inputs, meta_graph_inputs
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
@@ -91,6 +91,9 @@ class Options:
     # (``--shape``), for the cost model: bfloat16 on a CPU weighs variable-weight casts per run
     # against matrix savings per sample, so it needs the batch (paint.costs.DEFAULT_BATCH else)
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    # --freeze: a SavedModel's signatures frozen, folded and converted, written as a SavedModel
+    # with the same signatures (conversion.pipeline; docs/savedmodels.md "--freeze")
+    freeze: bool = False
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -106,6 +109,12 @@ class Options:
             raise InputError("--emulate emulates float16: use it with --target float16")
         if self.emulate and self.lowp_io:
             raise InputError("--emulate keeps the graph's interface float32: drop --lowp-io")
+        if self.freeze and self.lowp_io:
+            raise InputError("--freeze keeps the signatures' inputs and outputs as they are: "
+                             "drop --lowp-io")
+        if self.freeze and self.calibration is not None:
+            raise InputError("--calibration names the SavedModel's tensors, which freezing "
+                             "renames: convert with --freeze without --calibration")
         if self.min_matrix_intensity is not None and not self.min_matrix_intensity >= 0:
             raise InputError(f"--min-matrix-intensity must be 0 or more, not "
                              f"{self.min_matrix_intensity!r}")
@@ -161,12 +170,27 @@ def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
     MetaGraph's inputs: its signatures', else its placeholders); a name that names none, or a
     shape that does not fit the input's stated one, is an InputError."""
     resolved = []
-    for name, spec in match_inputs(shapes, meta_graph_inputs(meta, graph), "--shape").items():
-        dims = fitting_shape(name, shapes[name], spec)
-        node = spec.tensor.rpartition(":")[0]
-        if node in graph and graph.node(node).op in PLACEHOLDER_OPS:
-            resolved.append((node, dims))
-    return tuple(resolved)
+    specs = meta_graph_inputs(meta, graph)
+    for name in match_inputs(shapes, specs, "--shape"):
+        # a signature's input key names that input of every signature that has it (a Keras
+        # export's serve and serving_default)
+        for spec in (s for s in specs if name in input_keys(s)):
+            dims = fitting_shape(name, shapes[name], spec)
+            node = spec.tensor.rpartition(":")[0]
+            if node in graph and graph.node(node).op in PLACEHOLDER_OPS:
+                resolved.append((node, dims))
+    return tuple(dict(resolved).items())
+
+
+def _weighed_batch(target: Target) -> dict:
+    """The report's ``cost_model`` entry: the batch an open first dimension stands for when the
+    cost model weighs an island (``--shape``'s, which also reaches the function bodies its
+    inputs are passed to, else :data:`~amp_rewrite.paint.costs.DEFAULT_BATCH`)."""
+    told = target.batch is not None
+    entry = {"batch": target.batch if told else DEFAULT_BATCH, "told": told}
+    if told:
+        entry["summary"] = f"islands weighed at a batch of {target.batch} (--shape)"
+    return entry
 
 
 def _hint_batch(report: Report, meta: meta_graph_pb2.MetaGraphDef, graph: Graph,
@@ -202,20 +226,23 @@ def _hint_folding(report: Report) -> None:
     log.warning(text)
 
 
-def _hint_freezing(report: Report) -> None:
+def _hint_freezing(report: Report, saved: bool) -> None:
     """Where the weights are variables and the cost model estimates that freezing them and
     converting with --fold-constants gains enough (:data:`FREEZE_HINT_SHARE`,
     :data:`FREEZE_HINT_US`), say so, with the estimate (docs/savedmodels.md "When freezing
-    gains")."""
+    gains"): for a SavedModel's graph (``saved``), the command that does it, ``--freeze``."""
     gain = report.extra.get("freezing")
     if not gain or gain["gain_us"] < max(FREEZE_HINT_US, FREEZE_HINT_SHARE * gain["fp32_us"]):
         return
     more = (f" and puts {gain['matrix_ops']} matrix ops kept float32 here in {report.target}"
             if gain["matrix_ops"] else "")
-    text = ("freeze the signature and convert the frozen graph with --fold-constants: by the "
-            f"cost model that gains about {gain['gain_us']:.0f} µs a sample{more} (no weight "
-            "casts, batch norms folded into the convolutions; docs/savedmodels.md \"Frozen "
-            "graphs from a SavedModel\")")
+    how = ("convert with --freeze (every signature frozen, folded and converted, written as a "
+           "SavedModel serving the same signatures)" if saved else
+           "freeze the variables to Consts and convert the frozen graph with --fold-constants")
+    where = "--freeze" if saved else "Frozen graphs from a SavedModel"
+    text = (f"{how}: by the cost model that gains about {gain['gain_us']:.0f} µs a sample{more} "
+            f"(no weight casts, batch norms folded into the convolutions; docs/savedmodels.md "
+            f"\"{where}\")")
     gain["summary"] = text   # the CLI prints it with the summary, so it is not logged too
     report.warnings.append(text)
 
@@ -253,6 +280,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                                  input_shapes=input_shapes(options.shapes or {}, graph, meta))
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
+    if options.weighed():   # the batch an open first dimension is weighed at, here and in bodies
+        report.extra["cost_model"] = _weighed_batch(target)
     if fused is not None and (fused.scales_folded or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
     if trains(source.node):   # its weights change: freezing them is no option
@@ -269,8 +298,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface,
                   ranges=options.calibration, headroom=options.headroom, leave=leave)
-    if not options.fold_constants:
-        _hint_freezing(report)
+    if not options.fold_constants:   # a SavedModel's MetaGraph has tags: --freeze takes it
+        _hint_freezing(report, saved=bool(meta_graph.meta_info_def.tags))
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if report.extra.get("batch"):

@@ -26,6 +26,7 @@ from ..report.decisions import Report, did_you_mean
 from ..rules.loader import RuleSet
 from ..schema.functiondef import (
     FunctionGraph,
+    argument_shapes,
     check_call_types,
     drop_unreachable,
     function_to_graph,
@@ -70,9 +71,15 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
     graphs: dict[str, FunctionGraph] = {}
     calibrated = retraced(scoped_ranges(ranges or {}, names), [by_name[n] for n in names])
     handles = variable_argument_shapes(graph_def)   # the cost model's weight shapes in bodies
+    # --shape's inputs, through the calls that pass them on, their batch left open: a body is
+    # weighed per sample, the weight casts shared by the batch (target.batch), as in the graph
+    fed = argument_shapes(graph_def, {name: (-1, *dims[1:]) if dims else dims
+                                      for name, dims in target.input_shapes})
     for name in names:
-        fg = _convert_function(by_name[name], library, signatures, rules, report, target, keep,
-                               calibrated.get(name), headroom, handles.get(name))
+        shapes = tuple(sorted(fed.get(name, {}).items()))
+        body_target = dataclasses.replace(target, input_shapes=shapes)
+        fg = _convert_function(by_name[name], library, signatures, rules, report, body_target,
+                               keep, calibrated.get(name), headroom, handles.get(name))
         if fg is not None:
             graphs[name] = fg
     kept_signatures = set(roots) | gradient_linked(library) | set(reachable((), library, leave))
@@ -176,9 +183,8 @@ def _convert_function(fdef, library, signatures, rules, report, target: Target,
         body_keep = kept(boundary=fg.boundary(),
                          user=[k[len(name) + 1:] for k in keep if k.startswith(name + "/")])
         body_rules = rules_for(rules, fg.graph.names(), prefix=name)
-        # the placeholders --shape names are the main graph's; a body's arguments are others
-        body_target = dataclasses.replace(target, input_shapes=())
-        sub, _ = rewrite(fg.graph, body_rules, body_target, keep=body_keep, calls=signatures,
+        # ``target.input_shapes``: the body's arguments the graph's --shape inputs reach
+        sub, _ = rewrite(fg.graph, body_rules, target, keep=body_keep, calls=signatures,
                          ranges=ranges, headroom=headroom)
     except InputError as exc:   # only the user's: never AmpRewriteError, which holds our bugs
         # TensorFlow ran this body; if it is not a graph we can take, it stays as it was

@@ -21,20 +21,24 @@ from tensorflow.core.framework import graph_pb2
 from ..core import hardware
 from ..core.dtypes import HEADROOM, LARGEST, TARGETS
 from ..core.errors import InputError, RuleError, UnsupportedGraphError
+from ..core.ops import is_variable_write
 from ..io.files import (
     check_container,
     is_keras_file,
     is_saved_model,
+    not_freezable,
     refuse_graph_file_options,
     same_file,
 )
+from ..io.frozen import freeze, serving_keys
 from ..io.keras_files import saved_models
 from ..io.load import Model, load
 from ..io.save import save
 from ..report.decisions import Report
 from ..rules.loader import RuleSet
+from ..schema.functiondef import reachable
 from ..training.config import scale_config
-from ..training.detect import training_parts
+from ..training.detect import training_functions, training_parts
 from ..training.in_functions import (
     add_saved_model_loss_scaling,
     unscalable_train_functions,
@@ -113,6 +117,8 @@ def _collector_paused():
 
 def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     options.check()
+    if options.freeze:
+        return _convert_frozen(model, options)
     rules = options.rule_set()
     saved = model.kind == "savedmodel"
     config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
@@ -145,6 +151,81 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
         _report_calibration(report, options)
     _warn_if_slower_here(options)
     return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
+
+
+def _convert_frozen(model: Model, options: Options) -> tuple[Model, Report]:
+    """``--freeze``: every serving signature of the SavedModel ``model`` frozen
+    (:func:`~amp_rewrite.io.frozen.freeze`), each frozen graph converted as a graph file with
+    --fold-constants, the result a model that saving writes as a SavedModel serving the same
+    signatures. The report names a second graph's nodes ``[its signatures]/name``."""
+    if model.kind != "savedmodel":
+        raise InputError(not_freezable(model.path))
+    refuse_graph_file_options(model.path, _graph_file_options(options))
+    _refuse_freezing_training(model)
+    frozen = freeze(model.path, model.meta_graphs)
+    graphs = [Model(model.path, "metagraph", False, (meta,)) for meta in frozen.meta_graphs]
+    each = dataclasses.replace(options, freeze=False, fold_constants=True)
+    converted, report = [], None
+    for graph, keep, shapes in zip(graphs, _per_graph(options.keep, graphs, _node_names),
+                                   _per_graph(options.shapes, graphs, _input_names)):
+        new, sub = _convert_model(graph, dataclasses.replace(each, keep=keep, shapes=shapes))
+        converted.append(new.meta_graph)
+        if report is None:
+            report = sub
+        else:
+            merge_report(report, "[" + ",".join(sorted(graph.meta_graph.signature_def)) + "]", sub)
+    report.extra["freeze"] = frozen.summary()
+    return dataclasses.replace(model, kind="frozen", meta_graphs=tuple(converted),
+                               frozen=frozen), report
+
+
+def _per_graph(given, graphs: list[Model], names) -> list:
+    """``given`` (--keep names, or --shape's dict) split over the frozen ``graphs``: to each,
+    what names one of its nodes or inputs (``names``); what names none goes to the first, which
+    refuses it with the names it has."""
+    known = [names(g.meta_graph) for g in graphs]
+    anywhere = set().union(*known)
+    parts = [[k for k in given if k in mine or (i == 0 and k not in anywhere)]
+             for i, mine in enumerate(known)]
+    return [{k: given[k] for k in part} if isinstance(given, Mapping) else part for part in parts]
+
+
+def _node_names(meta) -> set[str]:
+    graph_def = meta.graph_def
+    return {n.name for n in graph_def.node} | {
+        f"{f.signature.name}/{n.name}" for f in graph_def.library.function for n in f.node_def}
+
+
+def _input_names(meta) -> set[str]:
+    names = set()
+    for sig in meta.signature_def.values():
+        for key, info in sig.inputs.items():
+            names |= {key, info.name, info.name.rpartition(":")[0]}
+    return names
+
+
+def _refuse_freezing_training(model: Model) -> None:
+    """Refuse --freeze for a SavedModel with a signature that trains (a function it calls
+    computes gradients and writes variables) or otherwise writes a variable: its weights change
+    as it runs, so they cannot be frozen."""
+    for meta in model.meta_graphs:
+        library, nodes = meta.graph_def.library, {n.name: n for n in meta.graph_def.node}
+        bodies = {f.signature.name: f.node_def for f in library.function}
+        for key in serving_keys(meta):
+            called = [nodes[i.name.split(":")[0]] for i in meta.signature_def[key].outputs.values()
+                      if i.name.split(":")[0] in nodes]
+            reached = reachable(called, library)
+            train = training_functions(library, reached)
+            write = next(((name, nd.op) for name in reached for nd in bodies[name]
+                          if is_variable_write(nd.op)), None)
+            if train or write:
+                what = (f"trains (function {train[0]!r} computes gradients and writes "
+                        "variables)" if train else
+                        f"writes a variable ({write[1]} in function {write[0]!r})")
+                raise UnsupportedGraphError(
+                    f"{model.path}: signature {key!r} {what}: its weights change as it runs, "
+                    "so they cannot be frozen; convert without --freeze (docs/savedmodels.md "
+                    "\"--freeze\")")
 
 
 def _report_calibration(report: Report, options: Options) -> None:
@@ -242,8 +323,10 @@ def _refuse_saved_model_training(model: Model, options: Options) -> None:
 
 
 def _graph_file_options(options: Options) -> dict:
-    """The options :func:`refuse_graph_file_options` looks at, by their names."""
-    return {"lowp_io": options.lowp_io, "fold_constants": options.fold_constants,
+    """The options :func:`refuse_graph_file_options` looks at, by their names (--freeze folds:
+    --fold-constants is no graph file's option there)."""
+    return {"lowp_io": options.lowp_io,
+            "fold_constants": options.fold_constants and not options.freeze,
             **(options.loss_scale_options or {})}
 
 

@@ -100,6 +100,12 @@ def refuse_graph_file_options(path: str | os.PathLike, given: dict) -> None:
                              f"to a SavedModel or Keras file: {why}; drop it")
 
 
+def not_freezable(path: str | os.PathLike) -> str:
+    """Why ``--freeze`` does not apply to ``path``, a graph file (the message of its refusal)."""
+    return (f"{path}: --freeze freezes the signatures of a SavedModel or Keras file; a graph "
+            "file is converted as it is (its Consts folded with --fold-constants): drop --freeze")
+
+
 def keras_file(data: bytes) -> str | None:
     """What kind of Keras model file ``data`` starts like, or None."""
     return next((kind for magic, kind in _KERAS_MAGIC.items() if data.startswith(magic)), None)

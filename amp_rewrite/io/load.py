@@ -37,7 +37,10 @@ class Model:
     ``added_variables`` (a converted SavedModel) maps an object of the root (``amp_loss_scale``)
     to the variables it holds and their starting values, which saving adds to the checkpoint.
     ``source`` is the file the user named where that is not ``path``: a Keras file, whose
-    export (:mod:`amp_rewrite.io.keras_files`) ``path`` is.
+    export (:mod:`amp_rewrite.io.keras_files`) ``path`` is. Kind ``"frozen"`` is a SavedModel's
+    ``--freeze`` conversion: ``meta_graphs`` are its frozen, converted graphs and ``frozen``
+    the :class:`~amp_rewrite.io.frozen.Frozen` they came from, which saving writes as a
+    SavedModel with the input's signatures.
     """
 
     path: Path
@@ -47,6 +50,7 @@ class Model:
     saved_model: saved_model_pb2.SavedModel | None = field(default=None, compare=False)
     added_variables: dict = field(default_factory=dict, compare=False)
     source: Path | None = field(default=None, compare=False)
+    frozen: object = field(default=None, compare=False)
 
     @classmethod
     def of_graph_def(cls, graph_def: graph_pb2.GraphDef, path: str | os.PathLike = "<graph_def>",

@@ -9,6 +9,8 @@ byte, so the weights stay float32 on disk and a model whose weights exceed proto
 limit converts (its weights never enter a protobuf message). A SavedModel that gained loss-scale
 state gets a new ``variables/`` written by TensorFlow's own checkpoint ops (:func:`write_variables`):
 the original tensors with their bytes, the new variables, a checkpoint object graph naming them.
+A ``--freeze`` conversion is written by TensorFlow (:func:`amp_rewrite.io.frozen.write`), into
+a hidden folder beside the output as well.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import py_checkpoint_reader
 
 from ..core.errors import InputError
+from .frozen import write as write_frozen
 from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, OutputSet, check_file_destination
 from .load import Model
 
@@ -81,6 +84,9 @@ def stage(model: Model, out_path: str | os.PathLike, outputs: OutputSet, *,
     if model.kind == "savedmodel":
         _stage_saved_model(model, out_path, outputs, force)
         return
+    if model.kind == "frozen":
+        _stage_frozen(model, out_path, outputs, force)
+        return
     proto, text = output_proto(model, out_path)
     outputs.add_file(out_path, serialize(proto, text), force=force)
 
@@ -90,7 +96,7 @@ def check_destination(model: Model, out_path: str | os.PathLike, *, force: bool 
     """Raise the InputError :func:`save` would raise for ``out_path`` before writing anything,
     so that a command doing long work first can refuse at once."""
     out_path = Path(out_path)
-    if model.kind == "savedmodel":
+    if model.kind in ("savedmodel", "frozen"):
         _check_saved_model_destination(model, out_path, force)
         return
     check_file_destination(out_path, force=force)
@@ -122,6 +128,19 @@ def _stage_saved_model(model: Model, out_path: Path, outputs: OutputSet, force: 
     try:
         shutil.copymode(model.path, tmp)  # mkdtemp's 0700 would hide the model from others
         _write_tree(model, tmp)
+    except OSError as exc:
+        raise InputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
+    outputs.add(tmp, out_path, replace=force)
+
+
+def _stage_frozen(model: Model, out_path: Path, outputs: OutputSet, force: bool) -> None:
+    """A ``--freeze`` conversion (:mod:`amp_rewrite.io.frozen`), written by TensorFlow as a new
+    SavedModel in a hidden folder beside ``out_path``, renamed into place with the set."""
+    _check_saved_model_destination(model, out_path, force)
+    tmp = outputs.temporary_folder(out_path)
+    try:
+        shutil.copymode(model.path, tmp)
+        write_frozen(model.frozen, model.meta_graphs, tmp)
     except OSError as exc:
         raise InputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
     outputs.add(tmp, out_path, replace=force)

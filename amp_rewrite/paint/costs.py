@@ -31,6 +31,7 @@ import numpy as np
 from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
 from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS, is_variable_write
+from ..schema.consts import is_all_ones
 from ..schema.shapes import (FOLDED_OPS, Shapes, const_behind, convolution_output, einsum_sizes,
                              folded_value, parse_einsum)
 
@@ -185,6 +186,16 @@ class Estimate:
     batch: int = DEFAULT_BATCH            # samples a run an open batch was taken as
     open_cast_us: float = 0.0             # of cast_us, what an open batch shares, a run
     per_row: bool = False                 # counted per row of matrix ops whose rows are unknown
+    # the first dimensions the counts state (the graph's, or --shape's through the calls that
+    # pass it on): counted per run of that batch; empty where the batch is open (per sample)
+    rows: tuple[int, ...] = ()
+    told: bool = False                    # batch was given (--shape), not DEFAULT_BATCH
+
+    @property
+    def samples(self) -> int:
+        """The samples a run the counts stand for: the batch they state (the smallest first
+        dimension: a flattened sequence's rows are more), 1 where it is open."""
+        return min(self.rows) if self.rows else 1
 
     @property
     def pays_from(self) -> int | None:
@@ -205,14 +216,24 @@ class Estimate:
         return (f": from a batch of {pays} on it would gain, --shape tells the batch"
                 if pays else "")
 
+    def unit(self) -> str:
+        """What the times count: a run of the batch the shapes state, else a sample."""
+        return "a run" if self.rows else "a sample"
+
+    def weighed_at(self) -> str:
+        """The batch the estimate stands for, as a reason says it."""
+        if self.rows:
+            return f"a batch of {self.samples}"
+        return f"a batch of {self.batch}" if self.told else f"an open batch as {self.batch}"
+
     def describe(self, tname: str) -> str:
         """The reason an island stays float32, from "whose" on."""
         if self.cast_us >= self.lost_us:
             return (f"whose variable weights ({self.weights} elements) cast to {tname} on every "
-                    f"run would cost about {self.cast_us:.2f} µs a sample on a CPU, with "
+                    f"run would cost about {self.cast_us:.2f} µs {self.unit()} on a CPU, with "
                     f"{self.lost_us:.2f} µs its unfused activations lose, more than the "
                     f"{self.saved_us:.2f} µs its {self.flops / 1e6:.2f} MFLOPs of matrix work "
-                    f"save (an open batch as {self.batch}{self._from()}; BENCHMARKS.md "
+                    f"save ({self.weighed_at()}{self._from()}; BENCHMARKS.md "
                     "\"Batch size and weight casts\"; "
                     "--min-matrix-intensity 0 paints it anyway)")
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.slow.items()))
@@ -225,10 +246,10 @@ class Estimate:
                     "costs in bfloat16 on this CPU\"; --min-matrix-intensity 0 paints it "
                     "anyway)")
         return (f"whose unfused {tname} activations ({ops}) would lose about "
-                f"{_us(self.lost_us)} µs a run on a CPU, more than the {_us(self.saved_us)} µs its "
-                f"{self.flops / 1e6:.0f} MFLOPs of matrix work save (shapes as the graph states "
-                "them, an open batch as 1; BENCHMARKS.md \"Op costs in bfloat16 on this CPU\"; "
-                "--min-matrix-intensity 0 paints it anyway)")
+                f"{_us(self.lost_us)} µs {self.unit()} on a CPU, more than the "
+                f"{_us(self.saved_us)} µs its {self.flops / 1e6:.0f} MFLOPs of matrix work save "
+                f"(shapes as the graph states them, {self.weighed_at()}; BENCHMARKS.md \"Op "
+                "costs in bfloat16 on this CPU\"; --min-matrix-intensity 0 paints it anyway)")
 
 
 def _us(value: float) -> str:
@@ -255,11 +276,29 @@ def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None) -> bo
 
 
 def _swish(graph: Graph, node: Node, x: TensorRef) -> bool:
-    """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish."""
+    """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish.
+    Keras' ``swish`` / ``silu`` computes sigmoid(beta * x) with beta a Const 1, which grappler
+    simplifies away first (a Keras 3 EfficientNet's swishes run as oneDNN's eltwise_swish)."""
     if not graph.read_once(node.name):
         return False
     reader, port = graph.consumers(node.name)[0]
-    return graph.node(reader).op == "Mul" and port < 2 and graph.inputs(reader)[1 - port] == x
+    if graph.node(reader).op != "Mul" or port >= 2:
+        return False
+    other = graph.inputs(reader)[1 - port]
+    return other == x or other == _times_one(graph, x)
+
+
+def _times_one(graph: Graph, ref: TensorRef) -> TensorRef | None:
+    """``y`` where ``ref`` is ``y * 1`` (a Mul by a Const of ones, either side), else None."""
+    node = graph.node(ref.node)
+    inputs = graph.inputs(node.name)
+    if node.op != "Mul" or ref.port or len(inputs) != 2:
+        return None
+    for i, operand in enumerate(inputs):
+        const = const_behind(graph, operand)
+        if const is not None and is_all_ones(const):
+            return inputs[1 - i]
+    return None
 
 
 def _biased_contraction(graph: Graph, act: Node, ref: TensorRef,
@@ -388,7 +427,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
     An island with neither loses nothing (an empty estimate), and no shape is worked out for
     it. ``batch``: the samples a run where the graph leaves the batch open (None:
     :data:`DEFAULT_BATCH`)."""
-    est = Estimate(batch=batch or DEFAULT_BATCH)
+    est = Estimate(batch=batch or DEFAULT_BATCH, told=batch is not None)
     members = set(names)
     island = sorted(members)
     slow = [name for name in island if slow_unfused(graph, graph.node(name), members)]
@@ -433,6 +472,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
                 us = elements * CAST_PS_PER_ELEMENT * 1e-6 / (est.batch if shared else 1)
                 if us > casts.get(src, (0.0, False))[0]:
                     casts[src] = (us, shared)
+    est.rows = tuple(sorted(rows)) if rows and min(rows) > 0 else ()
     stated = 1   # what a ROWS count stands for: one row, or the island's stated rows
     if lost[True] or flops[True]:
         if casts or len(rows) > 1 or any(r < 0 for r in rows):
@@ -601,7 +641,8 @@ FP32_PS_PER_FLOP = 2.0
 class FreezeGain:
     """What freezing the variables to Consts and converting with --fold-constants would change
     in the islands :func:`runtime_estimate` weighed, summed; times in µs a sample (an open batch
-    as DEFAULT_BATCH for the casts, as 1 for the rest, as :class:`Estimate` counts them)."""
+    as the batch it was taken as for the casts, as 1 for the rest, as :class:`Estimate` counts
+    them; an island whose shapes state its batch, per sample of it)."""
 
     islands: int = 0         # islands weighed that read variables
     matrix_ops: int = 0      # matrix ops kept float32 as is that would run in 16 bits frozen
@@ -615,12 +656,15 @@ class FreezeGain:
 
     def add(self, est: Estimate, frozen: Estimate, folded_us: float, matrix_ops: int) -> None:
         """Count one island: ``est`` as it is, ``frozen`` and ``folded_us`` (its batch norms'
-        elementwise ops folded away) from :func:`frozen_estimate`."""
+        elementwise ops folded away) from :func:`frozen_estimate`; an island whose shapes state
+        its batch is counted per sample of it."""
+        per = est.samples
         self.islands += 1
-        self.fp32_us += est.flops * FP32_PS_PER_FLOP * 1e-6
+        self.fp32_us += est.flops * FP32_PS_PER_FLOP * 1e-6 / per
         if not est.slower:
-            self.saved_us += est.saved_us - est.lost_us - est.cast_us
-        self.frozen_us += folded_us + (0.0 if frozen.slower else frozen.saved_us - frozen.lost_us)
+            self.saved_us += (est.saved_us - est.lost_us - est.cast_us) / per
+        self.frozen_us += (folded_us + (0.0 if frozen.slower
+                                        else frozen.saved_us - frozen.lost_us)) / per
         if est.slower and not frozen.slower:
             self.matrix_ops += matrix_ops
 

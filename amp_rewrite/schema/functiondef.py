@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2
 
@@ -226,13 +227,52 @@ def variable_argument_shapes(graph_def: graph_pb2.GraphDef) -> dict[str, dict[st
     every call site that passes one agrees: a VarHandleOp's ``shape`` attr (through Identity),
     passed by the graph or, argument to argument, by a function's call, While, If or Case to
     the functions it calls (a SavedModel's variables reach its bodies only so)."""
+
+    def leaf(nd):
+        if nd.op == "VarHandleOp" and "shape" in nd.attr and not nd.attr["shape"].shape.unknown_rank:
+            dims = [d.size for d in nd.attr["shape"].shape.dim]
+            return dims if all(d >= 0 for d in dims) else None
+        return None
+
+    return _passed_to_arguments(graph_def, leaf, resources=True, loops=True)
+
+
+def argument_shapes(graph_def: graph_pb2.GraphDef, given: Mapping[str, Sequence[int]]
+                    ) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Function name -> data argument -> the shape ``given`` (placeholder of ``graph_def`` ->
+    the shape it runs at: ``--shape``) says it receives, where every call site agrees: the
+    placeholder passed (through Identity) by the graph's call, If or Case or, argument to
+    argument, by a function's to the functions it calls. So a SavedModel's signature input
+    reaches the function bodies its signature calls, and the cost model weighs them at the
+    batch it runs at. A loop's arguments are left out: its values may change shape from step
+    to step. A call site that passes something else makes the argument's shape unknown."""
+    if not given:
+        return {}
+
+    def leaf(nd):
+        if nd.op in ("Placeholder", "PlaceholderWithDefault") and nd.name in given:
+            return [int(d) for d in given[nd.name]]
+        return None
+
+    found = _passed_to_arguments(graph_def, leaf, resources=False, loops=False)
+    return {f: {a: tuple(s) for a, s in args.items()} for f, args in found.items()}
+
+
+def _passed_to_arguments(graph_def: graph_pb2.GraphDef, leaf, *, resources: bool,
+                         loops: bool) -> dict[str, dict[str, list[int]]]:
+    """Function name -> argument -> the value ``leaf`` (a NodeDef -> a shape, or None) gives
+    the node passed to it (through Identity), where the call sites agree: the graph's calls,
+    then, argument to argument, the functions' (``loops``: While too). ``resources``: resource
+    arguments only, passed where known (a site that passes none is not counted); else every
+    other argument, and a site that passes an unknown one makes it unknown."""
     by_name = {f.signature.name: f for f in graph_def.library.function}
     found: dict[str, dict[str, list[int] | None]] = {}
 
     def record(callee: str, index: int, shape: list[int] | None) -> bool:
         fdef = by_name.get(callee)
-        if (fdef is None or index >= len(fdef.signature.input_arg) or shape is None
-                or fdef.signature.input_arg[index].type != RESOURCE):
+        if (fdef is None or index >= len(fdef.signature.input_arg)
+                or (fdef.signature.input_arg[index].type == RESOURCE) != resources
+                or (shape is None and resources)):
             return False
         arg = fdef.signature.input_arg[index].name
         seen = found.setdefault(callee, {})
@@ -247,43 +287,60 @@ def variable_argument_shapes(graph_def: graph_pb2.GraphDef) -> dict[str, dict[st
     def visit(nodes: dict, resolve) -> bool:
         changed = False
         for nd in nodes.values():
-            for callee, offset in _callees(nd, by_name):
+            for callee, offset in _callees(nd, by_name, loops):
                 data = [t for t in nd.input if not t.startswith("^")]
                 for i, text in enumerate(data[offset:]):
                     changed |= record(callee, i, resolve(text))
         return changed
 
-    def var_shape(nodes: dict, name: str, args: dict, depth: int = 8):
+    def value(nodes: dict, name: str, args: dict, depth: int = 8):
         nd = nodes.get(name)
         if nd is None:
             return args.get(name)
-        if nd.op == "VarHandleOp" and "shape" in nd.attr and not nd.attr["shape"].shape.unknown_rank:
-            dims = [d.size for d in nd.attr["shape"].shape.dim]
-            return dims if all(d >= 0 for d in dims) else None
         if nd.op == "Identity" and nd.input and depth:
-            return var_shape(nodes, nd.input[0].split(":")[0], args, depth - 1)
-        return None
+            return value(nodes, nd.input[0].split(":")[0], args, depth - 1)
+        return leaf(nd)
 
     top = {nd.name: nd for nd in graph_def.node}
-    visit(top, lambda t: var_shape(top, t.split(":")[0], {}))
+    visit(top, lambda t: value(top, t.split(":")[0], {}))
     bodies = {name: {nd.name: nd for nd in f.node_def} for name, f in by_name.items()}
-    for _ in range(16):   # nesting depth: a While in a call in a call ...
-        changed = False
-        for name, nodes in bodies.items():
-            args = found.get(name, {})
-            changed |= visit(nodes, lambda t, n=nodes, a=args: var_shape(n, t.split(":")[0], a))
-        if not changed:
-            break
+    # callers before callees (a call graph has no cycle): a body passes its arguments on once
+    # every site that calls it has been seen
+    for name in _callers_first(bodies, by_name):
+        nodes, args = bodies[name], found.get(name, {})
+        visit(nodes, lambda t, n=nodes, a=args: value(n, t.split(":")[0], a))
     return {f: {a: s for a, s in args.items() if s is not None} for f, args in found.items()}
 
 
-def _callees(nd, by_name) -> list[tuple[str, int]]:
-    """The functions a node calls with its data inputs, and the first input each receives."""
+def _callers_first(bodies: dict, by_name: dict) -> list[str]:
+    """The functions of ``bodies`` ordered so that each comes after every function that calls
+    it (any order among the rest; a cycle, which TensorFlow refuses, ends the order early)."""
+    callees = {name: {c for nd in nodes.values() for c, _ in _callees(nd, by_name)} - {name}
+               for name, nodes in bodies.items()}
+    waiting = {name: 0 for name in bodies}
+    for name, called in callees.items():
+        for callee in called:
+            waiting[callee] += 1
+    ready = sorted(name for name, n in waiting.items() if not n)
+    order = []
+    while ready:
+        name = ready.pop()
+        order.append(name)
+        for callee in sorted(callees[name]):
+            waiting[callee] -= 1
+            if not waiting[callee]:
+                ready.append(callee)
+    return order
+
+
+def _callees(nd, by_name, loops: bool = True) -> list[tuple[str, int]]:
+    """The functions a node calls with its data inputs, and the first input each receives
+    (``loops``: a While's body and cond too)."""
     if nd.op in by_name:
         return [(nd.op, 0)]
     if nd.op in CALL_OPS:
         return [(nd.attr["f"].func.name, 0)]
-    if nd.op in WHILE_OPS:
+    if nd.op in WHILE_OPS and loops:
         return [(nd.attr["body"].func.name, 0), (nd.attr["cond"].func.name, 0)]
     if nd.op in IF_OPS:
         return [(nd.attr[b].func.name, 1) for b in ("then_branch", "else_branch")]

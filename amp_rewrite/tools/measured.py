@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..conversion.graph import Options
+from ..conversion.graph import FREEZE_HINT_SHARE, Options
 from ..conversion.pipeline import convert_path
 from ..core.errors import InputError
 from ..io.load import Model
-from ..report.decisions import Report
 from ..io.save import save
+from ..report.decisions import Report
 from .bench import BenchResult, bench
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,19 +45,30 @@ class Measured:
     ratio: float = 1.0
     ratio_range: tuple[float, float] = (1.0, 1.0)
     kept_by_estimate: int = 0     # nodes the estimate kept float32 (code cost)
+    # a SavedModel's conversion against its --freeze conversion: that one's median (ms), and
+    # the ratio of the medians (above 1: frozen faster) with its p10-p90; None: not timed
+    frozen_ms: float | None = None
+    frozen_ratio: float | None = None
+    frozen_range: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "summary": self.summary()}
 
     def summary(self) -> str:
         if not self.kept_by_estimate:
-            return "nothing to measure: the cost model kept no node float32"
-        kept = {"painted": "the conversion painted whole", "estimated": "the cost model's"}
-        return (f"{self.kept_by_estimate} nodes the cost model kept float32 (code cost); timed "
-                f"here, the cost model's conversion {self.estimated_ms:.2f} ms, painted whole "
-                f"{self.painted_ms:.2f} ms (painted {self.ratio:.2f}x as fast, p10-p90 "
-                f"{self.ratio_range[0]:.2f}-{self.ratio_range[1]:.2f}): wrote "
-                f"{kept[self.chosen]}")
+            text = "nothing to measure: the cost model kept no node float32"
+        else:
+            kept = {"painted": "the conversion painted whole", "estimated": "the cost model's"}
+            text = (f"{self.kept_by_estimate} nodes the cost model kept float32 (code cost); "
+                    f"timed here, the cost model's conversion {self.estimated_ms:.2f} ms, "
+                    f"painted whole {self.painted_ms:.2f} ms (painted {self.ratio:.2f}x as fast, "
+                    f"p10-p90 {self.ratio_range[0]:.2f}-{self.ratio_range[1]:.2f}): wrote "
+                    f"{kept[self.chosen]}")
+        if self.frozen_ratio is not None:
+            low, high = self.frozen_range
+            text += (f"; frozen (--freeze) {self.frozen_ms:.2f} ms, {self.frozen_ratio:.2f}x as "
+                     f"fast as the conversion written (p10-p90 {low:.2f}-{high:.2f})")
+        return text
 
 
 def pick(result: BenchResult) -> str:
@@ -95,8 +108,45 @@ def measured_conversion(input_path, output_name: str, options: Options, *,
     for record in logs[found.chosen]:   # said now, as the conversion written would say them
         logging.getLogger(record.name).handle(record)
     model, report = painted if found.chosen == "painted" else estimated
+    if not options.freeze and model.kind == "savedmodel":
+        _time_freezing(input_path, output_name, model, report, found, options, shapes=shapes,
+                       runs=runs, warmup=warmup)
     report.extra["measured"] = found.to_dict()
     return model, report, found
+
+
+def _time_freezing(input_path, output_name: str, model: Model, report: Report, found: Measured,
+                   options: Options, **timing) -> None:
+    """Time the SavedModel conversion ``model`` against the input's --freeze conversion (into
+    ``found``) and where frozen runs at least :data:`FREEZE_HINT_SHARE` faster, say so in the
+    report's ``freezing`` entry, naming --freeze: a measurement that it gains, where the
+    estimate may not see it (docs/savedmodels.md "When freezing gains"). A SavedModel that
+    --freeze refuses (a signature that trains) is not timed."""
+    try:
+        with _held([]):
+            frozen, _ = convert_path(input_path, dataclasses.replace(options, freeze=True))
+    except InputError as exc:
+        log.info("--measure: no --freeze conversion to time: %s", exc)
+        return
+    with tempfile.TemporaryDirectory(prefix="amp-rewrite-measure-") as tmp:
+        paths = [Path(tmp) / name / Path(output_name).name for name in ("written", "frozen")]
+        for candidate, path in zip((model, frozen), paths):
+            path.parent.mkdir()
+            save(candidate, path)
+        result = bench(*paths, **timing)
+    found.frozen_ms, found.frozen_ratio = result.converted.median_ms, result.speedup
+    found.frozen_range = result.speedup_range()
+    if result.speedup < 1 + FREEZE_HINT_SHARE:
+        return
+    low, high = found.frozen_range
+    text = (f"convert with --freeze: timed here, every signature frozen, folded and converted "
+            f"ran {result.speedup:.2f}x as fast as this conversion (p10-p90 {low:.2f}-"
+            f"{high:.2f}; docs/savedmodels.md \"--freeze\")")
+    gain = report.extra.setdefault("freezing", {})
+    if "summary" in gain:
+        report.warnings.remove(gain["summary"])
+    gain["measured_ratio"], gain["summary"] = round(result.speedup, 3), text
+    report.warnings.append(text)
 
 
 class _Hold(logging.Handler):

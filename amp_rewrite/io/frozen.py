@@ -1,0 +1,289 @@
+"""``--freeze``: a SavedModel's serving signatures frozen to GraphDefs, and the converted graphs
+written back as a SavedModel that serves the same signatures.
+
+:func:`freeze` loads the SavedModel with ``tf.saved_model.load`` (TensorFlow restores the
+variables and runs the model's own restore and table-initializer functions: graph ops, never
+Python) and freezes each signature with TensorFlow's ``convert_variables_to_constants_v2``, as
+TF-TRT's ``TrtGraphConverterV2`` does: every variable a signature reads becomes a Const, and
+the functions it calls are inlined. Each frozen graph is a MetaGraphDef whose ``signature_def``
+names its inputs and outputs by the signature's keys, so the conversion keeps them float32 and
+``--shape`` finds them; signatures that freeze to the same graph (a Keras export's ``serve``
+and ``serving_default``) share one. A lookup table a signature reads (a vocabulary) stays a
+table: its handle is a resource placeholder of the frozen graph, fed the loaded table.
+
+:func:`write` writes the converted graphs as a new SavedModel (``tf.saved_model.save``), each
+signature a function of the original's structured inputs (keys, dtypes, shapes) returning its
+outputs under the original keys; the tables go with it, with their initializers and asset
+files. Refused in one line (:class:`UnsupportedGraphError`): a SavedModel with no signature or
+with more than one MetaGraph, a signature TensorFlow cannot freeze or that writes a variable
+(a train step; :mod:`amp_rewrite.conversion.pipeline` refuses those by their gradients before
+anything is loaded), and one whose resource is neither a variable nor a lookup table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.eager import wrap_function
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+from tensorflow.python.trackable import resource as trackable_resource
+from tensorflow.python.util import nest
+
+from ..core.errors import InputError, UnsupportedGraphError
+
+log = logging.getLogger(__name__)
+
+#: the signature tf.saved_model.save adds to run a SavedModel's initializers: no signature to
+#: freeze or to write (the new SavedModel gets its own)
+INIT_SIGNATURE = "__saved_model_init_op"
+#: the signature key served by default, frozen (and reported) first
+DEFAULT_SIGNATURE = "serving_default"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One serving signature, frozen: its key, the frozen graph it runs (an index into
+    :attr:`Frozen.meta_graphs`), its structured inputs (key -> ``tf.TensorSpec``) and outputs
+    (key -> ``tf.TensorSpec``), and the resource placeholders of its graph fed a loaded lookup
+    table (placeholder node -> the table's handle)."""
+
+    key: str
+    graph: int
+    inputs: dict
+    outputs: dict
+    tables: dict = field(default_factory=dict)
+
+
+@dataclass
+class Frozen:
+    """A SavedModel's signatures, frozen: the graphs (one MetaGraphDef each, ``signature_def``
+    keyed as the signatures it serves), the signatures, the variables made Consts, and what
+    the written SavedModel needs of the loaded one (its lookup tables, kept alive here)."""
+
+    path: Path
+    meta_graphs: list[meta_graph_pb2.MetaGraphDef]
+    signatures: list[Signature]
+    variables: int = 0
+    tables: list = field(default_factory=list)   # the loaded tables the signatures read
+    loaded: object = None                        # keeps the tables' resources alive
+
+    def summary(self) -> dict:
+        """The report's ``freeze`` entry."""
+        shared = {}
+        for sig in self.signatures:
+            shared.setdefault(sig.graph, []).append(sig.key)
+        keys = [s.key for s in self.signatures]
+        graphs = len(self.meta_graphs)
+        text = (f"{len(keys)} signature{'s' * (len(keys) != 1)} frozen ({', '.join(keys)}; "
+                f"{graphs} graph{'s' * (graphs != 1)} converted), {self.variables} "
+                f"variable{'s' * (self.variables != 1)} made Consts, folded (--fold-constants)"
+                + (f"; {len(self.tables)} lookup table{'s' * (len(self.tables) != 1)} kept"
+                   if self.tables else ""))
+        return {"signatures": keys, "graphs": [shared[i] for i in sorted(shared)],
+                "variables": self.variables, "tables": len(self.tables), "summary": text}
+
+
+def freeze(path: str | os.PathLike, meta_graphs) -> Frozen:
+    """Freeze every serving signature of the SavedModel at ``path`` (its parsed MetaGraphDefs
+    ``meta_graphs``, checked first)."""
+    path = Path(path)
+    if len(meta_graphs) != 1:
+        tags = "; ".join(",".join(m.meta_info_def.tags) for m in meta_graphs)
+        raise UnsupportedGraphError(f"{path}: --freeze takes a SavedModel with one MetaGraph, "
+                                    f"this one has {len(meta_graphs)} ({tags})")
+    if not serving_keys(meta_graphs[0]):
+        raise UnsupportedGraphError(f"{path}: --freeze freezes a SavedModel's signatures, and "
+                                    "it has none; export the model with a serving signature")
+    loaded = _load(path)
+    keys = sorted(loaded.signatures, key=lambda k: (k != DEFAULT_SIGNATURE, k))
+    out = Frozen(path, [], [], loaded=loaded)
+    seen: dict[bytes, int] = {}
+    variables: set[int] = set()
+    resources = _resources(loaded)
+    for key in keys:
+        fn = loaded.signatures[key]
+        graph_def, inputs, outputs, tables, read = _freeze_one(path, key, fn, resources)
+        variables |= read
+        data = graph_def.SerializeToString(deterministic=True)
+        if data not in seen:
+            seen[data] = len(out.meta_graphs)
+            out.meta_graphs.append(meta_graph_pb2.MetaGraphDef(graph_def=graph_def))
+        index = seen[data]
+        out.meta_graphs[index].signature_def[key].CopyFrom(_signature_def(fn, inputs, outputs))
+        out.signatures.append(Signature(key, index, dict(fn.structured_input_signature[1]),
+                                        dict(fn.structured_outputs), tables))
+        for handle in tables.values():
+            if not any(resources[id(handle)] is t for t in out.tables):
+                out.tables.append(resources[id(handle)])
+    out.variables = len(variables)
+    return out
+
+
+def serving_keys(meta: meta_graph_pb2.MetaGraphDef) -> list[str]:
+    """The signature keys of ``meta`` --freeze freezes: all but the initializers'."""
+    return sorted(k for k in meta.signature_def if k != INIT_SIGNATURE)
+
+
+def _load(path: Path):
+    try:
+        return tf.saved_model.load(str(path))
+    except MemoryError:
+        raise
+    except Exception as exc:   # TensorFlow's loader fails in many ways on a damaged model
+        raise InputError(f"{path}: TensorFlow could not load the SavedModel to freeze it: "
+                         f"{_first_line(exc)}") from None
+
+
+def _freeze_one(path: Path, key: str, fn, resources: dict):
+    """``fn`` (signature ``key``) frozen: its GraphDef, its data input and output tensors (in
+    the order of the flattened structured inputs and outputs), the placeholders fed a lookup
+    table (node -> the loaded handle) and the ids of the variables made Consts."""
+    args, kwargs = fn.structured_input_signature
+    if args:
+        raise UnsupportedGraphError(f"{path}: signature {key!r} takes positional inputs; a "
+                                    "signature takes its inputs by name")
+    captured = {internal.name: external for external, internal in fn.graph.captures}
+    variables = {id(external) for external, _ in fn.graph.captures
+                 if isinstance(resources.get(id(external)), tf.Variable)}
+    try:
+        frozen = convert_variables_to_constants_v2(fn)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise UnsupportedGraphError(f"{path}: signature {key!r} cannot be frozen: "
+                                    f"{_first_line(exc)}") from None
+    data = len(fn.inputs) - len(fn.captured_inputs)
+    names = {t.name for t in fn.inputs[:data]}
+    inputs = [t.name for t in frozen.inputs if t.name in names]
+    tables = {}
+    for t in frozen.inputs:
+        if t.name in names:
+            continue
+        external = captured.get(t.name)
+        if external is None or external.dtype != tf.resource:
+            raise UnsupportedGraphError(f"{path}: signature {key!r}: freezing left input "
+                                        f"{t.name} unfed")
+        owner = resources.get(id(external))
+        if isinstance(owner, tf.Variable):
+            raise UnsupportedGraphError(
+                f"{path}: signature {key!r} writes variable {owner.name!r} (or passes its "
+                "handle on): its value changes as the model runs, so it cannot be frozen; "
+                "convert without --freeze")
+        if owner is None:
+            raise UnsupportedGraphError(
+                f"{path}: signature {key!r} reads a resource the SavedModel does not track as "
+                f"a variable or table ({t.name}); --freeze cannot keep it: convert without "
+                "--freeze")
+        tables[t.name.split(":")[0]] = external
+    if len(inputs) != data:
+        raise UnsupportedGraphError(f"{path}: signature {key!r}: an input was lost in freezing")
+    outputs = [t.name for t in frozen.outputs]
+    return frozen.graph.as_graph_def(), inputs, outputs, tables, variables
+
+
+def _signature_def(fn, inputs: list[str], outputs: list[str]) -> meta_graph_pb2.SignatureDef:
+    """The SignatureDef of the frozen graph for ``fn``: its keys, on the frozen tensors."""
+    sig = meta_graph_pb2.SignatureDef(method_name="tensorflow/serving/predict")
+    in_specs = fn.structured_input_signature[1]
+    for key, name in zip(sorted(in_specs), inputs):
+        sig.inputs[key].CopyFrom(_info(name, in_specs[key]))
+    out_specs = fn.structured_outputs
+    for key, name in zip(sorted(out_specs), outputs):
+        sig.outputs[key].CopyFrom(_info(name, out_specs[key]))
+    return sig
+
+
+def _info(name: str, spec) -> meta_graph_pb2.TensorInfo:
+    info = meta_graph_pb2.TensorInfo(name=name, dtype=spec.dtype.as_datatype_enum)
+    info.tensor_shape.CopyFrom(tf.TensorShape(spec.shape).as_proto())
+    return info
+
+
+def _resources(loaded) -> dict[int, object]:
+    """The variables and other resources (lookup tables) the loaded SavedModel tracks, by the
+    id of their handle (the tensor a signature captures)."""
+    seen, stack, out = set(), [loaded], {}
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        handle = _handle(obj)
+        if handle is not None:
+            out[id(handle)] = obj
+        stack.extend(obj._trackable_children().values())
+    return out
+
+
+def _handle(obj):
+    try:
+        if isinstance(obj, trackable_resource.CapturableResource):   # a table, restored or not
+            return obj.resource_handle
+        if isinstance(obj, tf.Variable):
+            return obj.handle
+    except (AttributeError, ValueError, TypeError, RuntimeError):
+        pass
+    return None
+
+
+def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
+    """Write the converted frozen graphs ``meta_graphs`` (in :attr:`Frozen.meta_graphs`'
+    order) as a SavedModel in the new, empty ``folder``: each signature of ``frozen`` with its
+    keys, dtypes and shapes, its lookup tables tracked (with their initializers and assets).
+    Signatures that run the same graph on the same tensors share its function, so its weights
+    are written once."""
+    module = tf.Module()
+    module.amp_lookup_tables = list(frozen.tables)
+    functions, signatures = {}, {}
+    for sig in frozen.signatures:
+        meta = meta_graphs[sig.graph]
+        sd = meta.signature_def[sig.key]
+        in_keys, out_keys = sorted(sig.inputs), sorted(sig.outputs)
+        tensors = (tuple(sd.inputs[k].name for k in in_keys),
+                   tuple(sd.outputs[k].name for k in out_keys))
+        if (sig.graph, tensors) not in functions:
+            functions[sig.graph, tensors] = wrap_function.function_from_graph_def(
+                _serving_graph(meta.graph_def), list(tensors[0]), list(tensors[1]),
+                dict(sig.tables))
+        signatures[sig.key] = _serving_function(sig, functions[sig.graph, tensors])
+    # a frozen graph serves: no custom gradient is saved (nor any gradient function traced)
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    tf.saved_model.save(module, str(folder), signatures=signatures, options=options)
+
+
+def _serving_graph(graph_def):
+    """``graph_def`` without the custom-gradient marks its nodes carry (Keras' swish): a frozen
+    graph serves, and a loader would warn that their gradients were not saved."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    for nodes in [out.node] + [f.node_def for f in out.library.function]:
+        for node in nodes:
+            if _CUSTOM_GRADIENT in node.attr:
+                del node.attr[_CUSTOM_GRADIENT]
+    return out
+
+
+_CUSTOM_GRADIENT = "_gradient_op_type"
+
+
+def _serving_function(sig: Signature, graph_fn):
+    """Signature ``sig`` as a concrete function over its converted graph ``graph_fn`` (which
+    takes and returns the tensors of its sorted input and output keys): called by the input
+    keys, returning its outputs by their keys."""
+    in_keys, out_keys = sorted(sig.inputs), sorted(sig.outputs)
+
+    def serve(**inputs):
+        results = graph_fn(*[inputs[k] for k in in_keys])
+        return dict(zip(out_keys, nest.flatten(results)))
+
+    return tf.function(serve).get_concrete_function(**sig.inputs)
+
+
+def _first_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + " ..."
