@@ -329,10 +329,10 @@ class TuneResult:
             return "painted graph: no matrix ops (MatMul/Conv family)"
         line = f"painted graph: {m['lowp']} of {m['total']} matrix ops in {self.target}"
         if m["cost"]:
-            line += (f"; the CPU cost model kept {m['cost']} float32 (too small to gain at the "
-                     "batch it assumed), so this tuned that graph: to tune the graph painted "
-                     "whole, pass the batch you serve with --shape NAME=D1,D2,... or "
-                     "--min-matrix-intensity 0")
+            line += (f"; the CPU cost model kept {m['cost']} float32 (too little matrix work "
+                     "to gain, by their shapes and the batch it weighed), so this tuned that "
+                     "graph: to tune the graph painted whole, pass --min-matrix-intensity 0, or "
+                     "the batch you serve with --shape NAME=D1,D2,... where the batch decided")
         return line
 
     @property
