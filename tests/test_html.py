@@ -15,6 +15,7 @@ from amp_rewrite import cli
 from amp_rewrite.cli.run import parse
 from amp_rewrite.core import hardware
 from amp_rewrite.core.ops import MATRIX_OPS
+from amp_rewrite.tools.verify import verify
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -238,6 +239,28 @@ def test_a_failed_verify_says_so_first_and_suggests_tune(tmp_path):
     assert _next_command(geometry) == ["tune", str(EXAMPLE), "-o", str(tmp_path / "cnn_tuned.pb"),
                                        "--target", "bfloat16", "--device", "cpu",
                                        "--inputs", "DATA.npz"]
+
+
+@needs_chromium
+def test_the_tune_page_leads_with_its_verdict_and_suggests_bench(tmp_path):
+    """tune --html: the tuned conversion's page, tune's verdict on the first screen, and the
+    tuned model timed next, fed the samples it was tuned on."""
+    import numpy as np
+
+    data, out, page = tmp_path / "in.npz", tmp_path / "tuned.pb", tmp_path / "tune.html"
+    np.savez(data, images=np.random.default_rng(0).normal(size=(16, 8, 8, 1)).astype("float32"))
+    assert cli.main(["tune", str(EXAMPLE), "-o", str(out), "--inputs", str(data), "--target",
+                     "bfloat16", "--device", "cpu", "--min-matrix-intensity", "0",
+                     "--max-trials", "3", "--html", str(page), "-q"]) == 0
+    geometry = _geometry(_render(page, probe=GEOMETRY))
+    _above_the_fold(geometry, ("where", "share", "verdict", "next-command"))
+    # the metric tune scored is the number verify measures on the same sample
+    measured = verify(str(EXAMPLE), str(out), inputs=str(data)).outputs[0].rel_l2
+    verdict = geometry["boxes"]["verdict"]["text"]
+    assert verdict.startswith(f"within tolerance tune, rel_l2 {measured:.3g} against 0.05 on 1 "
+                              "sample(s)")
+    assert geometry["boxes"]["where"]["text"].startswith("bfloat16 for CPU (level default), tuned here")
+    assert _next_command(geometry) == ["bench", str(EXAMPLE), str(out), "--inputs", str(data)]
 
 
 # ----------------------------------------------------------------- a Keras application

@@ -236,7 +236,7 @@ def tune(args) -> int:
                            shapes=parse_shapes(args.shape), report=args.report, init_ops=args.init_op,
                            allow_holdout_failure=args.allow_holdout_failure,
                            nonfinite_reference=args.allow_nonfinite_reference,
-                           error_margin=args.error_margin,
+                           error_margin=args.error_margin, pages=_tune_pages(args),
                            **({} if args.headroom is None else {"headroom": args.headroom}))
     if bar is not None:
         sys.stderr.write("\n")
@@ -256,6 +256,16 @@ def tune(args) -> int:
         print(f"wrote {args.output} and {result.rules_file}")
         print(result.summary())
     return 0
+
+
+def _tune_pages(args) -> dict:
+    """tune's ``--html``: the page of the tuned conversion, made once tune passed."""
+    if not args.html:
+        return {}
+    given = Given(args.input, args.output, tuple(args.inputs), tuple(args.shape), args.signature)
+    return {args.html: lambda result: html.tune_page(
+        result.to_dict(), result.report.to_dict(), where=_where(result.target),
+        given=given).encode("utf-8")}
 
 
 def ranges(args) -> int:
