@@ -379,6 +379,21 @@ def test_a_merge_whose_other_input_waits_on_it_is_a_cycle():
         convert(gd)
 
 
+def test_a_loop_merge_with_two_entering_inputs_is_refused():
+    """A Merge reading its loop's back edge and two other data inputs (neither computed from
+    the Merge): TensorFlow's importer counts the Merge ready after one of them and aborts the
+    process (a CHECK in graph_constructor.cc) on the other, in whichever order they come;
+    refused with one line instead (found by test_properties' structural mutations)."""
+    gd, _, _ = graphs.while_v1()
+    merge = next(n for n in gd.node if n.op == "Merge")
+    entering = next(i for i in merge.input if not i.startswith("^")
+                    and {n.name: n for n in gd.node}[i.split(":")[0]].op == "Enter")
+    merge.input.append(entering)       # the value entering the loop, twice
+    merge.attr["N"].i = len([i for i in merge.input if not i.startswith("^")])
+    with pytest.raises(InputError, match="back edge .* and 2 other data inputs"):
+        convert(gd)
+
+
 def test_forged_port_count_is_refused_without_allocating():
     """N=2**40 in a few bytes: refused before any per-port list is built."""
     gd, _, _ = graphs.mlp()

@@ -290,6 +290,25 @@ def _cycle_problems(graph_def) -> Iterator[str]:
     if stuck:
         yield (f"node {stuck[0].name!r} ({stuck[0].op}) is in a cycle that is not a while loop's "
                f"(a Merge reading a NextIteration), with {len(stuck) - 1} other nodes")
+    yield from _loop_merge_problems(graph_def, nodes)
+
+
+def _loop_merge_problems(graph_def, nodes: dict) -> Iterator[str]:
+    """A Merge reading a loop's back edge (a NextIteration) with more than one other data
+    input. TensorFlow's importer takes such a Merge to be ready once one data input is in (the
+    value entering the loop) and counts each further one down from there: a second one fails a
+    CHECK in graph_constructor.cc ("current_pending_count > 0") and aborts the process, whatever
+    the order, so it is refused here."""
+    for nd in graph_def.node:
+        if nd.op not in MERGE_OPS:
+            continue
+        data = [_input_node(text) for text in nd.input if not text.startswith("^")]
+        back = [src for src in data if src in nodes and nodes[src].op in NEXT_ITERATION_OPS]
+        if back and len(data) - len(back) > 1:
+            yield (f"node {nd.name!r} ({nd.op}) reads a while loop's back edge ({back[0]!r}) "
+                   f"and {len(data) - len(back)} other data inputs; a loop's Merge takes one "
+                   "value entering the loop beside its back edges (TensorFlow's importer would "
+                   "abort the process on the second)")
 
 
 def _custom_port_problems(graph_def, functions: set[str]) -> Iterator[str]:
