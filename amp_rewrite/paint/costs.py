@@ -32,8 +32,8 @@ from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
 from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS, is_variable_write
 from ..schema.consts import is_all_ones
-from ..schema.shapes import (FOLDED_OPS, Shapes, const_behind, convolution_output, einsum_sizes,
-                             folded_value, parse_einsum)
+from ..schema.shapes import (FOLDED_DEPTH, FOLDED_OPS, Shapes, const_behind, convolution_output,
+                             einsum_sizes, folded_value, parse_einsum)
 
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
@@ -105,38 +105,35 @@ def _filter_shape(graph: Graph, node: Node) -> list[int] | None:
     return _stored_shape(graph, ref.node)
 
 
-def _stored_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
+def _stored_shape(graph: Graph, name: str) -> list[int] | None:
     """The static shape of a stored value (Const, variable) reaching ``name`` unchanged."""
-    node = graph.node(name)
+    node = _stored_source(graph, name)
+    if node is None:
+        return None
     if node.op == "Const":
         dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
         return dims if all(d >= 0 for d in dims) else None
-    if node.op in ("VarHandleOp", "VariableV2", "Variable"):
-        dims = [d.size for d in node.attr["shape"].shape.dim] if "shape" in node.attr else []
-        return dims if dims and all(d >= 0 for d in dims) else None
-    if node.op == "Placeholder" and "_handle_shapes" in node.attr:   # a function's variable
+    if node.op == "Placeholder":   # a function's variable
         shapes = node.attr["_handle_shapes"].list.shape
         dims = [d.size for d in shapes[0].dim] if len(shapes) == 1 else []
-        return dims if dims and all(d >= 0 for d in dims) else None
-    if node.op in _PASS_THROUGH and depth:
-        inputs = graph.inputs(name)
-        if inputs:
-            return _stored_shape(graph, inputs[0].node, depth - 1)
-    return None
+    else:
+        dims = [d.size for d in node.attr["shape"].shape.dim] if "shape" in node.attr else []
+    return dims if dims and all(d >= 0 for d in dims) else None
 
 
-def _updated_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
-    """The shape of the variable a value updates (through pass-through ops), if it does."""
-    for reader, port in graph.consumers(name):
-        node = graph.node(reader)
-        if is_variable_write(node.op) and port > 0:
-            shape = _stored_shape(graph, graph.inputs(reader)[0].node)
-            if shape is not None:
-                return shape
-        if node.op in _PASS_THROUGH and depth:
-            shape = _updated_shape(graph, reader, depth - 1)
-            if shape is not None:
-                return shape
+def _updated_shape(graph: Graph, name: str) -> list[int] | None:
+    """The shape of the variable a value updates (through pass-through ops), if it does: of
+    the first variable write, by name, that ``name`` or a pass-through op after it feeds as
+    the value (not the handle)."""
+    carried = graph.descendants([name], past=lambda n: n.name == name or n.op in _PASS_THROUGH)
+    for src in sorted(carried):
+        if src != name and graph.node(src).op not in _PASS_THROUGH:
+            continue
+        for reader, port in graph.consumers(src):
+            if port > 0 and is_variable_write(graph.node(reader).op):
+                shape = _stored_shape(graph, graph.inputs(reader)[0].node)
+                if shape is not None:
+                    return shape
     return None
 
 
@@ -512,16 +509,13 @@ def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:
     return "", 0
 
 
-def _stored_source(graph: Graph, name: str, depth: int = 8) -> Node | None:
-    """The Const or variable :func:`_stored_shape` would read for ``name``, or None."""
-    node = graph.node(name)
+def _stored_source(graph: Graph, name: str) -> Node | None:
+    """The Const or variable whose value reaches ``name`` unchanged (through pass-through ops,
+    :meth:`~amp_rewrite.core.ir.Graph.origin`), or None."""
+    node = graph.node(graph.origin(name, _PASS_THROUGH))
     if node.op in ("Const", "VarHandleOp", "VariableV2", "Variable") or (
             node.op == "Placeholder" and "_handle_shapes" in node.attr):
         return node
-    if node.op in _PASS_THROUGH and depth:
-        inputs = graph.inputs(name)
-        if inputs:
-            return _stored_source(graph, inputs[0].node, depth - 1)
     return None
 
 
@@ -729,13 +723,26 @@ def _folds_frozen(graph: Graph, node: Node, island: set[str]) -> bool:
             and _stored_value(graph, graph.inputs(up.name)[1]))
 
 
-def _reads_variable(graph: Graph, ref: TensorRef, depth: int = 12) -> bool:
-    """Whether ``ref``'s stored value (:func:`_stored_value`) comes from a variable."""
-    src = _stored_source(graph, ref.node)
-    if src is not None:
-        return src.op != "Const"
-    return bool(depth) and any(_reads_variable(graph, r, depth - 1)
-                               for r in graph.inputs(ref.node))
+# how many ops up from a batch norm's Mul or AddV2 a variable makes it one that folds only
+# once frozen: a Keras batch norm's vectors are three or four ops from their variables, the
+# convolution's filter two; further up are other layers'
+VARIABLE_HOPS = 12
+
+
+def _reads_variable(graph: Graph, ref: TensorRef) -> bool:
+    """Whether a variable's value (:func:`_stored_source`) reaches ``ref`` within
+    :data:`VARIABLE_HOPS` ops, not walking past a stored value."""
+    sources: dict[str, Node | None] = {}
+
+    def source(node: Node) -> Node | None:
+        if node.name not in sources:
+            sources[node.name] = _stored_source(graph, node.name)
+        return sources[node.name]
+
+    reached = graph.ancestors([ref.node], control=False, depth=VARIABLE_HOPS,
+                              past=lambda node: source(node) is None)
+    return any(src is not None and src.op != "Const"
+               for src in (source(graph.node(name)) for name in sorted(reached)))
 
 
 def _fuses_frozen(graph: Graph, act: Node, island: set[str]) -> bool:
@@ -787,15 +794,31 @@ def _stored_operand(graph: Graph, node: Node, ops: tuple[str, ...]) -> TensorRef
     return inputs[1 - stored.index(True)] if stored.count(True) == 1 else None
 
 
-def _stored_value(graph: Graph, ref: TensorRef, depth: int = 12) -> bool:
+def _stored_value(graph: Graph, ref: TensorRef) -> bool:
     """Whether ``ref`` is a Const or a variable's value (through pass-through ops), or computed
-    from such alone by the elementwise ops constant folding evaluates once they are Consts."""
-    node = graph.node(ref.node)
+    from such alone by the elementwise ops constant folding evaluates once they are Consts
+    (each without control inputs, reading output 0 of what it reads; through up to
+    :data:`~amp_rewrite.schema.shapes.FOLDED_DEPTH` of them, as
+    :func:`~amp_rewrite.schema.shapes.folded_value`)."""
+    stored: dict[str, bool] = {}
+
+    def source(node: Node) -> bool:
+        if node.name not in stored:
+            stored[node.name] = _stored_source(graph, node.name) is not None
+        return stored[node.name]
+
+    def folds(node: Node) -> bool:
+        return (not source(node) and node.op in FOLDED_OPS
+                and not graph.control_inputs(node.name))
+
     if ref.port:
         return False
-    if _stored_source(graph, node.name) is not None:
-        return True
-    if node.op not in FOLDED_OPS or not depth or graph.control_inputs(node.name):
-        return False
-    inputs = graph.inputs(node.name)
-    return bool(inputs) and all(_stored_value(graph, r, depth - 1) for r in inputs)
+    reached = graph.ancestors([ref.node], control=False, past=folds, depth=FOLDED_DEPTH)
+    for name in sorted(reached):
+        node = graph.node(name)
+        if source(node):
+            continue
+        inputs = graph.inputs(name)
+        if not folds(node) or not inputs or any(r.port or r.node not in reached for r in inputs):
+            return False   # not folded, or past the bound (what it reads was not reached)
+    return True

@@ -156,17 +156,12 @@ class Shapes:
 
 
 def const_behind(graph: Graph, ref: TensorRef) -> Node | None:
-    """The Const ``ref`` reads, through up to 8 Identity ops (a frozen graph's ``/read``), or
-    None."""
-    node = graph.node(ref.node)
-    for _ in range(8):
-        if node.op == "Const":
-            return node
-        inputs = graph.inputs(node.name)
-        if node.op != "Identity" or len(inputs) != 1:
-            return None
-        node = graph.node(inputs[0].node)
-    return None
+    """The Const ``ref`` reads, through Identity ops (a frozen graph's ``/read``), or None."""
+    node = graph.node(graph.origin(ref.node, _IDENTITY))
+    return node if node.op == "Const" else None
+
+
+_IDENTITY = frozenset({"Identity"})
 
 
 # elementwise ops grappler's constant folding computes where every input is a Const: what a
@@ -179,35 +174,58 @@ _FOLDED = {"Identity": lambda a: a, "Snapshot": lambda a: a, "Neg": np.negative,
            "Minimum": np.minimum}
 #: the ops :func:`folded_value` computes (the cost model's frozen estimate walks the same ops)
 FOLDED_OPS = frozenset(_FOLDED)
+#: how many of them a value is looked for through, up from where it is read: a frozen Keras
+#: batch norm's offset is four deep; the bound keeps a look-up from walking a residual stream
+#: of Adds (each of which may be asked about)
+FOLDED_DEPTH = 12
 # the largest value worked out: batch-norm vectors are one value per channel
 _FOLDED_MAX = 1 << 16
 
 
-def folded_value(graph: Graph, ref: TensorRef, depth: int = 12) -> np.ndarray | None:
+def folded_value(graph: Graph, ref: TensorRef) -> np.ndarray | None:
     """The value of ``ref`` where it is a Const or computed from Consts alone by the elementwise
-    ops constant folding evaluates (:data:`_FOLDED`, through up to ``depth`` of them), with no
-    control input on the way and at most 65536 values each; None otherwise (a variable, a
-    placeholder, another op, a malformed Const)."""
-    node = graph.node(ref.node)
+    ops constant folding evaluates (:data:`_FOLDED`, through up to :data:`FOLDED_DEPTH` of
+    them), each reading output 0 of what it reads, with no control input on the way and at
+    most 65536 values each; None otherwise (a variable, a placeholder, another op, a malformed
+    Const). What it is computed from is the IR's walk up through those ops, evaluated in the
+    IR's topological order of what the walk reached."""
     if ref.port:
         return None
-    if node.op == "Const":
-        tensor = node.attr["value"].tensor
-        if math.prod(d.size for d in tensor.tensor_shape.dim) > _FOLDED_MAX:
-            return None
-        try:
-            return tensor_util.MakeNdarray(tensor)
-        except (TypeError, ValueError):
-            return None
-    fn = _FOLDED.get(node.op)
-    if fn is None or not depth or graph.control_inputs(node.name):
-        return None
-    args = [folded_value(graph, r, depth - 1) for r in graph.inputs(node.name)]
-    if not args or any(a is None for a in args):
+
+    def folds(node: Node) -> bool:
+        return node.op in _FOLDED and not graph.control_inputs(node.name)
+
+    reached = graph.ancestors([ref.node], control=False, past=folds, depth=FOLDED_DEPTH)
+    values: dict[str, np.ndarray | None] = {}
+    for name in graph.topological_order(among=reached):
+        node = graph.node(name)
+        if node.op == "Const":
+            values[name] = _const_value(node)
+            continue
+        inputs = graph.inputs(name)
+        args = [values.get(r.node) if not r.port else None for r in inputs]
+        values[name] = (_fold(node.op, args) if folds(node) and args
+                        and all(a is not None for a in args) else None)
+    return values[ref.node]
+
+
+def _const_value(node: Node) -> np.ndarray | None:
+    """A Const's value, where it holds at most :data:`_FOLDED_MAX` values and reads."""
+    tensor = node.attr["value"].tensor
+    if math.prod(d.size for d in tensor.tensor_shape.dim) > _FOLDED_MAX:
         return None
     try:
+        return tensor_util.MakeNdarray(tensor)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fold(op: str, args: list[np.ndarray]) -> np.ndarray | None:
+    """What constant folding computes for ``op`` of ``args``, or None (it fails, or it is more
+    than :data:`_FOLDED_MAX` values)."""
+    try:
         with np.errstate(all="ignore"):
-            out = np.asarray(fn(*args))
+            out = np.asarray(_FOLDED[op](*args))
     except (TypeError, ValueError):
         return None
     return out if out.size <= _FOLDED_MAX else None
