@@ -1,0 +1,117 @@
+"""The cost model's rates are data: the shipped table, a table measured on this CPU (found by
+this machine's key in a per-user folder), or ``--costs FILE``; a conversion says which it
+weighed with, and a malformed table is one line, exit 2.
+
+Hermetic: conftest.py points ``AMP_REWRITE_COSTS_DIR`` at an empty folder of the suite's own,
+and the tests that need a measured table point it at their ``tmp_path``."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from amp_rewrite.core.errors import InputError
+from amp_rewrite.rules import cost_table
+from amp_rewrite.rules.cost_table import (DIR_VARIABLE, RATES, UNFUSED, UNFUSED_OPS, choose,
+                                          format_table, machine_key, measured_path, read_table,
+                                          shipped)
+
+ROOT = Path(__file__).resolve().parent.parent
+# the shipped rates, as docs/decisions.md "The cost model" lists them (test_docs checks the page)
+SHIPPED_RATES = {"saved_ps_per_flop": 0.9, "fp32_ps_per_flop": 2.0, "cast_ps_per_element": 150,
+                 "folded_ps_per_element": 120}
+SHIPPED_UNFUSED = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "LeakyRelu": 101,
+                   "Sigmoid": 706, "Tanh": 198, "Softplus": 886, "Erf": 235, "Exp": 163}
+
+
+def _write(path: Path, rates=None, unfused=None, key=None, **measured) -> Path:
+    """A table as ``costs measure`` writes it: the shipped rates, changed by ``rates`` and
+    ``unfused``; ``key`` this machine's unless given."""
+    meta = {"cpu": "a test CPU", "tensorflow": "2.21.0", "key": key or machine_key(), **measured}
+    path.write_text(format_table({**SHIPPED_RATES, **(rates or {})},
+                                 {**SHIPPED_UNFUSED, **(unfused or {})}, meta))
+    return path
+
+
+@pytest.mark.fast
+def test_the_shipped_table_holds_every_rate_with_its_unit_and_where_it_was_measured():
+    table = shipped()
+    assert {name: getattr(table, name) for name in RATES} == SHIPPED_RATES
+    assert dict(table.unfused_ps_per_element) == SHIPPED_UNFUSED
+    assert (table.kind, table.path, table.cpu) == ("shipped", None, "AMD EPYC: AVX512-BF16, no AMX")
+    assert cost_table.shipped_path().read_bytes() == (ROOT / "rules" / "costs.toml").read_bytes()
+    text = (ROOT / "rules" / "costs.toml").read_text()
+    lines = text.splitlines()
+    for name in RATES:   # each rate says, just above it, its unit and where its number comes from
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{name} ="))
+        start = at
+        while lines[start - 1].startswith("#"):
+            start -= 1
+        comment = " ".join(lines[start:at])
+        assert comment.startswith("# ps ") and re.search(r"\d", comment), name
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("edit, line, says", [
+    (lambda t: t + "\nnonsense = 1\n", 0, "unknown key 'nonsense'"),
+    (lambda t: t.replace("cast_ps_per_element = 150", "cast_ps_per_element = -1"),
+     "cast_ps_per_element", "a time, must be 0 or more"),
+    (lambda t: t.replace("saved_ps_per_flop = 0.9", 'saved_ps_per_flop = "fast"'),
+     "saved_ps_per_flop", "must be a finite number"),
+    (lambda t: t.replace("saved_ps_per_flop = 0.9", "saved_ps_per_flop = nan"),
+     "saved_ps_per_flop", "must be a finite number"),
+    (lambda t: t.replace("folded_ps_per_element = 120\n", ""), "[rates]", "has no folded_ps_per_element"),
+    (lambda t: t.replace("Relu6 = 218", "Gelu = 218"), "Gelu", "unknown key 'Gelu'"),
+    (lambda t: t.replace('cpu = "a test CPU"\n', ""), "[measured]", "has no cpu"),
+    (lambda t: t.replace("[rates]", "[rate]"), "[rate]", "unknown key 'rate'"),
+    (lambda t: t.replace("quick = false", "quick = 1"), "quick", "must be a bool"),
+    (lambda t: t + "[[broken", 0, "not valid TOML"),
+])
+def test_a_malformed_table_is_one_error_naming_the_file_and_the_line(tmp_path, edit, line, says):
+    good = _write(tmp_path / "good.toml", quick=False).read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(edit(good))
+    with pytest.raises(InputError) as caught:
+        read_table(bad)
+    message = str(caught.value)
+    assert says in message and "\n" not in message, message
+    if line:   # the line of the key it names
+        lines = bad.read_text().splitlines()
+        number = next(i for i, text in enumerate(lines, 1) if text.startswith(line))
+        assert message.startswith(f"{bad}:{number}: "), message
+
+
+@pytest.mark.fast
+def test_a_conversion_takes_the_named_table_else_this_machines_else_the_shipped(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(DIR_VARIABLE, str(tmp_path / "measured"))
+    assert choose() is shipped() and choose("shipped") is shipped()
+    # this machine's table, where conversions look for it
+    mine = measured_path()
+    assert mine.parent == tmp_path / "measured" and mine.name.startswith("costs-")
+    mine.parent.mkdir()
+    _write(mine, rates={"saved_ps_per_flop": 9.5})
+    found = choose()
+    assert (found.kind, found.path, found.saved_ps_per_flop) == ("measured", str(mine), 9.5)
+    # --costs names a table, whatever this machine has
+    other = _write(tmp_path / "other.toml", rates={"saved_ps_per_flop": 3.0}, key="another CPU")
+    assert (choose(other).kind, choose(other).saved_ps_per_flop) == ("file", 3.0)
+    assert choose("shipped") is shipped()
+    # a table in this machine's place that says it is another's: copied there, or the
+    # machine changed (another TensorFlow): refused, naming it
+    _write(mine, key="another CPU | avx2 | tensorflow 2.0.0")
+    with pytest.raises(InputError, match="measured for 'another CPU"):
+        choose()
+    # the key holds the CPU model, its flags and TensorFlow's version; the place follows it
+    assert measured_path("a | b | tensorflow 1") != measured_path("a | b | tensorflow 2")
+
+
+@pytest.mark.fast
+def test_measured_tables_live_in_the_users_cache_unless_told(tmp_path, monkeypatch):
+    monkeypatch.delenv(DIR_VARIABLE)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cost_table.costs_dir() == tmp_path / "xdg" / "amp-rewrite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cost_table.costs_dir() == Path.home() / ".cache" / "amp-rewrite"
+    monkeypatch.setenv(DIR_VARIABLE, str(tmp_path / "mine"))
+    assert cost_table.costs_dir() == tmp_path / "mine"
