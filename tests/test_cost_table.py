@@ -5,7 +5,9 @@ weighed with, and a malformed table is one line, exit 2.
 Hermetic: conftest.py points ``AMP_REWRITE_COSTS_DIR`` at an empty folder of the suite's own,
 and the tests that need a measured table point it at their ``tmp_path``."""
 
+import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,90 @@ def test_measured_tables_live_in_the_users_cache_unless_told(tmp_path, monkeypat
     assert cost_table.costs_dir() == Path.home() / ".cache" / "amp-rewrite"
     monkeypatch.setenv(DIR_VARIABLE, str(tmp_path / "mine"))
     assert cost_table.costs_dir() == tmp_path / "mine"
+
+
+def test_costs_measure_quick_writes_a_table_a_conversion_reads(tmp_path, capsys):
+    """The command end to end, in seconds: the table it writes is read back as this machine's
+    measurement (quick, its key), every rate a number; --quick refuses to write where
+    conversions look for this CPU's table."""
+    from amp_rewrite.cli.run import main
+    out = tmp_path / "quick.toml"
+    assert main(["costs", "measure", "--quick", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"wrote {out}\ncost table: the cost table {out} (--costs;")
+    table = read_table(out)
+    data = tomllib.loads(out.read_text())
+    assert data["measured"]["key"] == machine_key() and data["measured"]["quick"] is True
+    assert table.quick and set(table.unfused_ps_per_element) == set(UNFUSED_OPS)
+    assert main(["costs", "measure", "--quick"]) == 2
+    assert "writes only where -o FILE says" in capsys.readouterr().err
+    assert not measured_path().exists()
+    assert main(["costs", "measure", "--quick", "-o", str(out)]) == 2   # exists: --force
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_a_conversion_weighs_with_this_cpus_measured_table_and_says_so(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The inverted residual block stays float32 by the shipped rates (its Relu6 lose more than
+    its convolutions save); with a table measured here where matrix work saves 30 times as
+    much (an AMX CPU's kind of figure), it paints, and the report and the summary say which
+    table decided. --costs shipped takes the defaults back; a malformed measured table is one
+    line, exit 2."""
+    from test_costs import inverted_residual
+
+    from amp_rewrite.cli.run import main
+    src = tmp_path / "block.pb"
+    src.write_bytes(inverted_residual().SerializeToString())
+    flags = ["--target", "bfloat16", "--device", "cpu", "--force"]
+
+    def convert(*more):
+        code = main([str(src), "-o", str(tmp_path / "out.pb"), *flags,
+                     "--report", str(tmp_path / "r.json"), *more])
+        out = capsys.readouterr()
+        report = json.loads((tmp_path / "r.json").read_text()) if code == 0 else None
+        return code, out, report
+
+    monkeypatch.setenv(DIR_VARIABLE, str(tmp_path / "measured"))
+    _, out, shipped_report = convert()
+    expand = lambda r: next(n for n in r["nodes"] if n["name"] == "expand")  # noqa: E731
+    assert expand(shipped_report)["code"] == "cost"
+    assert shipped_report["cost_model"]["costs"]["table"] == "shipped"
+    assert "cost_model: islands weighed at an open batch as 1, with the shipped cost table" in out.out
+
+    mine = measured_path()
+    mine.parent.mkdir()
+    _write(mine, rates={"saved_ps_per_flop": 27.0})
+    _, out, measured = convert()
+    assert expand(measured)["precision"] == "bfloat16"
+    costs = measured["cost_model"]["costs"]
+    assert (costs["table"], costs["path"], costs["rates"]["saved_ps_per_flop"]) == (
+        "measured", str(mine), 27.0)
+    assert f"with the cost table measured on this CPU ({mine})" in out.out
+
+    _, _, back = convert("--costs", "shipped")
+    assert expand(back)["code"] == "cost" and back["cost_model"]["costs"]["table"] == "shipped"
+
+    mine.write_text(mine.read_text().replace("Relu = 43", "Relu = fast"))
+    code, out, _ = convert()
+    assert code == 2 and out.err.count("\n") == 1 and f"{mine}:" in out.err, out.err
+    assert "not valid TOML" in out.err
+
+
+def test_costs_is_checked_before_any_work_and_only_where_a_cost_model_weighs(tmp_path, capsys):
+    from amp_rewrite.cli.run import main
+    src = ROOT / "examples" / "cnn_fp32.pb"
+    bf16 = ["--target", "bfloat16", "--device", "cpu"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rates]\nsaved_ps_per_flop = 1\n")
+    cases = [([*bf16, "--costs", str(bad)], f"{bad}:1: no [measured] table"),
+             ([*bf16, "--costs", str(tmp_path / "none.toml")], "no such file"),
+             (["--costs", "shipped"], "a float16 conversion for gpu has no such cost model")]
+    for flags, says in cases:
+        assert main([str(src), "-o", str(tmp_path / "out.pb"), *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out.pb").exists()
+    assert main(["costs", "show", "--quick"]) == 2
+    assert "costs show takes no --quick" in capsys.readouterr().err
+    assert main(["costs", "show", "--costs", str(_write(tmp_path / "t.toml"))]) == 0
+    assert capsys.readouterr().out.startswith(f"cost table: the cost table {tmp_path / 't.toml'}")
