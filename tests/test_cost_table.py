@@ -204,3 +204,54 @@ def test_costs_is_checked_before_any_work_and_only_where_a_cost_model_weighs(tmp
     assert "costs show takes no --quick" in capsys.readouterr().err
     assert main(["costs", "show", "--costs", str(_write(tmp_path / "t.toml"))]) == 0
     assert capsys.readouterr().out.startswith(f"cost table: the cost table {tmp_path / 't.toml'}")
+
+
+def _op_costs_rows() -> dict[str, tuple[float, float, str]]:
+    """BENCHMARKS.md "Op costs in bfloat16 on this CPU": op -> (float32 ms, bfloat16 ms, per unit)."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    section = text.split("## Op costs in bfloat16 on this CPU\n", 1)[1].split("\n## ")[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and re.match(r"^-?\d", cells[1]):
+            rows[cells[0]] = (float(cells[1]), float(cells[2]), cells[3])
+    return rows
+
+
+@pytest.mark.fast
+def test_the_cost_model_page_states_the_shipped_rates_and_where_each_comes_from():
+    """docs/decisions.md "The cost model" lists every rate with its unit and the shipped value,
+    and the figures it derives them from are the benchmark's: each saving and loss as
+    BENCHMARKS.md prints it, the float32 times per FLOP and per element worked out from its
+    milliseconds (8x56x56x144 elements)."""
+    page = (ROOT / "docs" / "decisions.md").read_text()
+    section = page.split("## The cost model\n", 1)[1].split("\n## ")[0]
+    listed = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`"):
+            listed[cells[0].strip("`")] = cells[1:]
+    assert set(listed) == set(RATES) | {UNFUSED}
+    table = shipped()
+    for name, (unit, *_) in RATES.items():
+        assert listed[name][0] == unit and float(listed[name][1]) == getattr(table, name), name
+    assert listed[UNFUSED][1] == ", ".join(f"{op} {v:g}" for op, v in SHIPPED_UNFUSED.items())
+    bench = _op_costs_rows()
+    for op, rate in SHIPPED_UNFUSED.items():
+        assert bench[op][2] == f"costs {rate} ps per element", op
+    n = 8 * 56 * 56 * 144
+    saves = {"Conv2D 1x1, 144 -> 144": 0.95, "Conv2D 3x3, 144 -> 144": 0.93,
+             "MatMul 144 -> 576": 0.89}
+    for op, saved in saves.items():
+        assert bench[op][2] == f"saves {saved:.2f} ps per FLOP"
+    assert "(0.95, 0.93, 0.89), rounded down" in listed["saved_ps_per_flop"][3]
+    assert int(sorted(saves.values())[1] * 10) / 10 == table.saved_ps_per_flop
+    flops = {"Conv2D 3x3, 144 -> 144": 2 * 9 * 144 * n, "Conv2D 1x1, 144 -> 144": 2 * 144 * n,
+             "MatMul 144 -> 576": 2 * 144 * 576 * n // 144}
+    fp32 = [round(bench[op][0] * 1e9 / f, 1) for op, f in flops.items()]
+    assert f"({', '.join(map(str, fp32))})" in listed["fp32_ps_per_flop"][3]
+    assert round(sorted(fp32)[1]) == table.fp32_ps_per_flop
+    folded = [round(bench[op][0] * 1e9 / n) for op in ("Mul (per-channel vector)",
+                                                      "AddV2 (per-channel vector)")]
+    assert f"({folded[0]}, {folded[1]})" in listed["folded_ps_per_element"][3]
+    assert round(sum(folded) / 2, -1) == table.folded_ps_per_element
