@@ -255,3 +255,15 @@ def test_the_cost_model_page_states_the_shipped_rates_and_where_each_comes_from(
                                                       "AddV2 (per-channel vector)")]
     assert f"({folded[0]}, {folded[1]})" in listed["folded_ps_per_element"][3]
     assert round(sum(folded) / 2, -1) == table.folded_ps_per_element
+
+
+def test_the_python_api_takes_a_table_too(tmp_path):
+    from test_costs import inverted_residual
+
+    from amp_rewrite import convert
+    table = _write(tmp_path / "fast.toml", rates={"saved_ps_per_flop": 27.0})
+    _, report = convert(inverted_residual(), target="bfloat16", device="cpu", costs=table)
+    assert report.node("expand").precision == "bfloat16"
+    assert report.extra["cost_model"]["costs"]["path"] == str(table)
+    _, report = convert(inverted_residual(), target="bfloat16", device="cpu")
+    assert report.node("expand").code == "cost"
