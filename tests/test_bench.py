@@ -4,13 +4,16 @@ No speed is asserted here (timed assertions are flaky on a shared machine): the 
 lives in benchmarks/inference.py and BENCHMARKS.md.
 """
 
+import html
 import json
 import re
+import shlex
 
 import pytest
 from test_verify import EXAMPLE, cnn_bf16  # noqa: F401  (the example CNN and its bf16 conversion)
 
 from amp_rewrite import cli
+from amp_rewrite.cli.run import parse
 from amp_rewrite.tools.bench import bench, time_interleaved
 
 
@@ -53,7 +56,13 @@ def test_the_model_doing_more_work_is_the_slower_one(light_and_heavy, tmp_path, 
     assert r["converted"]["throughput"] < r["original"]["throughput"]
     assert 0 < r["speedup_p10"] <= r["speedup_p90"] < 1 and r["speedup"] < 1
     assert f"{r['speedup']:.2f}" in printed
-    assert (tmp_path / "b.html").stat().st_size > 0
+    # not faster: the page's next command looks at the kernels the slower model ran, fed the
+    # same shapes, and the CLI takes it
+    page = (tmp_path / "b.html").read_text()
+    command = re.search(r'<code id="next-command">([^<]*)</code>', page).group(1)
+    argv = shlex.split(html.unescape(command))
+    assert argv == ["amp-rewrite", "kernels", str(heavy), "--shape", "x=512,256"]
+    assert parse(argv[1:])[0] == "kernels"
     swapped = bench(heavy, light, runs=3, warmup=1, shapes={"x": (512, 256)})
     assert swapped.speedup > 1 and min(swapped.round_speedups) > 1
 

@@ -162,3 +162,61 @@ def test_einsum_weights_count_as_matmul_weights(width):
         assert all(n.precision == "float32" and n.code == "cost" for n in einsums)
     else:
         assert all(n.precision == "bfloat16" for n in einsums)
+
+
+def recorded_graph():
+    """A convolution, a depthwise one and a MatMul at batch 2, and a MatMul whose inner size
+    the graph leaves open; the weights are Consts."""
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [BATCH, 12, 12, 8], name="x")
+        w = tf.constant(r.normal(0, 0.1, (3, 3, 8, 16)).astype(np.float32))
+        y = tf.nn.relu(tf.nn.conv2d(x, w, 2, "SAME", name="conv"))
+        dw = tf.constant(r.normal(0, 0.1, (3, 3, 16, 1)).astype(np.float32))
+        y = tf.nn.depthwise_conv2d(y, dw, [1, 1, 1, 1], "SAME", name="dw")
+        flat = tf.reshape(y, [BATCH, 6 * 6 * 16])
+        m = tf.constant(r.normal(0, 0.1, (6 * 6 * 16, 10)).astype(np.float32))
+        tf.identity(tf.matmul(flat, m, name="dense"), name="logits")
+        z = v1.placeholder(tf.float32, [BATCH, None], name="z")
+        tf.identity(tf.matmul(z, tf.transpose(z), name="open"), name="gram")
+    return g
+
+
+def test_the_report_records_each_matrix_ops_flops_as_tensorflow_counts_them():
+    """The report's ``flops`` on each matrix op are TensorFlow's profiler count; an op whose
+    inner size the graph leaves open has none (null), and the summary counts it apart; the
+    summary's FLOPs by dtype add up the known ones."""
+    g = recorded_graph()
+    tf_flops = _profiled(g)
+    _, report = convert(g.as_graph_def(), target="bfloat16", device="cpu", min_matrix_intensity=0)
+    matrix = {n.name: n for n in report.nodes if n.op in ("Conv2D", "DepthwiseConv2dNative",
+                                                          "MatMul")}
+    assert set(matrix) == {"conv", "dw", "dense", "open"}
+    for name in ("conv", "dw", "dense"):
+        assert matrix[name].flops == tf_flops[name], name
+    assert matrix["open"].flops is None
+    s = report.summary()
+    assert s["matrix_flops_unknown"] == 1
+    assert s["matrix_flops_by_dtype"] == {"bfloat16": sum(tf_flops[n] for n in ("conv", "dw", "dense"))}
+    data = report.to_dict()
+    written = {n["name"]: n for n in data["nodes"]}
+    assert written["open"]["flops"] is None and "flops" not in written["logits"]
+
+
+def test_the_cost_models_estimate_for_the_whole_graph_reads_the_recorded_flops():
+    """bfloat16 on a CPU with the cost model on: the matrix work at float32's rate, what the
+    bfloat16 matrix ops save at the rate the islands are weighed at; the op whose FLOPs are
+    not known counted apart. float16 (no cost model) has no estimate."""
+    from amp_rewrite.rules.cost_table import shipped
+    FP32_PS_PER_FLOP, SAVED_PS_PER_FLOP = shipped().fp32_ps_per_flop, shipped().saved_ps_per_flop
+    gd = recorded_graph().as_graph_def()
+    _, report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=1e-9)
+    est = report.to_dict()["estimate"]
+    flops = {n.name: n.flops for n in report.nodes if n.flops is not None}
+    lowp = sum(f for name, f in flops.items() if report.node(name).precision == "bfloat16")
+    assert lowp and est["fp32_us"] == pytest.approx(sum(flops.values()) * FP32_PS_PER_FLOP * 1e-6,
+                                                    abs=1e-3)
+    assert est["saved_us"] == pytest.approx(lowp * SAVED_PS_PER_FLOP * 1e-6, abs=1e-3)
+    assert est["unknown"] == (report.node("open").precision == "bfloat16")
+    assert "estimate" not in convert(gd, target="float16")[1].to_dict()

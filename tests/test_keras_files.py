@@ -6,8 +6,11 @@ bench, kernels and tune take the Keras file too; a file Keras cannot load safely
 one line, and nothing is left behind (no output, no temporary folder, nothing beside the input).
 """
 
+import html
 import json
 import os
+import re
+import shlex
 import tempfile
 
 import keras
@@ -123,8 +126,14 @@ def test_the_commands_take_a_keras_file(gru, tmp_path, scratch_tmp, capsys):
     converted, report = tmp_path / "bf16", tmp_path / "bf16.json"
     common = ["--target", "bfloat16", "--device", "cpu"]
     assert run_cli(capsys, [keras_file, "-o", converted, *common, "--report", report])[0] == 0
-    code, out, err = run_cli(capsys, ["verify", keras_file, converted, "--inputs", data])
+    page = tmp_path / "verify.html"
+    code, out, err = run_cli(capsys, ["verify", keras_file, converted, "--inputs", data,
+                                      "--html", page])
     assert code == 0 and "verdict: within tolerance" in out, out + err
+    # the page's next command names the Keras file as given, not its export (gone by then)
+    command = re.search(r'<code id="next-command">([^<]*)</code>', page.read_text()).group(1)
+    assert shlex.split(html.unescape(command)) == [
+        "amp-rewrite", "bench", str(keras_file), str(converted), "--inputs", str(data)]
     # the Dense head's MatMul, by its name inside the function (the function's name carries
     # TensorFlow's trace counter)
     head, = [n["name"].split("/", 1)[1] for n in json.loads(report.read_text())["nodes"]

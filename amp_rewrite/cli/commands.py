@@ -24,6 +24,7 @@ from ..io.keras_files import saved_models
 from ..io.load import load
 from ..io.save import stage
 from ..report import html, tensorboard
+from ..report.steps import Given
 from ..rules import cost_table
 from ..rules.loader import LISTS, load_rules
 from ..tools import bench as bench_mod
@@ -56,10 +57,25 @@ def run(command: str, args) -> int:
     if not keras_args:
         return _COMMANDS[command](args)
     with saved_models([getattr(args, name) for name in keras_args]) as exports:
-        args = argparse.Namespace(**vars(args))
+        # the pages name the models as the user typed them (their next command runs the
+        # Keras file again), not the export that lives as long as this command
+        args = argparse.Namespace(**vars(args), typed={n: getattr(args, n) for n in keras_args})
         for name, path in zip(keras_args, exports):
             setattr(args, name, str(path))
         return _COMMANDS[command](args)
+
+
+def _typed(args, name: str) -> str:
+    """The path argument ``name`` as the user typed it (a Keras file, not its export)."""
+    return getattr(args, "typed", {}).get(name, getattr(args, name))
+
+
+def _where(target: str | None) -> str:
+    """The pages' line on this machine: the CPU and what ``target`` means on it, or that
+    TensorFlow runs the models on a GPU here."""
+    if hardware.gpu_visible():
+        return "TensorFlow sees a GPU here, and runs the models on it"
+    return hardware.machine_line(target)
 
 
 def convert(args) -> int:
@@ -74,8 +90,10 @@ def convert(args) -> int:
         if args.report:
             outputs.add_file(args.report, report.to_json().encode("utf-8"), force=args.force)
         if args.html:
-            outputs.add_file(args.html, html.convert_page(report.to_dict()).encode("utf-8"),
-                             force=args.force)
+            given = Given(_typed(args, "input"), args.output, tuple(args.calibration or ()),
+                          tuple(args.shape))
+            page = html.convert_page(report.to_dict(), where=_where(args.target), given=given)
+            outputs.add_file(args.html, page.encode("utf-8"), force=args.force)
         if args.tensorboard:
             event = tensorboard.stage_tensorboard(outputs, args.tensorboard, model.graph_def)
         outputs.commit()
@@ -167,7 +185,9 @@ def verify(args) -> int:
             print(hardware.machine_line(_target(result.criteria.dtype)))
         print(verify_mod.format_result(result, args.top))
     if args.html:
-        page = html.verify_page(result, args.converted, args.report)
+        page = html.verify_page(result, args.converted, args.report,
+                                where=_where(_target(result.criteria.dtype)),
+                                given=_given_models(args))
         atomic_write(Path(args.html), page.encode("utf-8"), force=args.force)
     return 0 if result.ok else 1
 
@@ -194,7 +214,9 @@ def bench(args) -> int:
         if args.json:
             outputs.add_file(args.json, _json_bytes(result.to_dict()), force=args.force)
         if args.html:
-            page = html.bench_page(result, args.converted)
+            page = html.bench_page(result, args.converted,
+                                   where=_where(_model_target(args.converted)),
+                                   given=_given_models(args))
             outputs.add_file(args.html, page.encode("utf-8"), force=args.force)
         outputs.commit()
     if not args.quiet:
@@ -218,7 +240,7 @@ def tune(args) -> int:
                            report=args.report, init_ops=args.init_op,
                            allow_holdout_failure=args.allow_holdout_failure,
                            nonfinite_reference=args.allow_nonfinite_reference,
-                           error_margin=args.error_margin,
+                           error_margin=args.error_margin, pages=_tune_pages(args),
                            **({} if args.headroom is None else {"headroom": args.headroom}))
     if bar is not None:
         sys.stderr.write("\n")
@@ -238,6 +260,16 @@ def tune(args) -> int:
         print(f"wrote {args.output} and {result.rules_file}")
         print(result.summary())
     return 0
+
+
+def _tune_pages(args) -> dict:
+    """tune's ``--html``: the page of the tuned conversion, made once tune passed."""
+    if not args.html:
+        return {}
+    given = Given(args.input, args.output, tuple(args.inputs), tuple(args.shape), args.signature)
+    return {args.html: lambda result: html.tune_page(
+        result.to_dict(), result.report.to_dict(), where=_where(result.target),
+        given=given).encode("utf-8")}
 
 
 def costs(args) -> int:
@@ -275,6 +307,12 @@ def ranges(args) -> int:
     if not args.quiet:
         print(ranges_mod.format_ranges(found, args.top, headroom))
     return 0
+
+
+def _given_models(args) -> Given:
+    """What verify or bench was given, for the pages' next command."""
+    return Given(_typed(args, "original"), _typed(args, "converted"),
+                 (args.inputs,) if args.inputs else (), tuple(args.shape), args.signature)
 
 
 def _target(dtype: str) -> str | None:

@@ -370,6 +370,8 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
                    "else the nodes nothing reads)")
     _init_op_flag(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
+    p.add_argument("--html", metavar="REPORT.html",
+                   help="also write a self-contained HTML report of the tuned conversion")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
 
 
@@ -442,7 +444,7 @@ def _check_paths(command: str, args) -> None:
     written = []
     for flag in ("html", "json"):
         path = getattr(args, flag, None)
-        if path and command != "convert":
+        if path and command not in ("convert", "tune"):   # (theirs are checked with theirs)
             _check_output(path, f"--{flag} file", force=args.force, inputs=inputs, outputs=written)
             written.append(path)
 
@@ -509,7 +511,8 @@ def _check_tune_outputs(args, inputs: list[str]) -> None:
     _check_model_output(args.input, args.output, force=args.force, inputs=inputs)
     written = [args.output]
     rules_out = args.rules_out or str(tune_rules_path(args.output))
-    for path, what in ((rules_out, "rules file"), (args.report, "--report file")):
+    for path, what in ((rules_out, "rules file"), (args.report, "--report file"),
+                       (args.html, "--html file")):
         if path:
             _check_output(path, what, force=args.force, inputs=inputs, outputs=written)
             written.append(path)

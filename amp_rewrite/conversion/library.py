@@ -283,7 +283,8 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
         mine = report.extra.setdefault("batch", {"ops": 0, "pays_from": 0})
         mine["ops"] += sub.extra["batch"]["ops"]
         mine["pays_from"] = max(mine["pays_from"], sub.extra["batch"]["pays_from"])
-    if "freezing" in sub.extra:   # what freezing would gain, summed over the bodies
-        total = report.extra.setdefault("freezing", {})
-        for key, value in sub.extra["freezing"].items():
-            total[key] = round(total.get(key, 0) + value, 3)
+    for key in ("freezing", "estimate"):   # what freezing would gain, the cost model's
+        if key in sub.extra:                # estimate: summed over the bodies
+            total = report.extra.setdefault(key, {})
+            for name, value in sub.extra[key].items():
+                total[name] = round(total.get(name, 0) + value, 3)

@@ -88,6 +88,8 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
                                  "pays_from": max(b for _, b in painting.batch_kept)}
     if painting.freezing:
         report.extra["freezing"] = painting.freezing
+    if painting.estimate:
+        report.extra["estimate"] = painting.estimate
     if before.unregistered_ops:
         report.warnings.append("ops not registered with TensorFlow left as they are: "
                                + ", ".join(sorted(before.unregistered_ops)))

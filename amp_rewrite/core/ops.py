@@ -28,6 +28,16 @@ VARIABLE_OPS = frozenset({
     "VarIsInitializedOp", "IsVariableInitialized", "ResourceGather", "ResourceGatherNd",
     "DestroyResourceOp", "_VarHandlesOp", "_ReadVariablesOp",
 })
+#: ops that compute nothing: they hold a value, pass it on, reshape it, feed the graph or steer
+#: its control flow. With the variable ops (and nodes of no float type) they are the plumbing
+#: the HTML report folds away behind a count, so the math is what a reader sees first
+PLUMBING_OPS = frozenset({
+    "Const", "Identity", "IdentityN", "Snapshot", "StopGradient", "PreventGradient",
+    "Reshape", "Squeeze", "ExpandDims", "Shape", "ShapeN", "Size", "Rank", "NoOp",
+    "Placeholder", "PlaceholderWithDefault", "PlaceholderV2", "Enter", "RefEnter", "Exit",
+    "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch", "NextIteration", "RefNextIteration",
+    "LoopCond", "ControlTrigger",
+}) | VARIABLE_OPS
 #: ops that create a variable (a checkpoint must hold its value)
 VARIABLE_CREATORS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 #: graph inputs

@@ -606,6 +606,52 @@ _FLOPS_PER_OUTPUT = {"Conv2D": _conv_flops, "DepthwiseConv2dNative": _conv_flops
                      "Einsum": _einsum_flops}
 
 
+
+def matrix_flops(graph: Graph, shapes: Shapes, node: Node) -> int | None:
+    """The FLOPs one matrix op does a run of the shapes the graph states, an open batch counted
+    as one sample (as :meth:`Shapes.elements` counts), as :func:`runtime_estimate` counts them;
+    None where a shape it needs is not known, where its rows are not (:data:`~amp_rewrite.schema.shapes.ROWS`: a count per
+    row is no count per run), or for an op this does not count (a fused op, an RNN cell)."""
+    count = _FLOPS_PER_OUTPUT.get(node.op)
+    if count is None:
+        return None
+    ref = TensorRef(node.name, 0)
+    per, elements = count(graph, shapes, node), shapes.elements(ref)
+    if per is None or elements is None or shapes.guessed(ref):
+        return None
+    return round(per * elements)
+
+
+def graph_estimate(flops: dict[str, int | None], lowp: set[str],
+                   weighed: list[tuple[set[str], Estimate | None]],
+                   costs: CostTable | None = None) -> dict:
+    """The cost model's estimate for a whole graph in bfloat16 on a CPU, from the FLOPs of its
+    matrix ops (``flops``, name -> :func:`matrix_flops`), the names that ended in bfloat16
+    (``lowp``) and the islands :func:`runtime_estimate` weighed (names, estimate): ``fp32_us``,
+    the matrix work at float32's rate (``costs.fp32_ps_per_flop``; None: the shipped table);
+    ``saved_us``, what the bfloat16 matrix ops save (``costs.saved_ps_per_flop``); ``lost_us``,
+    what their islands lose
+    to unfused activations and weight casts; ``unknown``, the bfloat16 matrix ops left out of
+    both, whose FLOPs or island estimate is not known (or that no weighed island held: painted
+    by an override after the weighing). Times in µs a run, a sample where the batch is open."""
+    costs = costs or shipped()
+    saved = lost = 0.0
+    unknown, weighed_ops = 0, set()
+    for names, est in weighed:
+        painted = [n for n in names if n in flops and n in lowp]
+        weighed_ops.update(painted)
+        if not painted:
+            continue
+        if est is None or est.per_row or any(flops[n] is None for n in painted):
+            unknown += len(painted)
+            continue
+        saved += sum(flops[n] for n in painted) * costs.saved_ps_per_flop * 1e-6
+        lost += est.lost_us + est.cast_us
+    unknown += sum(1 for n in flops if n in lowp and n not in weighed_ops)
+    fp32 = sum(f for f in flops.values() if f) * costs.fp32_ps_per_flop * 1e-6
+    return {"fp32_us": round(fp32, 3), "saved_us": round(saved, 3), "lost_us": round(lost, 3),
+            "unknown": unknown}
+
 # --- what freezing would gain (docs/savedmodels.md "When freezing gains") ---------------------
 # A graph whose weights are variables (a SavedModel) pays two things a frozen graph converted
 # with --fold-constants does not: the weights' casts on every run, and activations left unfused

@@ -45,6 +45,9 @@ class Painting:
     # (matrix ops, least batch that would pay) of islands kept float32 for weight casts
     batch_kept: list[tuple[int, int]] = field(default_factory=list)
     freezing: dict = field(default_factory=dict)   # costs.FreezeGain.to_dict(), if weighed
+    # each matrix op's FLOPs from the graph's shapes (costs.matrix_flops; None: not known)
+    flops: dict[str, int | None] = field(default_factory=dict)
+    estimate: dict = field(default_factory=dict)   # costs.graph_estimate(), if the model weighed
     _index: dict[str, list[TNode]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
 

@@ -22,7 +22,6 @@ import math
 
 from ..core import hardware
 from ..core.ops import MATRIX_OPS
-from ..schema.shapes import Shapes
 from .costs import (
     FOLDING_FUSES,
     Estimate,
@@ -46,8 +45,9 @@ def drop_cheap_islands(s: PaintState) -> None:
         text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix unit, "
                 f"so {s.tname} would run slower than float32 here")
     weigh = (s.tname, s.device) == ("bfloat16", "CPU")
-    # worked out on demand, for the islands runtime_estimate weighs
-    shapes = Shapes(s.graph, s.input_shapes)
+    if weigh and not no_unit:
+        s.weighed = []
+    shapes = s.shapes
     seen: set[int] = set()
     variables: bool | None = None   # whether the graph reads variables, once an island asks
     for start in sorted(s.allow):
@@ -67,6 +67,7 @@ def drop_cheap_islands(s: PaintState) -> None:
                     continue
                 names = {s.items[i][0] for i in island}
                 est = runtime_estimate(s.graph, shapes, names, s.batch, s.costs)
+                s.weighed.append((names, est))
                 matrix = sum(s.nodes[n].op in MATRIX_OPS for n in names)
                 # freezing could change it; a per-row estimate (no variable cast: shapes.ROWS)
                 # has no samples to add to the others'

@@ -7,7 +7,9 @@ op on no list. Nodes without type attributes get a node-level code.
 
 from __future__ import annotations
 
+from ..core.ops import MATRIX_OPS
 from ..schema.opdefs import called_function, device_type, node_types
+from .costs import graph_estimate, matrix_flops
 from .decisions import Decision, Painting
 from .state import PaintState
 
@@ -19,6 +21,7 @@ def record(s: PaintState) -> Painting:
     for idx, key in enumerate(s.items):
         decided = s.allow.get(idx) or s.blocked.get(idx)
         result.decisions[key] = decided if decided is not None else why_not(s, idx)
+    record_flops(s, result)
     for name, node in s.nodes.items():
         types = node_types(node)
         if called_function(node) is not None:
@@ -33,6 +36,16 @@ def record(s: PaintState) -> Painting:
             result.node_codes[name] = Decision(False, "no_type_attr",
                                                "op has no type attribute to change")
     return result
+
+
+def record_flops(s: PaintState, result: Painting) -> None:
+    """Each matrix op's FLOPs into ``result`` (what the report shows matrix work by, decided
+    by nothing) and, where the cost model weighed islands, its estimate for the whole graph."""
+    result.flops = {name: matrix_flops(s.graph, s.shapes, node)
+                    for name, node in s.nodes.items() if node.op in MATRIX_OPS}
+    if s.weighed is not None:
+        lowp = {name for name, _ in result.lowp}
+        result.estimate = graph_estimate(result.flops, lowp, s.weighed, s.costs)
 
 
 def why_not(s: PaintState, idx: int) -> Decision:

@@ -16,7 +16,8 @@ from ..core.ops import PLACEHOLDER_OPS, VARIABLE_OPS
 from ..rules.cost_table import CostTable, shipped
 from ..rules.loader import RuleSet
 from ..schema.opdefs import device_type, get_dtype, kernel_supports, node_types, output_dtype
-from .costs import FreezeGain
+from ..schema.shapes import Shapes
+from .costs import Estimate, FreezeGain
 from .decisions import Decision
 from .typegraph import TypeGraph
 
@@ -58,6 +59,12 @@ class PaintState:
         # what freezing the variables and --fold-constants would gain (paint.islands; the
         # freezing hint of a SavedModel's conversion)
         self.freezing = FreezeGain()
+        # static shapes, worked out on demand: for the islands the cost model weighs and the
+        # FLOPs the report records (paint.reasons); the graph does not change while painting
+        self.shapes = Shapes(graph, self.input_shapes)
+        # the islands the cost model weighed (names, estimate), None where it weighed none
+        # (paint.islands; the report's estimate for the whole graph)
+        self.weighed: list[tuple[set[str], Estimate | None]] | None = None
         self._kernel: dict[int, bool] = {}
         self._reads_ref: dict[str, bool] = {}
 

@@ -50,6 +50,16 @@ class NodeReport:
     reason: str             # the sentence explain prints
     via: list[str] = field(default_factory=list)
     attrs: dict[str, str] = field(default_factory=dict)   # type attr -> dtype after conversion
+    # a matrix op's FLOPs at the graph's shapes (paint.costs.matrix_flops; None: not known);
+    # written for matrix ops only
+    flops: int | None = None
+
+    def to_dict(self) -> dict:
+        """The node as the JSON report holds it: ``flops`` only on matrix ops."""
+        data = asdict(self)
+        if self.op not in MATRIX_OPS:
+            del data["flops"]
+        return data
 
 
 @dataclass
@@ -118,6 +128,8 @@ class Report:
             "matrix_converted": sum(1 for n in matrix if computes_in(n) == self.target),
             "matrix_total": len(matrix),
             "matrix_by_dtype": _by_dtype(matrix),
+            "matrix_flops_by_dtype": _flops_by_dtype(matrix),
+            "matrix_flops_unknown": sum(1 for n in matrix if n.flops is None),
             "float_ops_converted": sum(1 for n in floats if computes_in(n) == self.target),
             "float_ops_total": len(floats),
             "float_ops_by_dtype": _by_dtype(floats),
@@ -160,7 +172,7 @@ class Report:
             "casts_added": self.casts_added,
             "casts_removed": self.casts_removed,
             "consts_converted": self.consts_converted,
-            "nodes": [asdict(n) for n in self.nodes],
+            "nodes": [n.to_dict() for n in self.nodes],
             **self.extra,
         }
 
@@ -222,6 +234,15 @@ def computes_in(node: NodeReport) -> str:
 
 def _by_dtype(nodes: list[NodeReport]) -> dict[str, int]:
     return dict(sorted(Counter(computes_in(n) for n in nodes).items()))
+
+
+def _flops_by_dtype(matrix: list[NodeReport]) -> dict[str, int]:
+    """The FLOPs of the matrix ops whose FLOPs are known, by the dtype they compute in."""
+    found: Counter = Counter()
+    for n in matrix:
+        if n.flops is not None:
+            found[computes_in(n)] += n.flops
+    return dict(sorted(found.items()))
 
 
 def _besides(by_dtype: dict[str, int], target: str) -> str:
@@ -350,7 +371,8 @@ def build_report(graph: Graph, original: Before, painting: Painting, *, target: 
         decision = painting.node_decision(name)
         nodes.append(NodeReport(name, op, precision, decision.code if decision else "none",
                                 decision.text if decision else "",
-                                list(decision.via) if decision else [], dict(named)))
+                                list(decision.via) if decision else [], dict(named),
+                                painting.flops.get(name)))
     return Report(target=target, device=device, rules=list(rules.sources), env=list(rules.env),
                   level=rules.level, nodes=nodes, warnings=list(painting.warnings))
 

@@ -339,6 +339,15 @@ class TuneResult:
     def graph_def(self):
         return self.model.graph_def
 
+    def to_dict(self) -> dict:
+        """The verdict and the search's figures, as the HTML page reads them."""
+        return {"ok": self.ok, "metric": self.metric, "tolerance": self.tolerance,
+                "error_margin": self.error_margin, "samples": self.samples,
+                "trials": self.trials, "before": self.before, "after": self.after,
+                "kept": len(self.kept), "forced": len(self.forced),
+                "holdout_after": self.holdout_after, "holdout_failure": self.holdout_failure,
+                "target": self.target, "summary": self.summary()}
+
     def _margin_note(self) -> str:
         if self.error_margin == 1:
             return ""
@@ -762,6 +771,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
          report: str | os.PathLike | None = None, init_ops: Sequence[str] = (),
          headroom: float = HEADROOM, allow_holdout_failure: bool = False,
          error_margin: float = 1.0, nonfinite_reference: bool = False,
+         pages: Mapping[str | os.PathLike, Callable[[TuneResult], bytes]] | None = None,
          **options) -> TuneResult:
     """Convert ``model`` keeping the fewest nodes in float32 for which every feed set of
     ``feeds`` meets ``metric <= tolerance`` (see the module docstring).
@@ -790,7 +800,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
 
     When it passes and ``output`` is given, writes the converted model there, the chosen
     overrides to ``rules_out`` (default: beside the output, ``<output>.tune.toml``) and, if
-    given, the JSON report of the conversion to ``report``, all or none; an existing file is
+    given, the JSON report of the conversion to ``report`` and each of ``pages`` (path -> the
+    file's bytes made from the result: the CLI's ``--html``), all or none; an existing file is
     replaced only with ``force``. When it does not pass, nothing is written and ``result.ok``
     is False, ``result.message`` says why.
     """
@@ -812,7 +823,7 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                          allow_holdout_failure=allow_holdout_failure)
         result.seconds = time.perf_counter() - started
         if result.ok and out_paths is not None:
-            _write(result, model, opts, out_paths, report, force)
+            _write(result, model, opts, out_paths, report, force, pages or {})
     return result
 
 
@@ -867,8 +878,10 @@ def _judge_holdout(tuner: _Tuner, result: TuneResult, start: _Trial, final: _Tri
                           "(--allow-holdout-failure writes it anyway)")
 
 
-def _write(result: TuneResult, model: Model, opts: Options, paths, report, force: bool) -> None:
-    """The tuned model, its rules file and (``report``) the JSON report, all or none."""
+def _write(result: TuneResult, model: Model, opts: Options, paths, report, force: bool,
+           pages: Mapping) -> None:
+    """The tuned model, its rules file, (``report``) the JSON report and the ``pages``, all
+    or none."""
     out, rules_path = paths
     with OutputSet() as written:    # checked before the search, each of them
         stage(result.model, out, written, force=force)
@@ -876,6 +889,8 @@ def _write(result: TuneResult, model: Model, opts: Options, paths, report, force
                          force=force)
         if report is not None:
             written.add_file(report, result.report.to_json().encode("utf-8"), force=force)
+        for path, page in pages.items():
+            written.add_file(path, page(result), force=force)
         written.commit()
     result.rules_file = str(rules_path)
 
