@@ -565,3 +565,18 @@ def test_rows_no_rule_knows_take_the_one_number_of_rows_the_island_states_or_non
     assert one.flops == 2 * (2 * 128 * 4 * 128) and one.slow == {"Tanh": 2}
     two = ["mm_a", "tanh_a", "mm_b", "tanh_b", "mm_u", "tanh_u"]
     assert runtime_estimate(graph, Shapes(graph), two) is None
+
+
+def test_a_call_of_a_function_the_library_lacks_orders_no_body():
+    """variable_argument_shapes orders the bodies callers first; a call naming a function the
+    library does not hold (a corrupted file, which the importer refuses later) is no caller
+    of any body, not a crash (tests/test_fuzz_input.py found it)."""
+    from tensorflow.core.framework import graph_pb2
+
+    from amp_rewrite.schema.functiondef import variable_argument_shapes
+    gd = graph_pb2.GraphDef()
+    f = gd.library.function.add()
+    f.signature.name = "f"
+    call = f.node_def.add(name="c", op="PartitionedCall")
+    call.attr["f"].func.name = ""
+    assert variable_argument_shapes(gd) == {}
