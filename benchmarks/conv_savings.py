@@ -3,7 +3,7 @@ estimates: oneDNN's own timings of every convolution primitive, FP32 and grapple
 painting of the same frozen Keras model, in one run.
 
 The cost model (``amp_rewrite/paint/costs.py``) credits a convolution in bfloat16 with
-``SAVED_PS_PER_FLOP`` a FLOP, measured on one op alone (BENCHMARKS.md "Op costs in bfloat16 on
+``saved_ps_per_flop`` a FLOP (the shipped table, ``rules/costs.toml``), measured on one op alone (BENCHMARKS.md "Op costs in bfloat16 on
 this CPU"). Inside MobileNetV2 the convolutions have few channels and move much data per FLOP;
 this measures what they save there. Each variant runs in a child process with
 ``ONEDNN_VERBOSE=1`` (oneDNN then prints each primitive's shape and milliseconds), ``--rounds``
@@ -38,7 +38,9 @@ from benchmd import publish  # noqa: E402
 from amp_rewrite.conversion.graph import Options  # noqa: E402
 from amp_rewrite.core import hardware  # noqa: E402
 from amp_rewrite.tools.measured import measured_conversion  # noqa: E402
-from amp_rewrite.paint.costs import SAVED_PS_PER_FLOP  # noqa: E402
+from amp_rewrite.rules.cost_table import shipped  # noqa: E402
+
+SAVED_PS_PER_FLOP = shipped().saved_ps_per_flop
 
 SECTION = "## Convolution savings inside a model"
 MODELS = ("MobileNetV2", "MobileNetV2, batch norms set")
@@ -143,7 +145,7 @@ def run(rounds: int) -> str:
              f"primitive's milliseconds as oneDNN prints them, median of {rounds} runs after 3 "
              f"warm-up runs; on {hardware.describe()}, {os.cpu_count()} cores, TensorFlow "
              f"{tf.__version__}, Python {platform.python_version()}. \"Estimated\" is the cost "
-             f"model's saving, {SAVED_PS_PER_FLOP} ps a FLOP (`SAVED_PS_PER_FLOP`); the fit is "
+             f"model's saving, {SAVED_PS_PER_FLOP} ps a FLOP (`saved_ps_per_flop`); the fit is "
              "the least-squares saving per convolution as a ps a FLOP + b ps an element it reads "
              "or writes, with its mean absolute error over the saving. \"Whole model\": the "
              "same models timed as `benchmarks/keras_models.py` does (no verbose log; FP32, "

@@ -1,13 +1,13 @@
 """What a bfloat16 op costs or saves on this CPU against float32: the basis of the runtime cost
-model (:mod:`amp_rewrite.paint.costs`, docs/decisions.md "Small matrix ops stay float32").
+model (:mod:`amp_rewrite.paint.costs`, docs/decisions.md "The cost model").
 
-Matrix ops save time in proportion to their FLOPs; an elementwise op whose bfloat16 kernel is
-slower than its float32 one (TensorFlow's CPU kernels for most activations are Eigen loops, not
-oneDNN's, unless the remapper fuses them into a convolution) costs time in proportion to the
-elements it writes. Each op runs on a tensor computed in the graph (a Cast of the input), once in
-float32 and once in bfloat16, the same graph without the op timed beside it and subtracted;
-``rounds`` runs each, interleaved in one process, medians. The result is picoseconds saved per
-FLOP (matrix ops) and picoseconds lost per element (elementwise ops, negative: bfloat16 faster).
+The measuring is the package's own (:mod:`amp_rewrite.tools.op_costs`, which ``amp-rewrite costs
+measure`` runs to write this CPU's cost table): each op on a tensor computed in the graph, once
+in float32 and once in bfloat16, the same graph without the op timed beside it and subtracted;
+``rounds`` runs each, interleaved in one process, medians. This script prints every op's
+times as BENCHMARKS.md shows them, and the cost table they make: picoseconds saved per FLOP
+(matrix ops) and picoseconds lost per element (elementwise ops, negative: bfloat16 faster).
+The shipped table (``rules/costs.toml``) came from a run of it on an AMD EPYC.
 
 Run: ``.venv/bin/python benchmarks/cpu_costs.py --write``
 """
@@ -17,115 +17,48 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
-import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from benchmd import publish  # noqa: E402
 
 from amp_rewrite.core import hardware  # noqa: E402
+from amp_rewrite.tools import op_costs  # noqa: E402
 
-v1 = tf.compat.v1
-ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Op costs in bfloat16 on this CPU"
-SHAPE = (8, 56, 56, 144)   # a MobileNetV2 expansion's activations at batch 8
-N = int(np.prod(SHAPE))
-
-
-def _filter(shape, dt):
-    return tf.constant(np.random.default_rng(0).normal(0, 0.1, shape).astype(np.float32), dt)
-
-
-# name -> (function of (x, dtype), its FLOPs on SHAPE)
-MATRIX = {
-    "Conv2D 1x1, 144 -> 144": (lambda x, dt: tf.nn.conv2d(x, _filter((1, 1, 144, 144), dt), 1, "SAME"), 2 * 144 * N),
-    "Conv2D 3x3, 144 -> 144": (lambda x, dt: tf.nn.conv2d(x, _filter((3, 3, 144, 144), dt), 1, "SAME"), 2 * 9 * 144 * N),
-    "DepthwiseConv2dNative 3x3": (lambda x, dt: tf.nn.depthwise_conv2d(
-        x, _filter((3, 3, 144, 1), dt), [1, 1, 1, 1], "SAME"), 2 * 9 * N),
-    "MatMul 144 -> 576": (lambda x, dt: tf.matmul(tf.reshape(x, [-1, 144]), _filter((144, 576), dt)), 2 * 144 * 576 * N // 144),
-}
-ELEMENTWISE = {
-    "Relu": lambda x, dt: tf.nn.relu(x),
-    "Relu6": lambda x, dt: tf.nn.relu6(x),
-    "Elu": lambda x, dt: tf.nn.elu(x),
-    "Selu": lambda x, dt: tf.nn.selu(x),
-    "LeakyRelu": lambda x, dt: tf.nn.leaky_relu(x),
-    "Sigmoid": lambda x, dt: tf.sigmoid(x),
-    "Tanh": lambda x, dt: tf.tanh(x),
-    "Softplus": lambda x, dt: tf.nn.softplus(x),
-    "Erf": lambda x, dt: tf.math.erf(x),
-    "Exp": lambda x, dt: tf.exp(x),
-    "Mul (per-channel vector)": lambda x, dt: x * _filter((144,), dt),
-    "AddV2 (per-channel vector)": lambda x, dt: x + _filter((144,), dt),
-    "AddV2 (two tensors)": lambda x, dt: x + tf.nn.relu(x),
-    "BiasAdd": lambda x, dt: tf.nn.bias_add(x, _filter((144,), dt)),
-}
-
-
-def graph(fn, dt) -> tf.Graph:
-    """``out`` = fn(cast(x)), ``base`` = the cast alone, each summed over a slice so that
-    fetching costs nothing."""
-    g = tf.Graph()
-    with g.as_default():
-        x = tf.cast(v1.placeholder(tf.float32, SHAPE, name="x"), dt)
-        y = x if fn is None else fn(x, dt)
-        tf.identity(tf.reduce_sum(tf.cast(tf.reshape(y, [-1])[:8], tf.float32)), name="out")
-    return g
-
-
-def measure(fn, rounds: int) -> dict[str, float]:
-    """Median seconds of the op alone (graph minus its base), float32 and bfloat16."""
-    runs = {(k, dt): v1.Session(graph=graph(f, dt))
-            for k, f in (("op", fn), ("base", None)) for dt in (tf.float32, tf.bfloat16)}
-    feed = {"x:0": np.random.default_rng(1).normal(size=SHAPE).astype(np.float32)}
-    times = {k: [] for k in runs}
-    keys = list(runs)
-    for i in range(rounds + 3):
-        for k in keys[i % 4:] + keys[:i % 4]:
-            start = time.perf_counter()
-            runs[k].run("out:0", feed)
-            if i >= 3:
-                times[k].append(time.perf_counter() - start)
-    for s in runs.values():
-        s.close()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {dt.name: med[("op", dt)] - med[("base", dt)] for dt in (tf.float32, tf.bfloat16)}
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=op_costs.ROUNDS)
     p.add_argument("--write", action="store_true")
     args = p.parse_args()
-    elements = float(np.prod(SHAPE))
+    found = op_costs.measure(rounds=args.rounds,
+                             progress=lambda done, total: print(f"{done}/{total}", flush=True))
     rows = []
-    for name, (fn, flops) in MATRIX.items():
-        t = measure(fn, args.rounds)
-        saved = (t["float32"] - t["bfloat16"]) / flops * 1e12
-        rows.append((name, t, f"saves {saved:.2f} ps per FLOP"))
-        print(rows[-1], flush=True)
-    for name, fn in ELEMENTWISE.items():
-        t = measure(fn, args.rounds)
-        lost = (t["bfloat16"] - t["float32"]) / elements * 1e12
-        rows.append((name, t, f"costs {lost:.0f} ps per element"))
-        print(rows[-1], flush=True)
+    for name, (t, _) in found.matrix.items():
+        rows.append((name, t, f"saves {found.per_unit(name):.2f} ps per FLOP"))
+    for name, t in found.elementwise.items():
+        verb = "takes" if name == op_costs.CAST else "costs"
+        rows.append((name, t, f"{verb} {found.per_unit(name):.0f} ps per element"))
+    rates = found.rates()
     text = "\n".join([
         f"{SECTION}\n",
-        f"`benchmarks/cpu_costs.py`: each op alone on a {'x'.join(map(str, SHAPE))} tensor "
-        "computed in the graph, in float32 and in bfloat16, less the same graph without it, "
-        f"{args.rounds} runs each interleaved in one process, medians, on {platform.machine()} "
-        f"with {os.cpu_count()} cores ({hardware.describe()}), TensorFlow {tf.__version__}. "
-        "Matrix ops: time saved per FLOP; elementwise ops: time bfloat16 adds per element it "
-        "writes (negative: bfloat16 is faster). The cost model's constants "
-        "(`amp_rewrite/costs.py`) come from this table.\n",
+        f"`benchmarks/cpu_costs.py` (`amp_rewrite/tools/op_costs.py`): each op alone on a "
+        f"{'x'.join(map(str, found.shape))} tensor computed in the graph, in float32 and in "
+        f"bfloat16, less the same graph without it, {args.rounds} runs each interleaved in one "
+        f"process, medians, on {platform.machine()} with {os.cpu_count()} cores "
+        f"({hardware.describe()}), TensorFlow {tf.__version__}. Matrix ops: time saved per "
+        "FLOP; elementwise ops: time bfloat16 adds per element it writes (negative: bfloat16 "
+        "is faster); the cast: its float32 time per element. The cost model's rates "
+        "(`rules/costs.toml`) come from this table: "
+        + ", ".join(f"{name} {value:.3g}" for name, value in rates.items()) + ".\n",
         "| op | float32 ms | bfloat16 ms | per unit |",
         "| --- | --- | --- | --- |",
-        *(f"| {n} | {t['float32'] * 1e3:.2f} | {t['bfloat16'] * 1e3:.2f} | {u} |" for n, t, u in rows)]) + "\n"
+        *(f"| {n} | {t['float32'] * 1e3:.2f} | {t['bfloat16'] * 1e3:.2f} | {u} |"
+          for n, t, u in rows)]) + "\n"
     return publish(text, args.write)
 
 

@@ -1,6 +1,7 @@
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,12 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 for var in list(os.environ):
     if var.startswith("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"):
         del os.environ[var]
+
+# the cost model's measured tables are looked for in a folder of the suite's own, empty: no test
+# reads the user's (amp_rewrite.rules.cost_table.DIR_VARIABLE); a test of a measured table
+# points the variable at its own tmp_path
+_NO_MEASURED_COSTS = tempfile.TemporaryDirectory(prefix="amp-rewrite-test-costs-")
+os.environ["AMP_REWRITE_COSTS_DIR"] = _NO_MEASURED_COSTS.name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -39,6 +39,10 @@ from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# the cost model's rates are the shipped ones, whatever table this user measured on this CPU
+# (amp_rewrite.rules.cost_table.DIR_VARIABLE: where measured tables are looked for)
+_NO_MEASURED_COSTS = tempfile.TemporaryDirectory(prefix="amp-rewrite-golden-costs-")
+os.environ["AMP_REWRITE_COSTS_DIR"] = _NO_MEASURED_COSTS.name
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 

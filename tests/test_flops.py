@@ -208,7 +208,8 @@ def test_the_cost_models_estimate_for_the_whole_graph_reads_the_recorded_flops()
     """bfloat16 on a CPU with the cost model on: the matrix work at float32's rate, what the
     bfloat16 matrix ops save at the rate the islands are weighed at; the op whose FLOPs are
     not known counted apart. float16 (no cost model) has no estimate."""
-    from amp_rewrite.paint.costs import FP32_PS_PER_FLOP, SAVED_PS_PER_FLOP
+    from amp_rewrite.rules.cost_table import shipped
+    FP32_PS_PER_FLOP, SAVED_PS_PER_FLOP = shipped().fp32_ps_per_flop, shipped().saved_ps_per_flop
     gd = recorded_graph().as_graph_def()
     _, report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=1e-9)
     est = report.to_dict()["estimate"]

@@ -105,9 +105,10 @@ def test_the_cli_prints_the_suggestion_once_in_its_summary(exported, tmp_path, c
     assert "--freeze" not in out.err
 
 
-def _tf1_conv_bn(train: bool):
-    """A TF1 graph whose convolution and Keras-style batch norm read variables, then a Relu6;
-    with ``train``, a gradient-descent step too (of another variable, added to their mean)."""
+def _tf1_conv_bn(train: bool, activation: bool = True):
+    """A TF1 graph whose convolution and Keras-style batch norm read variables, then a Relu6
+    (without ``activation``, none); with ``train``, a gradient-descent step too (of another
+    variable, added to their mean)."""
     rng = np.random.default_rng(0)
     g = tf.Graph()
     with g.as_default():
@@ -117,7 +118,8 @@ def _tf1_conv_bn(train: bool):
         h = tf.nn.conv2d(x, var("w", (3, 3, 16, 64), -0.1, 0.1), 1, "SAME")
         gamma, beta, mean, variance = (var(n, 64, 0.5, 1.5) for n in ("gamma", "beta", "mean", "var"))
         scale = gamma * tf.math.rsqrt(variance + 1e-3)
-        y = tf.reduce_mean(tf.nn.relu6(h * scale + (beta - mean * scale)), name="y")
+        y = h * scale + (beta - mean * scale)
+        y = tf.reduce_mean(tf.nn.relu6(y) if activation else y, name="y")
         if train:   # a step of a bias beside it: the forward pass's island is weighed as is
             b = var("b", (), 0.5, 1.5)
             tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
@@ -132,6 +134,21 @@ def test_a_graph_with_variables_is_weighed_unless_it_trains():
     assert serving.extra["freezing"]["summary"].startswith("freeze the variables to Consts")
     _, training = convert(_tf1_conv_bn(True), target="bfloat16", device="cpu")
     assert "freezing" not in training.extra and not _suggests(training)
+
+
+def test_folding_a_batch_norm_on_variables_counts_its_elements_at_the_folded_rate():
+    """Without an activation nothing fuses differently once frozen, so what freezing gains is
+    exactly its two parts: the batch norm's Mul and AddV2 (16x16x64 elements a sample each)
+    folded into the convolution at the shipped 120 ps an element (``folded_ps_per_element``)
+    and the 3x3x16x64 filter's cast gone at 150 ps an element (``cast_ps_per_element``). A
+    folded rate of 0 would leave the casts alone, which still pass the hint's floor."""
+    _, report = convert(_tf1_conv_bn(False, activation=False), target="bfloat16", device="cpu")
+    conv = next(n for n in report.nodes if n.op == "Conv2D")
+    assert conv.precision == "bfloat16"   # painted as it is: the gain is the folds and casts
+    folded_us, casts_us = 2 * 16 * 16 * 64 * 120e-6, 3 * 3 * 16 * 64 * 150e-6
+    gain = report.extra["freezing"]
+    assert gain["gain_us"] == pytest.approx(folded_us + casts_us, abs=2e-3)
+    assert gain["frozen_us"] - gain["saved_us"] == pytest.approx(folded_us + casts_us, abs=2e-3)
 
 
 def test_the_freezing_estimate_is_per_sample_whatever_batch_the_shapes_state():

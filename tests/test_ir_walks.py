@@ -76,3 +76,55 @@ def test_only_feeding_ends_on_a_loop_that_feeds_only_itself():
     assert g.only_feeding(["n", "d", "e"]) == {"n", "d", "e", "b", "c", "a", "m", "x"}
     with pytest.raises(IRError):
         g.only_feeding(["nope"])
+
+
+def test_past_decides_which_reached_nodes_are_walked_past():
+    g = diamond()
+    relu_only = lambda node: node.op == "Relu"   # noqa: E731
+    # d (AddV2) is a root: it is reached, but past says no, so nothing above it
+    assert g.ancestors(["d"], control=False, past=relu_only) == {"d"}
+    assert g.ancestors(["b", "c"], control=False, past=relu_only) == {"b", "c", "a", "x"}
+    assert g.descendants(["a"], past=relu_only) == {"a", "b", "d"}   # d reached, not passed
+    assert g.descendants(["x"], past=lambda node: node.op != "Relu") == {
+        "x", "a", "c", "m", "n"}
+
+
+def test_depth_bounds_the_edges_from_the_nearest_root_on_every_path():
+    g = diamond()
+    assert g.ancestors(["d"], control=False, depth=0) == {"d"}
+    assert g.ancestors(["d"], control=False, depth=1) == {"d", "b", "c"}
+    # x is two edges up through c and three through b: reached at two
+    assert g.ancestors(["d"], control=False, depth=2) == {"d", "b", "c", "a", "x"}
+    assert g.descendants(["x"], depth=1) == {"x", "a", "c", "m"}
+    # a long chain is walked to its bound and no further
+    nodes = [("n0", "Placeholder", [])] + [(f"n{i}", "Relu", [f"n{i - 1}"]) for i in range(1, 30)]
+    chain = Graph.from_graph_def(graph_def(*nodes))
+    assert chain.ancestors(["n29"], depth=12) == {f"n{i}" for i in range(17, 30)}
+
+
+def test_origin_follows_input_0_through_the_ops_given():
+    g = Graph.from_graph_def(graph_def(
+        ("w", "Const", []), ("r1", "Identity", ["w"]), ("r2", "Identity", ["r1"]),
+        ("k", "Const", []), ("sum", "AddN", ["r2", "k"]), ("y", "Relu", ["sum"]),
+        ("loop_a", "Identity", ["loop_b"]), ("loop_b", "Identity", ["loop_a"])))
+    assert g.origin("r2", {"Identity"}) == "w"
+    assert g.origin("sum", {"Identity", "AddN"}) == "w"   # input 0 only, not k
+    assert g.origin("sum", {"Identity"}) == "sum"          # not an op to pass through
+    assert g.origin("y", {"Identity"}) == "y"
+    assert g.origin("loop_a", {"Identity"}) in ("loop_a", "loop_b")   # ends where it closes
+    with pytest.raises(IRError):
+        g.origin("nope", {"Identity"})
+
+
+def test_topological_order_among_some_nodes_orders_the_edges_between_them():
+    g = diamond()
+    # listing order x a b c d e m n; b before d, c before d, whatever else
+    assert g.topological_order(among={"d", "c", "b"}) == ["b", "c", "d"]
+    assert g.topological_order(among={"n", "m", "x"}) == ["x", "m", "n"]   # no back edge
+    assert g.topological_order(among=set()) == []
+    backwards = Graph.from_graph_def(graph_def(("y", "Relu", ["b"]), ("b", "Relu", ["a"]),
+                                               ("a", "Placeholder", []), ("z", "Const", [])))
+    assert backwards.topological_order(among={"y", "b", "a", "z"}) == ["a", "b", "y", "z"]
+    assert g.topological_order(among=g.names()) == g.topological_order()
+    with pytest.raises(IRError):
+        g.topological_order(among={"nope"})

@@ -6,12 +6,15 @@ refused."""
 
 import json
 
+import pytest
 import tensorflow as tf
 from test_costs import inverted_residual
 
 from amp_rewrite.cli.run import main
+from amp_rewrite.conversion.graph import Options
+from amp_rewrite.io.save import save
 from amp_rewrite.tools.bench import BenchResult, Timing
-from amp_rewrite.tools.measured import pick
+from amp_rewrite.tools.measured import measured_conversion, pick
 
 
 def _result(estimated_ms, painted_ms):
@@ -42,6 +45,37 @@ def test_the_output_is_the_chosen_conversion(tmp_path, capsys):
     again = [] if measured["chosen"] == "estimated" else ["--min-matrix-intensity", "0"]
     assert main([str(src), "-o", str(tmp_path / "again.pb"), *flags, *again]) == 0
     assert (tmp_path / "m.pb").read_bytes() == (tmp_path / "again.pb").read_bytes()
+
+
+@pytest.mark.parametrize("faster", ["estimated", "painted"])
+def test_whichever_candidate_times_faster_is_the_one_written(tmp_path, faster):
+    """Each branch, whatever this CPU would pick: the timer (the seam ``bench`` fills in a real
+    run) says which candidate ran faster, and the model returned is that candidate, byte for
+    byte as converting with that choice writes it; the two candidates differ, so writing the
+    other one would fail here."""
+    src = tmp_path / "block.pb"
+    src.write_bytes(inverted_residual(batch=8).SerializeToString())
+    ms = {"estimated": 9.0, "painted": 10.0} if faster == "estimated" else {
+        "estimated": 10.0, "painted": 9.0}
+    timed = []
+
+    def timer(first, second, **timing):   # the estimate's conversion first, painted second
+        timed.append((first.parent.name, second.parent.name))
+        return _result(ms["estimated"], ms["painted"])
+
+    options = Options(target="bfloat16", device="cpu")
+    model, report, found = measured_conversion(src, "m.pb", options, timer=timer)
+    assert timed == [("estimated", "painted")] and found.chosen == faster
+    assert report.extra["measured"]["chosen"] == faster
+    save(model, tmp_path / "m.pb")
+    candidates = {}
+    for name, least in (("estimated", None), ("painted", 0)):
+        assert main([str(src), "-o", str(tmp_path / f"{name}.pb"), "--target", "bfloat16",
+                     "--device", "cpu", "-q"]
+                    + ([] if least is None else ["--min-matrix-intensity", str(least)])) == 0
+        candidates[name] = (tmp_path / f"{name}.pb").read_bytes()
+    assert candidates["estimated"] != candidates["painted"]
+    assert (tmp_path / "m.pb").read_bytes() == candidates[faster]
 
 
 def test_nothing_is_timed_where_the_estimate_kept_nothing(tmp_path, capsys):

@@ -25,10 +25,12 @@ from ..io.load import load
 from ..io.save import stage
 from ..report import html, tensorboard
 from ..report.steps import Given
+from ..rules import cost_table
 from ..rules.loader import LISTS, load_rules
 from ..tools import bench as bench_mod
 from ..tools import kernels as kernels_mod
 from ..tools import measured as measured_mod
+from ..tools import op_costs
 from ..tools import ranges as ranges_mod
 from ..tools import tuning
 from ..tools import verify as verify_mod
@@ -112,7 +114,8 @@ def _options(args) -> Options:
         lowp_io=args.lowp_io, fold_constants=args.fold_constants, loss_scale=args.loss_scale,
         loss_scale_options=args.loss_scale_options,
         min_matrix_intensity=args.min_matrix_intensity, emulate=args.emulate,
-        cost_aware=args.cost_aware, shapes=parse_shapes(args.shape), freeze=args.freeze)
+        cost_aware=args.cost_aware, shapes=parse_shapes(args.shape), freeze=args.freeze,
+        costs=args.costs)
     return _calibrated(options, args)
 
 
@@ -141,7 +144,7 @@ def explain(args) -> int:
     options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
                       lowp_io=args.lowp_io, loss_scale="none",
                       min_matrix_intensity=args.min_matrix_intensity,
-                      shapes=parse_shapes(args.shape))
+                      shapes=parse_shapes(args.shape), costs=args.costs)
     _, report = convert_model(load(args.input), _calibrated(options, args))
     for name in args.node:
         try:
@@ -233,7 +236,8 @@ def tune(args) -> int:
                            target=args.target,
                            device=args.device, rules=args.rules, keep=args.keep,
                            lowp_io=args.lowp_io, min_matrix_intensity=args.min_matrix_intensity,
-                           shapes=parse_shapes(args.shape), report=args.report, init_ops=args.init_op,
+                           shapes=parse_shapes(args.shape), costs=args.costs,
+                           report=args.report, init_ops=args.init_op,
                            allow_holdout_failure=args.allow_holdout_failure,
                            nonfinite_reference=args.allow_nonfinite_reference,
                            error_margin=args.error_margin, pages=_tune_pages(args),
@@ -266,6 +270,32 @@ def _tune_pages(args) -> dict:
     return {args.html: lambda result: html.tune_page(
         result.to_dict(), result.report.to_dict(), where=_where(result.target),
         given=given).encode("utf-8")}
+
+
+def costs(args) -> int:
+    """``costs show``: the table a conversion here weighs with; ``costs measure``: time this
+    CPU's ops and write its table (where conversions find it, or ``-o``)."""
+    if args.action == "show":
+        print(op_costs.format_table(cost_table.choose(args.costs)))
+        return 0
+    bar = None if args.quick or args.quiet or not sys.stderr.isatty() else _op_progress
+    found = op_costs.measure(quick=args.quick, rounds=args.rounds, progress=bar)
+    path = Path(args.output) if args.output else cost_table.measured_path()
+    if not args.output:   # this CPU's table, in the folder conversions look in: replaced
+        path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, found.table_text().encode("utf-8"), force=args.force or not args.output)
+    if not args.quiet:
+        print(f"wrote {path}")
+        print(op_costs.format_table(cost_table.read_table(path, "file" if args.output
+                                                          else "measured")))
+    return 0
+
+
+def _op_progress(done: int, total: int) -> None:
+    _draw_bar(done, total, f"{done}/{total} ops")
+    if done == total:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
 
 
 def ranges(args) -> int:
@@ -321,4 +351,5 @@ def _draw_bar(done: int, total: int, text: str) -> None:
 
 
 _COMMANDS = {"convert": convert, "explain": explain, "rules": rules, "verify": verify,
-             "kernels": kernels, "bench": bench, "tune": tune, "ranges": ranges}
+             "kernels": kernels, "bench": bench, "tune": tune, "ranges": ranges,
+             "costs": costs}

@@ -1,7 +1,7 @@
 """The ``amp-rewrite`` command line: parse, check paths, report errors. No TensorFlow here.
 
 ``amp-rewrite IN -o OUT [options]`` converts; ``amp-rewrite COMMAND ...`` runs ``explain``,
-``rules``, ``verify``, ``kernels``, ``bench``, ``tune`` or ``ranges``. Every flag is defined in this module and every
+``rules``, ``verify``, ``kernels``, ``bench``, ``tune``, ``ranges`` or ``costs``. Every flag is defined in this module and every
 path is checked before TensorFlow is imported (that takes seconds), so a usage or path error
 answers at once. Then :mod:`amp_rewrite.cli.commands`, which imports TensorFlow, runs the command.
 
@@ -32,11 +32,12 @@ from ..io.files import (
     same_file,
     tune_rules_path,
 )
+from ..rules.cost_table import SHIPPED, read_table
 from ..training.config import scale_config
 from ..version import __version__
 
 PROG = "amp-rewrite"
-COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune", "ranges")
+COMMANDS = ("explain", "rules", "verify", "kernels", "bench", "tune", "ranges", "costs")
 #: the module that runs the commands; loaded only once the arguments are checked (it imports
 #: TensorFlow), which is why it is named here instead of imported
 RUNNER_MODULE = "amp_rewrite.cli.commands"
@@ -70,6 +71,14 @@ def _rule_flags(p: argparse.ArgumentParser) -> None:
                    help="device unplaced nodes run on; decides which kernels exist (default gpu)")
     p.add_argument("--rules", action="append", default=[], metavar="FILE",
                    help="rule file stacked on the defaults (repeatable, applied in order)")
+
+
+def _costs_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--costs", metavar="FILE|shipped",
+                   help="the rates the cost model of bfloat16 on cpu weighs with: a table "
+                        "'amp-rewrite costs measure' wrote, or 'shipped' for the defaults "
+                        "(default: the table measured on this CPU where there is one, else "
+                        "the shipped one; 'amp-rewrite costs show' says which)")
 
 
 def _batch_flag(p: argparse.ArgumentParser) -> None:
@@ -114,6 +123,7 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
                         "island float32 (code cost)")
     _batch_flag(p)
+    _costs_flag(p)
     p.add_argument("--measure", action="store_true",
                    help="bfloat16 on cpu: where the cost model kept nodes float32, time its "
                         "conversion against the one painted whole on this machine (inputs "
@@ -210,6 +220,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--lowp-io", action="store_true")
         p.add_argument("--min-matrix-intensity", type=float, metavar="X")
         _batch_flag(p)
+        _costs_flag(p)
         _calibration_flags(p)
     elif command == "rules":
         p.add_argument("action", choices=["show"], help="show the effective op lists")
@@ -275,6 +286,8 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         _run_flags(p)
         p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
         _force_flag(p)
+    elif command == "costs":
+        _costs_command_flags(p)
     elif command == "bench":
         _model_flags(p)
         p.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
@@ -284,6 +297,24 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         _force_flag(p)
     _common(p)
     return p
+
+
+def _costs_command_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["show", "measure"],
+                   help="show: the cost table a conversion on this CPU weighs with, where it "
+                        "comes from, and its rates; measure: time the single ops the rates "
+                        "come from on this CPU (about a minute) and write its table where "
+                        "conversions on this CPU find it")
+    p.add_argument("--costs", metavar="FILE|shipped",
+                   help="show: this table instead of the one a conversion would choose")
+    p.add_argument("-o", "--output", metavar="FILE.toml",
+                   help="measure: write the table here instead (then give it with --costs)")
+    p.add_argument("--quick", action="store_true",
+                   help="measure: small tensors and 3 rounds, in seconds: checks the command; "
+                        "its rates are not this CPU's, so it needs -o")
+    p.add_argument("--rounds", type=int, metavar="N",
+                   help="measure: timed rounds of each op (default 30)")
+    p.add_argument("--force", action="store_true", help="measure: replace an existing -o file")
 
 
 def _force_flag(p: argparse.ArgumentParser) -> None:
@@ -331,6 +362,7 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lowp-io", action="store_true")
     p.add_argument("--min-matrix-intensity", type=float, metavar="X")
     _batch_flag(p)
+    _costs_flag(p)
     p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
                    "(default serving_default, else the first)")
     p.add_argument("--output-tensor", action="append", default=[], metavar="TENSOR",
@@ -388,12 +420,15 @@ def _check_paths(command: str, args) -> None:
     given = getattr(args, "inputs", None)
     inputs += given if isinstance(given, list) else [given] if given else []
     inputs += list(getattr(args, "holdout", []) or [])
+    if getattr(args, "costs", None) not in (None, SHIPPED):
+        inputs.append(args.costs)
     if command == "verify" and args.report:
         inputs.append(args.report)
     for path in inputs:
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file")
     _check_calibration_flags(command, args)
+    _check_costs(command, args, inputs)
     if command == "tune":
         _check_tune_outputs(args, inputs)
     if command == "convert":
@@ -412,6 +447,32 @@ def _check_paths(command: str, args) -> None:
         if path and command not in ("convert", "tune"):   # (theirs are checked with theirs)
             _check_output(path, f"--{flag} file", force=args.force, inputs=inputs, outputs=written)
             written.append(path)
+
+
+def _check_costs(command: str, args, inputs: list[str]) -> None:
+    """``--costs FILE`` is a cost table (read and checked here, before TensorFlow); ``costs
+    measure`` writes where it may, with --quick only to a file of its own."""
+    given = getattr(args, "costs", None)
+    if given is not None and given != SHIPPED:
+        read_table(given)
+    if command != "costs":
+        return
+    flags = {"show": [("-o", args.output), ("--quick", args.quick), ("--rounds", args.rounds),
+                      ("--force", args.force)],
+             "measure": [("--costs", args.costs)]}[args.action]
+    for flag, value in flags:
+        if value:
+            raise InputError(f"costs {args.action} takes no {flag}")
+    if args.action != "measure":
+        return
+    if args.quick and not args.output:
+        raise InputError("costs measure --quick: its rates are not this CPU's (small tensors, "
+                         "3 rounds), so it writes only where -o FILE says, never where "
+                         "conversions look for this CPU's table")
+    if args.rounds is not None and args.rounds < 1:
+        raise InputError(f"--rounds {args.rounds}: must be at least 1")
+    if args.output:
+        _check_output(args.output, "cost table", force=args.force, inputs=inputs)
 
 
 def _check_freeze_flags(args, saved: bool) -> None:

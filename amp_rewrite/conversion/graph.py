@@ -30,6 +30,7 @@ from ..core.ir import Graph, copy_except
 from ..core.ops import MATRIX_OPS, PLACEHOLDER_OPS
 from ..report.decisions import Report
 from ..paint.costs import DEFAULT_BATCH
+from ..rules import cost_table
 from ..rules.loader import RuleSet, load_rules
 from ..schema.functiondef import check_call_types, reachable, saver_functions
 from ..schema.inputs import fitting_shape, input_keys, match_inputs, meta_graph_inputs
@@ -94,6 +95,9 @@ class Options:
     # --freeze: a SavedModel's signatures frozen, folded and converted, written as a SavedModel
     # with the same signatures (conversion.pipeline; docs/savedmodels.md "--freeze")
     freeze: bool = False
+    # --costs: the cost model's rates, a table file or "shipped"; None: the table measured on
+    # this CPU where there is one, else the shipped one (rules.cost_table.choose)
+    costs: str | os.PathLike | None = None
 
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
@@ -125,6 +129,10 @@ class Options:
             raise InputError("--shape tells the cost model of --target bfloat16 --device cpu "
                              f"the batch; a {self.target} conversion for {self.device} has no "
                              "such cost model: drop --shape")
+        if self.costs is not None and not self.weighed():
+            raise InputError("--costs gives the cost model of --target bfloat16 --device cpu "
+                             f"its rates; a {self.target} conversion for {self.device} has no "
+                             "such cost model: drop --costs")
         for name, dims in dict(self.shapes or {}).items():
             if not (isinstance(dims, (list, tuple)) and all(
                     isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims)):
@@ -150,7 +158,14 @@ class Options:
         batches = [dims[0] for dims in (self.shapes or {}).values() if len(dims)]
         # several inputs of different batches: the smallest, as weight casts weigh most there
         return Target(self.target, DEVICES[self.device], float(least),
-                      batch=max(1, min(batches)) if batches else None)
+                      batch=max(1, min(batches)) if batches else None,
+                      costs=self.cost_table() if self.weighed() else None)
+
+    def cost_table(self) -> CostTable:
+        """The rates the cost model weighs with: ``costs`` (a file, or the shipped table), else
+        the table measured on this CPU, else the shipped one
+        (:func:`~amp_rewrite.rules.cost_table.choose`)."""
+        return cost_table.choose(self.costs)
 
     def weighed(self) -> bool:
         """Whether the cost model of bfloat16 on a CPU weighs this conversion (what
@@ -182,14 +197,18 @@ def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
     return tuple(dict(resolved).items())
 
 
-def _weighed_batch(target: Target) -> dict:
+def _cost_model(target: Target) -> dict:
     """The report's ``cost_model`` entry: the batch an open first dimension stands for when the
     cost model weighs an island (``--shape``'s, which also reaches the function bodies its
-    inputs are passed to, else :data:`~amp_rewrite.paint.costs.DEFAULT_BATCH`)."""
+    inputs are passed to, else :data:`~amp_rewrite.paint.costs.DEFAULT_BATCH`), and the table
+    of rates it weighed with (``costs``: which, and the rates)."""
     told = target.batch is not None
-    entry = {"batch": target.batch if told else DEFAULT_BATCH, "told": told}
-    if told:
-        entry["summary"] = f"islands weighed at a batch of {target.batch} (--shape)"
+    costs = target.costs or cost_table.shipped()
+    entry = {"batch": target.batch if told else DEFAULT_BATCH, "told": told,
+             "costs": costs.to_dict()}
+    batch = (f"islands weighed at a batch of {target.batch} (--shape)" if told else
+             f"islands weighed at an open batch as {DEFAULT_BATCH}")
+    entry["summary"] = f"{batch}, with {costs.summary()}"
     return entry
 
 
@@ -281,7 +300,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if options.weighed():   # the batch an open first dimension is weighed at, here and in bodies
-        report.extra["cost_model"] = _weighed_batch(target)
+        report.extra["cost_model"] = _cost_model(target)
     if fused is not None and (fused.scales_folded or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
     if trains(source.node):   # its weights change: freezing them is no option

@@ -274,7 +274,7 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
             min_matrix_intensity: float | None = None,
             cost_aware: bool = False, calibration: Mapping[str, float] | None = None,
             headroom: float = HEADROOM, shapes: Mapping[str, Sequence[int]] | None = None,
-            ) -> tuple[graph_pb2.GraphDef, Report]:
+            costs: str | os.PathLike | None = None) -> tuple[graph_pb2.GraphDef, Report]:
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
     The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
@@ -290,13 +290,16 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
     a node that computes or reads one within ``headroom`` of the target's largest value stays
     float32 (docs/ranges.md); ``shapes`` maps placeholder names to the shapes the model runs
     at, for the cost model (its batch above all: docs/decisions.md "The batch the cost model
-    assumes"). Painting and casts only: loss scaling needs the
+    assumes"); ``costs`` its rates, a table file or ``"shipped"`` (None: the table measured on
+    this CPU where there is one, else the shipped one; docs/decisions.md "The cost model").
+    Painting and casts only: loss scaling needs the
     MetaGraph's collections and Saver, so it comes with :func:`convert_file`.
     """
     options = Options(target=target, device=device, rules=rules, keep=keep, lowp_io=lowp_io,
                       fold_constants=fold_constants, loss_scale="none",
                       min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware,
-                      calibration=calibration, headroom=headroom, shapes=dict(shapes or {}))
+                      calibration=calibration, headroom=headroom, shapes=dict(shapes or {}),
+                      costs=costs)
     converted, report = convert_model(Model.of_graph_def(graph_def), options)
     return converted.graph_def, report
 

@@ -21,6 +21,7 @@ from ..core.dtypes import HEADROOM, TARGETS
 from ..core.ir import Graph
 from ..paint import paint
 from ..report.decisions import Report, build_report
+from ..rules.cost_table import CostTable
 from ..rules.loader import RuleSet
 from ..schema.opdefs import set_call_signature
 from ..schema.snapshot import Before
@@ -33,14 +34,16 @@ class Target:
     """What a conversion aims at: the dtype (``"float16"``/``"bfloat16"``), the device type
     unplaced nodes run on (``"GPU"``/``"CPU"``), and the least matrix work per element of data
     moved (:func:`~amp_rewrite.paint.costs.matrix_intensity`) worth moving to 16 bits (0: any);
-    for the cost model, the shapes the graph's placeholders are fed with (name, shape) and the
-    batch an open first dimension stands for (None: the cost model's default)."""
+    for the cost model, the shapes the graph's placeholders are fed with (name, shape), the
+    batch an open first dimension stands for (None: the cost model's default) and its rates
+    (None: the shipped table; :func:`amp_rewrite.rules.cost_table.choose`)."""
 
     dtype: str
     device: str
     min_intensity: float = 0.0
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     batch: int | None = None
+    costs: CostTable | None = None
 
 
 def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
@@ -70,7 +73,7 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
                      lowp_io=lowp_io, min_intensity=target.min_intensity, ranges=ranges,
                      headroom=headroom, input_shapes=dict(target.input_shapes),
-                     batch=target.batch)
+                     batch=target.batch, costs=target.costs)
     stats = casts.apply_painting(graph, painting, before)
     upgrades.restore(graph, upgraded)
     report = build_report(graph, before, painting, target=target.dtype, device=target.device,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from typing import Collection, Iterable, Iterator, NamedTuple
+from typing import Callable, Collection, Iterable, Iterator, NamedTuple
 
 import networkx as nx
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
@@ -135,6 +135,7 @@ class Graph:
         self._seq: list[int] = []
         self._after: dict[int, list[int]] = {}
         self._listing: list[str] | None = None
+        self._rank: dict[str, int] | None = None   # name -> place in the listing, with it
         self._inputs: dict[str, list[TensorRef]] = {}   # per consumer, dropped when it changes
         self._nodes: dict[str, Node] = {}   # the same Node objects networkx holds, by name
         # Every NodeDef ever inserted, at its id; a removed node's stays, unreachable.
@@ -248,7 +249,14 @@ class Graph:
                     out.append(self._name_of[ident])
                 stack.extend(reversed(self._after.get(ident, ())))
             self._listing = out
+            self._rank = None
         return list(self._listing)
+
+    def _ranks(self) -> dict[str, int]:
+        """Each node's place in :meth:`names`, kept until the listing changes."""
+        if self._listing is None or self._rank is None:
+            self._rank = {n: i for i, n in enumerate(self.names())}
+        return self._rank
 
     # ----------------------------------------------------------------- queries
     def __contains__(self, name: str) -> bool:
@@ -342,36 +350,63 @@ class Graph:
                 yield ref, name, port
 
     def descendants(self, roots: Iterable[str], *, control: bool = False,
-                    stop: Collection[str] = ()) -> set[str]:
+                    stop: Collection[str] = (), past: Callable[[Node], bool] | None = None,
+                    depth: int | None = None) -> set[str]:
         """``roots`` and every node reachable from them along data edges, and along control
-        edges too with ``control``. A node of ``stop`` is reached but not walked past."""
-        return self._reach(roots, self._g._succ, control, stop)
+        edges too with ``control``. A node of ``stop``, or one ``past`` says False of, is
+        reached but not walked past; with ``depth``, only nodes at most that many edges from a
+        root are reached."""
+        return self._reach(roots, self._g._succ, control, stop, past, depth)
 
     def ancestors(self, roots: Iterable[str], *, control: bool = True,
-                  stop: Collection[str] = ()) -> set[str]:
+                  stop: Collection[str] = (), past: Callable[[Node], bool] | None = None,
+                  depth: int | None = None) -> set[str]:
         """``roots`` and every node they depend on: along data and control edges, or data
-        edges only with ``control=False``. A node of ``stop`` is reached but not walked past."""
-        return self._reach(roots, self._g._pred, control, stop)
+        edges only with ``control=False``. A node of ``stop``, or one ``past`` says False of,
+        is reached but not walked past; with ``depth``, only nodes at most that many edges
+        from a root are reached."""
+        return self._reach(roots, self._g._pred, control, stop, past, depth)
 
     def _reach(self, roots: Iterable[str], adjacency: dict, control: bool,
-               stop: Collection[str]) -> set[str]:
-        """The one graph walk: depth first over ``adjacency`` (networkx's successor or
-        predecessor dicts), without recursion, each node once."""
+               stop: Collection[str], past: Callable[[Node], bool] | None,
+               depth: int | None) -> set[str]:
+        """The one graph walk: breadth first over ``adjacency`` (networkx's successor or
+        predecessor dicts), without recursion, each node once, at the fewest edges from a
+        root (so ``depth`` bounds every path the walk could take)."""
         seen: set[str] = set()
-        stack = list(roots)
-        for name in stack:
+        frontier = list(roots)
+        for name in frontier:
             self._require(name, f"cannot walk from missing node {name!r}")
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in stop:
-                continue
-            for other, keyed in adjacency[name].items():
-                if other not in seen and (control or any(k[0] == _DATA for k in keyed)):
-                    stack.append(other)
+        nodes, level = self._nodes, 0
+        while frontier:
+            ahead = []
+            for name in frontier:
+                if name in seen:
+                    continue
+                seen.add(name)
+                if name in stop or level == depth or (past is not None
+                                                       and not past(nodes[name])):
+                    continue
+                for other, keyed in adjacency[name].items():
+                    if other not in seen and (control or any(k[0] == _DATA for k in keyed)):
+                        ahead.append(other)
+            frontier, level = ahead, level + 1
         return seen
+
+    def origin(self, name: str, through: Collection[str]) -> str:
+        """Where ``name``'s value comes from through ops of ``through`` (Identity, say):
+        ``name`` itself, or, while the node's op is one of them, the producer of its data input
+        0, up to the first node whose op is not (or that has no data input). A chain that
+        closes on itself ends where it closes."""
+        self._require(name, f"cannot walk from missing node {name!r}")
+        seen: set[str] = set()
+        while self._nodes[name].op in through and name not in seen:
+            seen.add(name)
+            inputs = self.inputs(name)
+            if not inputs:
+                break
+            name = inputs[0].node
+        return name
 
     def only_feeding(self, roots: Iterable[str]) -> set[str]:
         """``roots`` and every node all of whose readers (along data and control edges) are in
@@ -395,24 +430,36 @@ class Graph:
                     stack.append(src)
         return found
 
-    def topological_order(self) -> list[str]:
-        """Node names in a topological order of data and control edges.
+    def topological_order(self, among: Collection[str] | None = None) -> list[str]:
+        """Node names in a topological order of data and control edges: every node of the
+        graph, or of ``among`` by the edges between them (what a walk reached, say).
 
         Loop back edges (``NextIteration`` -> ``Merge``) are ignored so v1 while loops sort.
         Ties are broken by listing order, so the result is deterministic.
         """
+        if among is not None:
+            rank = self._ranks()
+            for name in among:
+                self._require(name, f"cannot order missing node {name!r}")
+            return self._sorted(sorted(among, key=rank.__getitem__), rank, set(among))
         names = self.names()
-        rank = {n: i for i, n in enumerate(names)}
+        rank = self._ranks()
         if self._listed_in_order(names, rank):
             # the min-rank order of the sort below is then the listing itself; graphs are
             # mostly written in the order they were built, which is one
             return names
+        return self._sorted(names, rank, None)
+
+    def _sorted(self, names: list[str], rank: dict[str, int], among: set[str] | None) -> list[str]:
+        """``names`` (in listing order; ``among`` the same nodes, or None: every node) in the
+        min-rank topological order of the edges between them."""
         succ = self._g._succ
         follows: dict[str, list[str]] = {}
         waiting = dict.fromkeys(names, 0)
         for src in names:
             op = self._nodes[src].op
-            outs = [dst for dst, keyed in succ[src].items() if _orders(op, keyed)]
+            outs = [dst for dst, keyed in succ[src].items()
+                    if (among is None or dst in among) and _orders(op, keyed)]
             follows[src] = outs
             for dst in outs:
                 waiting[dst] += 1

@@ -29,6 +29,7 @@ from typing import Mapping
 
 from ..core.dtypes import HEADROOM
 from ..core.ir import Graph
+from ..rules.cost_table import CostTable
 from ..rules.loader import RuleSet
 from .agreement import agree_loops, agree_tensorlists
 from .calibrated import block_ranges
@@ -54,7 +55,7 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
           keep: Mapping[str, tuple[str, str]] | None = None, lowp_io: bool = False,
           min_intensity: float = 0.0, ranges: Mapping[str, float] | None = None,
           headroom: float = HEADROOM, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-          batch: int | None = None) -> Painting:
+          batch: int | None = None, costs: CostTable | None = None) -> Painting:
     """Decide the precision of every (node, type attribute) of ``graph``; the graph is not changed.
 
     ``keep`` maps the names of nodes whose dtypes must not change to ``(code, reason)``, the
@@ -65,12 +66,13 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     observed: a node that computes or reads one within ``headroom`` of the target's largest
     value stays float32 (code ``range``, :mod:`.calibrated`). ``input_shapes`` (placeholder
     name -> shape) and ``batch`` (what an open first dimension stands for) are what the model
-    runs at, for the cost model's estimate (bfloat16 on a CPU, :mod:`.islands`). In a graph
+    runs at, for the cost model's estimate (bfloat16 on a CPU, :mod:`.islands`), and ``costs``
+    its rates (None: the shipped table, :mod:`amp_rewrite.rules.cost_table`). In a graph
     that trains, the update stays float32 (code ``update``, :mod:`.updates`).
     """
     s = PaintState(graph, rules, target=target, device=device, keep=dict(keep or {}),
                    lowp_io=lowp_io, min_intensity=min_intensity, input_shapes=input_shapes,
-                   batch=batch)
+                   batch=batch, costs=costs)
     s.block_fixed()
     block_updates(s)
     block_ranges(s, ranges or {}, headroom)

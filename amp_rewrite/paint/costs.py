@@ -16,9 +16,11 @@ feeds the variable's update); other shapes are not inferred (None: unknown).
 :func:`runtime_estimate` weighs a whole island on a CPU with a bfloat16 matrix unit: time its
 matrix ops save (per FLOP) against time its activations lose where TensorFlow runs them in
 bfloat16 with Eigen loops slower than its float32 ones (per element), unless the oneDNN remapper
-fuses them into the convolution or MatMul before them. Both rates were measured on an
-AVX512-BF16 CPU (BENCHMARKS.md "Op costs in bfloat16 on this CPU"); a CPU with AMX saves more
-per FLOP, so there the estimate errs towards float32.
+fuses them into the convolution or MatMul before them; and the casts of the weights its matrix
+ops read from variables, once a run. The rates are a
+:class:`~amp_rewrite.rules.cost_table.CostTable`: the shipped one (``rules/costs.toml``,
+measured on an AVX512-BF16 CPU), or one measured on this CPU (``amp-rewrite costs measure``),
+or ``--costs FILE`` (docs/decisions.md "The cost model").
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ import numpy as np
 from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
 from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS, is_variable_write
+from ..rules.cost_table import CostTable, shipped
 from ..schema.consts import is_all_ones
-from ..schema.shapes import (FOLDED_OPS, Shapes, const_behind, convolution_output, einsum_sizes,
-                             folded_value, parse_einsum)
+from ..schema.shapes import (FOLDED_DEPTH, FOLDED_OPS, Shapes, const_behind, convolution_output,
+                             einsum_sizes, folded_value, parse_einsum)
 
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
@@ -105,63 +108,47 @@ def _filter_shape(graph: Graph, node: Node) -> list[int] | None:
     return _stored_shape(graph, ref.node)
 
 
-def _stored_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
+def _stored_shape(graph: Graph, name: str) -> list[int] | None:
     """The static shape of a stored value (Const, variable) reaching ``name`` unchanged."""
-    node = graph.node(name)
+    node = _stored_source(graph, name)
+    if node is None:
+        return None
     if node.op == "Const":
         dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
         return dims if all(d >= 0 for d in dims) else None
-    if node.op in ("VarHandleOp", "VariableV2", "Variable"):
-        dims = [d.size for d in node.attr["shape"].shape.dim] if "shape" in node.attr else []
-        return dims if dims and all(d >= 0 for d in dims) else None
-    if node.op == "Placeholder" and "_handle_shapes" in node.attr:   # a function's variable
+    if node.op == "Placeholder":   # a function's variable
         shapes = node.attr["_handle_shapes"].list.shape
         dims = [d.size for d in shapes[0].dim] if len(shapes) == 1 else []
-        return dims if dims and all(d >= 0 for d in dims) else None
-    if node.op in _PASS_THROUGH and depth:
-        inputs = graph.inputs(name)
-        if inputs:
-            return _stored_shape(graph, inputs[0].node, depth - 1)
+    else:
+        dims = [d.size for d in node.attr["shape"].shape.dim] if "shape" in node.attr else []
+    return dims if dims and all(d >= 0 for d in dims) else None
+
+
+def _updated_shape(graph: Graph, name: str) -> list[int] | None:
+    """The shape of the variable a value updates (through pass-through ops), if it does: of
+    the first variable write, by name, that ``name`` or a pass-through op after it feeds as
+    the value (not the handle)."""
+    carried = graph.descendants([name], past=lambda n: n.name == name or n.op in _PASS_THROUGH)
+    for src in sorted(carried):
+        if src != name and graph.node(src).op not in _PASS_THROUGH:
+            continue
+        for reader, port in graph.consumers(src):
+            if port > 0 and is_variable_write(graph.node(reader).op):
+                shape = _stored_shape(graph, graph.inputs(reader)[0].node)
+                if shape is not None:
+                    return shape
     return None
 
 
-def _updated_shape(graph: Graph, name: str, depth: int = 8) -> list[int] | None:
-    """The shape of the variable a value updates (through pass-through ops), if it does."""
-    for reader, port in graph.consumers(name):
-        node = graph.node(reader)
-        if is_variable_write(node.op) and port > 0:
-            shape = _stored_shape(graph, graph.inputs(reader)[0].node)
-            if shape is not None:
-                return shape
-        if node.op in _PASS_THROUGH and depth:
-            shape = _updated_shape(graph, reader, depth - 1)
-            if shape is not None:
-                return shape
-    return None
-
-
-# bfloat16 on a CPU with a bfloat16 matrix unit, against float32 (BENCHMARKS.md "Op costs in
-# bfloat16 on this CPU", AVX512-BF16): a Conv2D or a MatMul saves about 0.9 ps per FLOP
-# (0.89-0.95 measured; a depthwise convolution 1.8, taken as 0.9 too: it is a small share) ...
-SAVED_PS_PER_FLOP = 0.9
-# ... and these ops, where nothing fuses them, lose this much per element they write (in whole
-# models about as much: MobileNetV2's 35 Relu6 lost 250 ps per element, DenseNet121's Relu 80).
-# Binary elementwise ops are left out: in whole models grappler folds a batch norm's Mul and Add
-# into the convolution, and half the bytes outweigh the slower loop (DenseNet121's Mul and
-# ConcatV2, EfficientNetB0's Mul ran faster in bfloat16 than in float32).
-EXTRA_PS_PER_ELEMENT = {"Relu": 43, "Relu6": 218, "Elu": 476, "Selu": 832, "LeakyRelu": 101,
-                        "Sigmoid": 706, "Tanh": 198, "Softplus": 886, "Erf": 235, "Exp": 163}
-# ... and a weight read from a variable is cast to bfloat16 on every run (a Const is stored in
-# bfloat16 by painting, once): a Cast costs about 150 ps per element on this CPU, op dispatch
-# included (a float32 -> bfloat16 -> float32 round trip of 49k and 1M elements, 255 and 320
-# ps per element; BENCHMARKS.md "Keras SavedModels"). It is paid once a run whatever the batch,
-# while the matrix ops save per sample: where the graph leaves the batch open, the estimate
-# takes the batch ``convert --shape`` gives, else DEFAULT_BATCH samples a run. One, the batch
-# where casts weigh most: a model served one sample at a time must not run slower than float32
-# (BENCHMARKS.md "Batch size and weight casts": Xception painted whole ran at 0.41x FP32 at
-# batch 1 and 1.03x at 8; the estimate turned between the same batches for every model there),
-# and where a larger batch would gain, the summary says from which batch on.
-CAST_PS_PER_ELEMENT = 150
+# The rates (ps a FLOP saved, ps an element an unfused activation loses, a weight's cast ...)
+# are a CostTable (rules/costs.toml, or one measured on this CPU). A weight read from a variable
+# is cast to bfloat16 on every run (a Const is stored in bfloat16 by painting, once), whatever
+# the batch, while the matrix ops save per sample: where the graph leaves the batch open, the
+# estimate takes the batch ``convert --shape`` gives, else DEFAULT_BATCH samples a run. One, the
+# batch where casts weigh most: a model served one sample at a time must not run slower than
+# float32 (BENCHMARKS.md "Batch size and weight casts": Xception painted whole ran at 0.41x FP32
+# at batch 1 and 1.03x at 8; the estimate turned between the same batches for every model
+# there), and where a larger batch would gain, the summary says from which batch on.
 DEFAULT_BATCH = 1
 # what TensorFlow's remapper (grappler remapper.cc) fuses on a CPU into each contraction + bias:
 # Tanh and Sigmoid only after a MatMul, LeakyRelu not after a depthwise convolution
@@ -190,6 +177,7 @@ class Estimate:
     # pass it on): counted per run of that batch; empty where the batch is open (per sample)
     rows: tuple[int, ...] = ()
     told: bool = False                    # batch was given (--shape), not DEFAULT_BATCH
+    rates: str = ""                       # where the rates come from (CostTable.cite)
 
     @property
     def samples(self) -> int:
@@ -242,14 +230,13 @@ class Estimate:
                     f"{self.lost_us * 1e3:.0f} ns per row of its matrix ops on a CPU, more "
                     f"than the {self.saved_us * 1e3:.0f} ns their "
                     f"{self.flops / 1e6:.2f} MFLOPs a row save (their rows are not known from "
-                    "the graph, a loop's state say; both grow with them; BENCHMARKS.md \"Op "
-                    "costs in bfloat16 on this CPU\"; --min-matrix-intensity 0 paints it "
-                    "anyway)")
+                    f"the graph, a loop's state say; both grow with them; {self.rates}; "
+                    "--min-matrix-intensity 0 paints it anyway)")
         return (f"whose unfused {tname} activations ({ops}) would lose about "
                 f"{_us(self.lost_us)} µs {self.unit()} on a CPU, more than the "
                 f"{_us(self.saved_us)} µs its {self.flops / 1e6:.0f} MFLOPs of matrix work save "
-                f"(shapes as the graph states them, {self.weighed_at()}; BENCHMARKS.md \"Op "
-                "costs in bfloat16 on this CPU\"; --min-matrix-intensity 0 paints it anyway)")
+                f"(shapes as the graph states them, {self.weighed_at()}; {self.rates}; "
+                "--min-matrix-intensity 0 paints it anyway)")
 
 
 def _us(value: float) -> str:
@@ -257,12 +244,13 @@ def _us(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.0f}"
 
 
-def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None) -> bool:
-    """Whether ``node`` is an op whose bfloat16 CPU kernel is slower than its float32 one and
-    that TensorFlow's remapper will not fuse into the contraction before it (or, a Sigmoid, into
-    a Swish). ``island``: the names painted with it; a contraction outside it is float32, and
-    the cast between them stops the fusion."""
-    if node.op not in EXTRA_PS_PER_ELEMENT:
+def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None,
+                 costs: CostTable | None = None) -> bool:
+    """Whether ``node`` is an op whose bfloat16 CPU kernel is slower than its float32 one (by
+    ``costs``, default the shipped table) and that TensorFlow's remapper will not fuse into the
+    contraction before it (or, a Sigmoid, into a Swish). ``island``: the names painted with it;
+    a contraction outside it is float32, and the cast between them stops the fusion."""
+    if not (costs or shipped()).slower(node.op):
         return False
     inputs = graph.inputs(node.name)
     if not inputs:
@@ -418,19 +406,20 @@ def _float_const(graph: Graph, ref: TensorRef) -> Node | None:
     return node if node is not None and node.attr["value"].tensor.dtype in FLOATING else None
 
 
-def runtime_estimate(graph: Graph, shapes: Shapes, names,
-                     batch: int | None = None) -> Estimate | None:
+def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = None,
+                     costs: CostTable | None = None) -> Estimate | None:
     """Time the nodes ``names`` (an island) save and lose in bfloat16 on a CPU, or
     None where a matrix op's FLOPs or a slow op's elements are not known from the graph (a
     gradient's convolution, an Einsum: their FLOPs are not worked out). Lost: what unfused slow
     activations lose, and casting the weights matrix ops read from variables, once a run.
     An island with neither loses nothing (an empty estimate), and no shape is worked out for
     it. ``batch``: the samples a run where the graph leaves the batch open (None:
-    :data:`DEFAULT_BATCH`)."""
-    est = Estimate(batch=batch or DEFAULT_BATCH, told=batch is not None)
+    :data:`DEFAULT_BATCH`); ``costs``: the rates (None: the shipped table)."""
+    costs = costs or shipped()
+    est = Estimate(batch=batch or DEFAULT_BATCH, told=batch is not None, rates=costs.cite())
     members = set(names)
     island = sorted(members)
-    slow = [name for name in island if slow_unfused(graph, graph.node(name), members)]
+    slow = [name for name in island if slow_unfused(graph, graph.node(name), members, costs)]
     # one cast per variable read, however many matrix ops share it (an unrolled loop's steps)
     weights = {name: _variable_weight(graph, graph.node(name)) for name in island
                if graph.node(name).op in MATRIX_OPS}
@@ -451,7 +440,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
         count = shapes.elements(ref)
         if count is None:
             return None
-        lost[_rows(shapes, ref, rows)] += count * EXTRA_PS_PER_ELEMENT[op] * 1e-6
+        lost[_rows(shapes, ref, rows)] += count * costs.unfused_ps_per_element[op] * 1e-6
         est.slow[op] = est.slow.get(op, 0) + 1
     for name in island:
         node = graph.node(name)
@@ -469,7 +458,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
                 out = shapes.shape(ref)
                 # a stated batch is in the element counts already: all per run
                 shared = out is None or not out or out[0] < 0
-                us = elements * CAST_PS_PER_ELEMENT * 1e-6 / (est.batch if shared else 1)
+                us = elements * costs.cast_ps_per_element * 1e-6 / (est.batch if shared else 1)
                 if us > casts.get(src, (0.0, False))[0]:
                     casts[src] = (us, shared)
     est.rows = tuple(sorted(rows)) if rows and min(rows) > 0 else ()
@@ -483,7 +472,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names,
     est.flops = flops[False] + stated * flops[True]
     est.cast_us = sum(us for us, _ in casts.values())
     est.open_cast_us = sum(us * est.batch for us, shared in casts.values() if shared)
-    est.saved_us = est.flops * SAVED_PS_PER_FLOP * 1e-6
+    est.saved_us = est.flops * costs.saved_ps_per_flop * 1e-6
     return est
 
 
@@ -512,16 +501,13 @@ def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:
     return "", 0
 
 
-def _stored_source(graph: Graph, name: str, depth: int = 8) -> Node | None:
-    """The Const or variable :func:`_stored_shape` would read for ``name``, or None."""
-    node = graph.node(name)
+def _stored_source(graph: Graph, name: str) -> Node | None:
+    """The Const or variable whose value reaches ``name`` unchanged (through pass-through ops,
+    :meth:`~amp_rewrite.core.ir.Graph.origin`), or None."""
+    node = graph.node(graph.origin(name, _PASS_THROUGH))
     if node.op in ("Const", "VarHandleOp", "VariableV2", "Variable") or (
             node.op == "Placeholder" and "_handle_shapes" in node.attr):
         return node
-    if node.op in _PASS_THROUGH and depth:
-        inputs = graph.inputs(name)
-        if inputs:
-            return _stored_source(graph, inputs[0].node, depth - 1)
     return None
 
 
@@ -637,15 +623,18 @@ def matrix_flops(graph: Graph, shapes: Shapes, node: Node) -> int | None:
 
 
 def graph_estimate(flops: dict[str, int | None], lowp: set[str],
-                   weighed: list[tuple[set[str], Estimate | None]]) -> dict:
+                   weighed: list[tuple[set[str], Estimate | None]],
+                   costs: CostTable | None = None) -> dict:
     """The cost model's estimate for a whole graph in bfloat16 on a CPU, from the FLOPs of its
     matrix ops (``flops``, name -> :func:`matrix_flops`), the names that ended in bfloat16
     (``lowp``) and the islands :func:`runtime_estimate` weighed (names, estimate): ``fp32_us``,
-    the matrix work at float32's rate (:data:`FP32_PS_PER_FLOP`); ``saved_us``, what the
-    bfloat16 matrix ops save (:data:`SAVED_PS_PER_FLOP`); ``lost_us``, what their islands lose
+    the matrix work at float32's rate (``costs.fp32_ps_per_flop``; None: the shipped table);
+    ``saved_us``, what the bfloat16 matrix ops save (``costs.saved_ps_per_flop``); ``lost_us``,
+    what their islands lose
     to unfused activations and weight casts; ``unknown``, the bfloat16 matrix ops left out of
     both, whose FLOPs or island estimate is not known (or that no weighed island held: painted
     by an override after the weighing). Times in µs a run, a sample where the batch is open."""
+    costs = costs or shipped()
     saved = lost = 0.0
     unknown, weighed_ops = 0, set()
     for names, est in weighed:
@@ -656,10 +645,10 @@ def graph_estimate(flops: dict[str, int | None], lowp: set[str],
         if est is None or est.per_row or any(flops[n] is None for n in painted):
             unknown += len(painted)
             continue
-        saved += sum(flops[n] for n in painted) * SAVED_PS_PER_FLOP * 1e-6
+        saved += sum(flops[n] for n in painted) * costs.saved_ps_per_flop * 1e-6
         lost += est.lost_us + est.cast_us
     unknown += sum(1 for n in flops if n in lowp and n not in weighed_ops)
-    fp32 = sum(f for f in flops.values() if f) * FP32_PS_PER_FLOP * 1e-6
+    fp32 = sum(f for f in flops.values() if f) * costs.fp32_ps_per_flop * 1e-6
     return {"fp32_us": round(fp32, 3), "saved_us": round(saved, 3), "lost_us": round(lost, 3),
             "unknown": unknown}
 
@@ -670,14 +659,10 @@ def graph_estimate(flops: dict[str, int | None], lowp: set[str],
 # nor bnfold folds into the convolution.
 
 
-# a batch norm's Mul or AddV2 by a per-channel vector on a 8x56x56x144 tensor takes 116 and
-# 127 ps per element in float32 (172 and 174 in bfloat16; BENCHMARKS.md "Op costs in bfloat16
-# on this CPU"): what one saves where --fold-constants folds it into the convolution
-FOLDED_PS_PER_ELEMENT = 120
-# a Conv2D or MatMul takes 1.9-2.4 ps per FLOP in float32 on that CPU (the same table: 17.93 ms
-# for the 9.4 GFLOPs of the 3x3 convolution, 2.48 ms for 1.0 of the 1x1, 8.85 ms for 4.2 of
-# the MatMul): the islands' matrix work in float32, the scale freezing's gain is weighed on
-FP32_PS_PER_FLOP = 2.0
+# Two rates of the CostTable are for this: what a batch norm's Mul or AddV2 takes per element
+# in float32, which folding it into the convolution saves (folded_ps_per_element), and what
+# matrix work takes per FLOP in float32, the scale freezing's gain is weighed on
+# (fp32_ps_per_flop).
 
 
 @dataclass
@@ -689,7 +674,7 @@ class FreezeGain:
 
     islands: int = 0         # islands weighed that read variables
     matrix_ops: int = 0      # matrix ops kept float32 as is that would run in 16 bits frozen
-    fp32_us: float = 0.0     # their matrix work in float32 (FP32_PS_PER_FLOP)
+    fp32_us: float = 0.0     # their matrix work in float32 (CostTable.fp32_ps_per_flop)
     saved_us: float = 0.0    # what the 16-bit islands save as is (kept ones: nothing)
     frozen_us: float = 0.0   # what they would save frozen: 16 bits, folded batch norms
 
@@ -697,13 +682,14 @@ class FreezeGain:
     def gain_us(self) -> float:
         return self.frozen_us - self.saved_us
 
-    def add(self, est: Estimate, frozen: Estimate, folded_us: float, matrix_ops: int) -> None:
+    def add(self, est: Estimate, frozen: Estimate, folded_us: float, matrix_ops: int,
+            costs: CostTable | None = None) -> None:
         """Count one island: ``est`` as it is, ``frozen`` and ``folded_us`` (its batch norms'
         elementwise ops folded away) from :func:`frozen_estimate`; an island whose shapes state
-        its batch is counted per sample of it."""
+        its batch is counted per sample of it. ``costs``: the rates (None: the shipped table)."""
         per = est.samples
         self.islands += 1
-        self.fp32_us += est.flops * FP32_PS_PER_FLOP * 1e-6 / per
+        self.fp32_us += est.flops * (costs or shipped()).fp32_ps_per_flop * 1e-6 / per
         if not est.slower:
             self.saved_us += (est.saved_us - est.lost_us - est.cast_us) / per
         self.frozen_us += (folded_us + (0.0 if frozen.slower
@@ -726,29 +712,30 @@ def reads_variables(graph: Graph) -> bool:
                for node in graph.nodes())
 
 
-def frozen_estimate(graph: Graph, shapes: Shapes, names,
-                    est: Estimate) -> tuple[Estimate, float] | None:
+def frozen_estimate(graph: Graph, shapes: Shapes, names, est: Estimate,
+                    costs: CostTable | None = None) -> tuple[Estimate, float] | None:
     """``est``, the island ``names``' :func:`runtime_estimate`, as if every variable were a
     Const and the graph converted with --fold-constants: no weight is cast, and an activation
     whose batch norm or bias reads variables fuses where it would with Consts
     (:func:`_fuses_frozen`); with it, the µs the batch norms' Mul and AddV2 take that folding
-    removes (:data:`FOLDED_PS_PER_ELEMENT`). None where an element count is not known. The
-    values a variable holds are not read: its batch norms are taken as trained (an untrained
-    one, offset 0, folds away, leaving no bias to fuse)."""
+    removes (``costs.folded_ps_per_element``; None: the shipped table). None where an element
+    count is not known. The values a variable holds are not read: its batch norms are taken as
+    trained (an untrained one, offset 0, folds away, leaving no bias to fuse)."""
+    costs = costs or shipped()
     members = set(names)
     out, folded = Estimate(flops=est.flops, saved_us=est.saved_us), 0.0
     for name in sorted(members):
         node = graph.node(name)
         fold = _folds_frozen(graph, node, members)
-        if fold or (slow_unfused(graph, node, members)
+        if fold or (slow_unfused(graph, node, members, costs)
                     and not _fuses_frozen(graph, node, members)):
             count = shapes.elements(TensorRef(name, 0))
             if count is None:
                 return None
             if fold:
-                folded += count * FOLDED_PS_PER_ELEMENT * 1e-6
+                folded += count * costs.folded_ps_per_element * 1e-6
             else:
-                out.lost_us += count * EXTRA_PS_PER_ELEMENT[node.op] * 1e-6
+                out.lost_us += count * costs.unfused_ps_per_element[node.op] * 1e-6
                 out.slow[node.op] = out.slow.get(node.op, 0) + 1
     return out, folded
 
@@ -772,13 +759,26 @@ def _folds_frozen(graph: Graph, node: Node, island: set[str]) -> bool:
             and _stored_value(graph, graph.inputs(up.name)[1]))
 
 
-def _reads_variable(graph: Graph, ref: TensorRef, depth: int = 12) -> bool:
-    """Whether ``ref``'s stored value (:func:`_stored_value`) comes from a variable."""
-    src = _stored_source(graph, ref.node)
-    if src is not None:
-        return src.op != "Const"
-    return bool(depth) and any(_reads_variable(graph, r, depth - 1)
-                               for r in graph.inputs(ref.node))
+# how many ops up from a batch norm's Mul or AddV2 a variable makes it one that folds only
+# once frozen: a Keras batch norm's vectors are three or four ops from their variables, the
+# convolution's filter two; further up are other layers'
+VARIABLE_HOPS = 12
+
+
+def _reads_variable(graph: Graph, ref: TensorRef) -> bool:
+    """Whether a variable's value (:func:`_stored_source`) reaches ``ref`` within
+    :data:`VARIABLE_HOPS` ops, not walking past a stored value."""
+    sources: dict[str, Node | None] = {}
+
+    def source(node: Node) -> Node | None:
+        if node.name not in sources:
+            sources[node.name] = _stored_source(graph, node.name)
+        return sources[node.name]
+
+    reached = graph.ancestors([ref.node], control=False, depth=VARIABLE_HOPS,
+                              past=lambda node: source(node) is None)
+    return any(src is not None and src.op != "Const"
+               for src in (source(graph.node(name)) for name in sorted(reached)))
 
 
 def _fuses_frozen(graph: Graph, act: Node, island: set[str]) -> bool:
@@ -830,15 +830,31 @@ def _stored_operand(graph: Graph, node: Node, ops: tuple[str, ...]) -> TensorRef
     return inputs[1 - stored.index(True)] if stored.count(True) == 1 else None
 
 
-def _stored_value(graph: Graph, ref: TensorRef, depth: int = 12) -> bool:
+def _stored_value(graph: Graph, ref: TensorRef) -> bool:
     """Whether ``ref`` is a Const or a variable's value (through pass-through ops), or computed
-    from such alone by the elementwise ops constant folding evaluates once they are Consts."""
-    node = graph.node(ref.node)
+    from such alone by the elementwise ops constant folding evaluates once they are Consts
+    (each without control inputs, reading output 0 of what it reads; through up to
+    :data:`~amp_rewrite.schema.shapes.FOLDED_DEPTH` of them, as
+    :func:`~amp_rewrite.schema.shapes.folded_value`)."""
+    stored: dict[str, bool] = {}
+
+    def source(node: Node) -> bool:
+        if node.name not in stored:
+            stored[node.name] = _stored_source(graph, node.name) is not None
+        return stored[node.name]
+
+    def folds(node: Node) -> bool:
+        return (not source(node) and node.op in FOLDED_OPS
+                and not graph.control_inputs(node.name))
+
     if ref.port:
         return False
-    if _stored_source(graph, node.name) is not None:
-        return True
-    if node.op not in FOLDED_OPS or not depth or graph.control_inputs(node.name):
-        return False
-    inputs = graph.inputs(node.name)
-    return bool(inputs) and all(_stored_value(graph, r, depth - 1) for r in inputs)
+    reached = graph.ancestors([ref.node], control=False, past=folds, depth=FOLDED_DEPTH)
+    for name in sorted(reached):
+        node = graph.node(name)
+        if source(node):
+            continue
+        inputs = graph.inputs(name)
+        if not folds(node) or not inputs or any(r.port or r.node not in reached for r in inputs):
+            return False   # not folded, or past the bound (what it reads was not reached)
+    return True

@@ -66,7 +66,7 @@ def drop_cheap_islands(s: PaintState) -> None:
                 if not weigh:
                     continue
                 names = {s.items[i][0] for i in island}
-                est = runtime_estimate(s.graph, shapes, names, s.batch)
+                est = runtime_estimate(s.graph, shapes, names, s.batch, s.costs)
                 s.weighed.append((names, est))
                 matrix = sum(s.nodes[n].op in MATRIX_OPS for n in names)
                 # freezing could change it; a per-row estimate (no variable cast: shapes.ROWS)
@@ -93,9 +93,9 @@ def _weigh_freezing(s: PaintState, shapes, names: set[str], est: Estimate,
     """Add the island (``matrix`` its matrix ops) to ``s.freezing``: what it would save frozen
     with --fold-constants (:func:`~amp_rewrite.paint.costs.frozen_estimate`) beside what it
     saves as it is."""
-    frozen = frozen_estimate(s.graph, shapes, names, est)
+    frozen = frozen_estimate(s.graph, shapes, names, est, s.costs)
     if frozen is not None:
-        s.freezing.add(est, *frozen, matrix)
+        s.freezing.add(est, *frozen, matrix, s.costs)
 
 
 def _island(s: PaintState, start: int) -> set[int]:

@@ -45,7 +45,7 @@ def record_flops(s: PaintState, result: Painting) -> None:
                     for name, node in s.nodes.items() if node.op in MATRIX_OPS}
     if s.weighed is not None:
         lowp = {name for name, _ in result.lowp}
-        result.estimate = graph_estimate(result.flops, lowp, s.weighed)
+        result.estimate = graph_estimate(result.flops, lowp, s.weighed, s.costs)
 
 
 def why_not(s: PaintState, idx: int) -> Decision:

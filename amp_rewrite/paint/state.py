@@ -13,6 +13,7 @@ from typing import Mapping
 from ..core.dtypes import FLOAT, RESOURCE, TARGET_NAMES, dtype_name
 from ..core.ir import Graph, Node
 from ..core.ops import PLACEHOLDER_OPS, VARIABLE_OPS
+from ..rules.cost_table import CostTable, shipped
 from ..rules.loader import RuleSet
 from ..schema.opdefs import device_type, get_dtype, kernel_supports, node_types, output_dtype
 from ..schema.shapes import Shapes
@@ -27,12 +28,13 @@ class PaintState:
     def __init__(self, graph: Graph, rules: RuleSet, *, target: int, device: str,
                  keep: Mapping[str, tuple[str, str]], lowp_io: bool, min_intensity: float = 0.0,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 batch: int | None = None):
+                 batch: int | None = None, costs: CostTable | None = None):
         self.graph, self.rules, self.target, self.device = graph, rules, target, device
         self.lowp_io, self.min_intensity = lowp_io, min_intensity
         # what the model runs at, for the cost model (paint.islands): placeholder shapes and
         # the batch an open first dimension stands for (None: costs.DEFAULT_BATCH)
         self.input_shapes, self.batch = dict(input_shapes or {}), batch
+        self.costs = costs or shipped()   # the cost model's rates (rules.cost_table)
         self.tname = TARGET_NAMES.get(target, dtype_name(target))
         order = graph.topological_order()
         self.nodes: dict[str, Node] = {name: graph.node(name) for name in order}

@@ -314,8 +314,11 @@ def _passed_to_arguments(graph_def: graph_pb2.GraphDef, leaf, *, resources: bool
 
 def _callers_first(bodies: dict, by_name: dict) -> list[str]:
     """The functions of ``bodies`` ordered so that each comes after every function that calls
-    it (any order among the rest; a cycle, which TensorFlow refuses, ends the order early)."""
-    callees = {name: {c for nd in nodes.values() for c, _ in _callees(nd, by_name)} - {name}
+    it (any order among the rest; a cycle, which TensorFlow refuses, ends the order early). A
+    call of a function the library does not hold (the importer refuses it later) orders
+    nothing."""
+    callees = {name: {c for nd in nodes.values() for c, _ in _callees(nd, by_name)
+                      if c in bodies} - {name}
                for name, nodes in bodies.items()}
     waiting = {name: 0 for name in bodies}
     for name, called in callees.items():

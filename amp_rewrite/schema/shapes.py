@@ -62,11 +62,6 @@ _BROADCAST = frozenset({
     "LessEqual", "Equal", "NotEqual", "SelectV2", "AddN", "BiasAddV1",
 })
 _REDUCE = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin"})
-# ops with a rule below that read the shape of their first input only / of every non-Const one
-_FIRST = _REDUCE | frozenset({"MaxPool", "AvgPool", "Pad", "PadV2", "MirrorPad", "Reshape",
-                              "Transpose", "ExpandDims", "Squeeze", "StridedSlice"})
-_MANY = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul", "BatchMatMulV2",
-                   "BatchMatMulV3", "ConcatV2", "Einsum"})
 # gradient convolutions: output 0 has the shape their sizes input holds (input_sizes of an input
 # gradient, filter_sizes of a filter gradient), a Const or the Shape/ShapeN of a tensor
 _SIZED = {"Conv2DBackpropInput": 0, "DepthwiseConv2dNativeBackpropInput": 0,
@@ -99,55 +94,40 @@ class Shapes:
 
     def shape(self, ref: TensorRef) -> Shape | None:
         """The static shape of ``ref``, or None where it is not known."""
-        if ref in self._known:
-            return self._known[ref]
-        # producers first, without recursion: chains of thousands of nodes are common
-        stack, waiting = [ref], set()
-        while stack:
-            top = stack[-1]
-            if top in self._known:
-                stack.pop()
-                continue
-            missing = [r for r in self._needs(top) if r not in self._known]
-            if missing and top not in waiting:
-                waiting.add(top)
-                stack.extend(missing)
-                continue
-            stack.pop()
-            if missing:   # its inputs wait on it: a cycle no rule breaks (check_input refuses
-                self._remember(top, None)   # one that is not a loop's back edge): unknown
-                continue
-            try:
-                self._remember(top, _rule(self, top))
-            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
-                self._remember(top, None)   # attrs or values a rule did not expect: unknown
+        if ref not in self._known:
+            for top in self._producers_first(ref):
+                if top in self._known:
+                    continue
+                try:
+                    self._remember(top, _rule(self, top))
+                except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
+                    self._remember(top, None)   # attrs or values a rule did not expect: unknown
         return self._known[ref]
+
+    def _producers_first(self, ref: TensorRef) -> list[TensorRef]:
+        """``ref`` and the tensors it is computed from, producers first: the IR's walk up the
+        data edges from ``ref``'s node, not past a node whose shape is known, in the IR's
+        topological order of the nodes it walked past (a loop's back edge does not order: a
+        Merge comes before its body, and its rule walks round the loop itself); of each,
+        output 0 and, where each output has a rule (:data:`_PORTS`), the outputs the others
+        read. Another output a rule asks for is worked out then. Without recursion: chains of
+        thousands of nodes are common."""
+        graph, known = self.graph, self._known
+        reached = graph.ancestors([ref.node], control=False,
+                                  past=lambda node: TensorRef(node.name, 0) not in known)
+        todo = {name for name in reached if TensorRef(name, 0) not in known}
+        order = []
+        for name in graph.topological_order(among=todo):
+            ports = {0}
+            if graph.node(name).op in _PORTS:
+                ports |= {port for port, reader, _ in graph.out_edges(name) if reader in reached}
+            order.extend(TensorRef(name, port) for port in sorted(ports))
+        return order + [ref]
 
     def _remember(self, ref: TensorRef, shape: Shape | None) -> None:
         if self._journal is not None and ref not in self._known:
             self._journal.append(ref)
         self._known[ref] = shape
-
-    def _needs(self, ref: TensorRef) -> list[TensorRef]:
-        """The inputs whose shapes ``ref``'s rule reads."""
-        node = self.graph.node(ref.node)
-        inputs = self.graph.inputs(ref.node)
-        if node.op in _PORTS:
-            return inputs[_VALUE[node.op]:_VALUE[node.op] + 1]
-        if ref.port != 0:
-            return []
-        if node.op in _SAME or node.op in _FIRST:
-            return inputs[:1]
-        if node.op in _BROADCAST:
-            return inputs
-        if node.op in _MANY:
-            return [r for r in inputs if self.graph.node(r.node).op != "Const"]
-        if node.op in _SIZED:
-            measured = _measured(self.graph, inputs[_SIZED[node.op]])
-            return [measured] if measured is not None else []
-        if node.op in ("Merge", "RefMerge"):   # not the back edge: no walk round the loop
-            return _back_edges(self.graph, inputs)[0]
-        return []   # no rule, or one that reads values only (Fill)
 
     def value(self, ref: TensorRef) -> np.ndarray | None:
         """The value of a Const input (through Identity), or None."""
@@ -156,17 +136,12 @@ class Shapes:
 
 
 def const_behind(graph: Graph, ref: TensorRef) -> Node | None:
-    """The Const ``ref`` reads, through up to 8 Identity ops (a frozen graph's ``/read``), or
-    None."""
-    node = graph.node(ref.node)
-    for _ in range(8):
-        if node.op == "Const":
-            return node
-        inputs = graph.inputs(node.name)
-        if node.op != "Identity" or len(inputs) != 1:
-            return None
-        node = graph.node(inputs[0].node)
-    return None
+    """The Const ``ref`` reads, through Identity ops (a frozen graph's ``/read``), or None."""
+    node = graph.node(graph.origin(ref.node, _IDENTITY))
+    return node if node.op == "Const" else None
+
+
+_IDENTITY = frozenset({"Identity"})
 
 
 # elementwise ops grappler's constant folding computes where every input is a Const: what a
@@ -179,35 +154,58 @@ _FOLDED = {"Identity": lambda a: a, "Snapshot": lambda a: a, "Neg": np.negative,
            "Minimum": np.minimum}
 #: the ops :func:`folded_value` computes (the cost model's frozen estimate walks the same ops)
 FOLDED_OPS = frozenset(_FOLDED)
+#: how many of them a value is looked for through, up from where it is read: a frozen Keras
+#: batch norm's offset is four deep; the bound keeps a look-up from walking a residual stream
+#: of Adds (each of which may be asked about)
+FOLDED_DEPTH = 12
 # the largest value worked out: batch-norm vectors are one value per channel
 _FOLDED_MAX = 1 << 16
 
 
-def folded_value(graph: Graph, ref: TensorRef, depth: int = 12) -> np.ndarray | None:
+def folded_value(graph: Graph, ref: TensorRef) -> np.ndarray | None:
     """The value of ``ref`` where it is a Const or computed from Consts alone by the elementwise
-    ops constant folding evaluates (:data:`_FOLDED`, through up to ``depth`` of them), with no
-    control input on the way and at most 65536 values each; None otherwise (a variable, a
-    placeholder, another op, a malformed Const)."""
-    node = graph.node(ref.node)
+    ops constant folding evaluates (:data:`_FOLDED`, through up to :data:`FOLDED_DEPTH` of
+    them), each reading output 0 of what it reads, with no control input on the way and at
+    most 65536 values each; None otherwise (a variable, a placeholder, another op, a malformed
+    Const). What it is computed from is the IR's walk up through those ops, evaluated in the
+    IR's topological order of what the walk reached."""
     if ref.port:
         return None
-    if node.op == "Const":
-        tensor = node.attr["value"].tensor
-        if math.prod(d.size for d in tensor.tensor_shape.dim) > _FOLDED_MAX:
-            return None
-        try:
-            return tensor_util.MakeNdarray(tensor)
-        except (TypeError, ValueError):
-            return None
-    fn = _FOLDED.get(node.op)
-    if fn is None or not depth or graph.control_inputs(node.name):
-        return None
-    args = [folded_value(graph, r, depth - 1) for r in graph.inputs(node.name)]
-    if not args or any(a is None for a in args):
+
+    def folds(node: Node) -> bool:
+        return node.op in _FOLDED and not graph.control_inputs(node.name)
+
+    reached = graph.ancestors([ref.node], control=False, past=folds, depth=FOLDED_DEPTH)
+    values: dict[str, np.ndarray | None] = {}
+    for name in graph.topological_order(among=reached):
+        node = graph.node(name)
+        if node.op == "Const":
+            values[name] = _const_value(node)
+            continue
+        inputs = graph.inputs(name)
+        args = [values.get(r.node) if not r.port else None for r in inputs]
+        values[name] = (_fold(node.op, args) if folds(node) and args
+                        and all(a is not None for a in args) else None)
+    return values[ref.node]
+
+
+def _const_value(node: Node) -> np.ndarray | None:
+    """A Const's value, where it holds at most :data:`_FOLDED_MAX` values and reads."""
+    tensor = node.attr["value"].tensor
+    if math.prod(d.size for d in tensor.tensor_shape.dim) > _FOLDED_MAX:
         return None
     try:
+        return tensor_util.MakeNdarray(tensor)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fold(op: str, args: list[np.ndarray]) -> np.ndarray | None:
+    """What constant folding computes for ``op`` of ``args``, or None (it fails, or it is more
+    than :data:`_FOLDED_MAX` values)."""
+    try:
         with np.errstate(all="ignore"):
-            out = np.asarray(fn(*args))
+            out = np.asarray(_FOLDED[op](*args))
     except (TypeError, ValueError):
         return None
     return out if out.size <= _FOLDED_MAX else None

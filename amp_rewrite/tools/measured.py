@@ -20,7 +20,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..conversion.graph import FREEZE_HINT_SHARE, Options
 from ..conversion.pipeline import convert_path
@@ -77,14 +77,21 @@ def pick(result: BenchResult) -> str:
     return "painted" if result.speedup > 1.0 else "estimated"
 
 
+#: what times two saved models against each other: :func:`~amp_rewrite.tools.bench.bench`'s
+#: signature, ``(first_path, second_path, *, runs, warmup, shapes) -> BenchResult``
+Timer = Callable[..., BenchResult]
+
+
 def measured_conversion(input_path, output_name: str, options: Options, *,
-                        shapes: Mapping | None = None, runs: int = 20,
-                        warmup: int = 3) -> tuple[Model, Report, Measured]:
+                        shapes: Mapping | None = None, runs: int = 20, warmup: int = 3,
+                        timer: Timer = bench) -> tuple[Model, Report, Measured]:
     """``input_path`` converted with ``options`` or, where the cost model kept nodes float32
     and painting them ran faster here, with ``min_matrix_intensity=0`` (painted whole): the
     model and its report, whose ``measured`` entry says what was timed. ``output_name`` names
     the candidates in the temporary folder (its suffix decides their format); ``shapes`` feeds
-    open dimensions as ``bench --shape`` does. Only the kept conversion's log lines are said."""
+    open dimensions as ``bench --shape`` does. Only the kept conversion's log lines are said.
+    ``timer`` times the two saved candidates (:func:`~amp_rewrite.tools.bench.bench`; the tests
+    give it fixed timings, so that each choice is checked whichever this CPU would make)."""
     if not options.weighed():
         raise InputError("--measure times the cost model of --target bfloat16 --device cpu "
                          "against painting whole on this CPU; a "
@@ -102,21 +109,21 @@ def measured_conversion(input_path, output_name: str, options: Options, *,
             for (model, _), path in zip((estimated, painted), paths):
                 path.parent.mkdir()
                 save(model, path)
-            result = bench(*paths, runs=runs, warmup=warmup, shapes=shapes)
+            result = timer(*paths, runs=runs, warmup=warmup, shapes=shapes)
         found = Measured(pick(result), result.original.median_ms, result.converted.median_ms,
                          result.speedup, result.speedup_range(), kept)
     for record in logs[found.chosen]:   # said now, as the conversion written would say them
         logging.getLogger(record.name).handle(record)
     model, report = painted if found.chosen == "painted" else estimated
     if not options.freeze and model.kind == "savedmodel":
-        _time_freezing(input_path, output_name, model, report, found, options, shapes=shapes,
-                       runs=runs, warmup=warmup)
+        _time_freezing(input_path, output_name, model, report, found, options, timer,
+                       shapes=shapes, runs=runs, warmup=warmup)
     report.extra["measured"] = found.to_dict()
     return model, report, found
 
 
 def _time_freezing(input_path, output_name: str, model: Model, report: Report, found: Measured,
-                   options: Options, **timing) -> None:
+                   options: Options, timer: Timer, **timing) -> None:
     """Time the SavedModel conversion ``model`` against the input's --freeze conversion (into
     ``found``) and where frozen runs at least :data:`FREEZE_HINT_SHARE` faster, say so in the
     report's ``freezing`` entry, naming --freeze: a measurement that it gains, where the
@@ -133,7 +140,7 @@ def _time_freezing(input_path, output_name: str, model: Model, report: Report, f
         for candidate, path in zip((model, frozen), paths):
             path.parent.mkdir()
             save(candidate, path)
-        result = bench(*paths, **timing)
+        result = timer(*paths, **timing)
     found.frozen_ms, found.frozen_ratio = result.converted.median_ms, result.speedup
     found.frozen_range = result.speedup_range()
     if result.speedup < 1 + FREEZE_HINT_SHARE:

@@ -1027,6 +1027,7 @@ def rules_text(result: TuneResult, model: Model, options: Options) -> str:
     if options.min_matrix_intensity is not None:
         flags += ["--min-matrix-intensity", f"{options.min_matrix_intensity:g}"]
     flags += ["--cost-aware"] if options.cost_aware else []
+    flags += ["--costs", str(options.costs)] if options.costs is not None else []
     source = model.source or model.path     # a Keras file's name, not its export's folder
     lines = [f"# Written by amp-rewrite tune for {source}: the overrides with which",
              f"# every one of {result.samples} sample(s) meets {result.metric} <= "
