@@ -29,14 +29,15 @@ after warm-up runs; the table gives FP32's median and each variant's ratio FP32 
 variant median, with the 10th-90th percentile of the per-round ratio (FP32's time in a round /
 the variant's in the same round) to show the noise. Errors are each output's against FP32 on
 the same 32 inputs (``amp_rewrite.tools.verify.ErrorStats``, as ``verify`` measures: relative
-L2, and top-1 agreement per position where the output has a class axis); ``verify`` itself
-(``amp_rewrite.tools.verify.verify``, what ``amp-rewrite verify FP32 OUT --signature KEY
---inputs x.npz`` runs) judges each ``--freeze`` output on both signatures, and the script
+L2, and top-1 agreement per position where the output has a class axis); ``amp-rewrite verify
+FP32 OUT --signature KEY --inputs x.npz`` (the command, run in this process by
+``amp_rewrite.cli.main``) judges each ``--freeze`` output on both signatures, and the script
 checks that it serves the input's signatures with the same keys, dtypes and shapes. The
 Done-when conditions of issue 36 item 4 are checked and printed.
 
 Run: ``.venv/bin/python benchmarks/serving.py [--rounds 15] [--rounds-1 60] [--only NAME]
-[--write]`` (about 20 minutes on 2 cores).
+[--json FILE] [--write]`` (17-23 minutes on 2 shared cores); ``--render FILE --write`` prints
+(and writes) the section again from a ``--json`` file without running anything.
 """
 
 from __future__ import annotations
@@ -266,8 +267,10 @@ def measure(name: str, build, pixels, rounds: dict, rules: Path) -> dict:
         checks = {}
         for batch in BATCHES:
             got = signatures(paths["freeze", batch])
-            checks[str(batch)] = {"signatures": got == want, "keys": sorted(got), "verify": {
-                sig: verify_command(fp32, paths["freeze", batch], sig, npz) for sig in sorted(want)}}
+            verdicts = {sig: verify_command(fp32, paths["freeze", batch], sig, npz)
+                        for sig in sorted(want)}
+            checks[str(batch)] = {"signatures": got == want, "keys": sorted(got),
+                                  "verify": verdicts}
         sessions = {"fp32": load(fp32), "grappler": load(fp32, grappler_amp=True)}
         for (variant, batch), path in paths.items():
             sessions.setdefault(f"{variant}_{batch}", load(path))
@@ -318,7 +321,8 @@ def cpu_line() -> str:
     return (f"{hardware.cpu_model()}, {os.cpu_count()} cores, /proc/cpuinfo flags "
             f"{', '.join(isa) or 'none of amx_bf16, avx512_bf16'}"
             + (f", no {', '.join(absent)}" if absent else "")
-            + (" (oneDNN runs bfloat16 MatMul/Conv on AMX)" if "amx_bf16" in flags else ""))
+            + (" (an AMX CPU, Sapphire Rapids or later: oneDNN runs bfloat16 MatMul/Conv on "
+               "AMX)" if "amx_bf16" in flags else ""))
 
 
 def geomean(values) -> float:
@@ -384,9 +388,10 @@ def table(result: dict) -> str:
              "TensorFlow "
              f"{result['tf']}, Python {result['python']}; command `{result['command']}`. "
              "**The machine was shared**: other engineers' test suites ran on the same 2 cores "
-             f"throughout (load average {result['load'][0]:.1f} at the start, "
-             f"{result['load'][1]:.1f} at the end), so single timings are noisy; the variants "
-             "ran interleaved, which keeps the ratios fair, and the brackets show the noise.",
+             f"during the run (1-minute load average {min(result['load']):.1f} to "
+             f"{max(result['load']):.1f}, sampled as each model started and at the end), so "
+             "single timings are noisy; the variants ran interleaved, which keeps the ratios "
+             "fair, and the brackets show the noise.",
              "",
              "Keras models with `weights=None` (random weights; no downloads), every batch norm "
              "given trained-looking statistics (`keras_models.set_batch_norms`: an untrained "
@@ -414,8 +419,9 @@ def table(result: dict) -> str:
              "- **--freeze**: `amp-rewrite IN -o OUT --freeze --target bfloat16 --device cpu "
              "--shape KEY=B,...`.",
              "",
-             "Both conversions are told the batch they are timed at (`--shape`; a batch-1 row's "
-             "conversions were told 1). Round-robin in one process per batch size, "
+             "The conversions run in the script as `convert_file` with these options. Both "
+             "bfloat16 conversions are told the batch they are timed at (`--shape`; a batch-1 "
+             "row's conversions were told 1). Round-robin in one process per batch size, "
              f"{rounds[1]} rounds at batch 1 and {rounds[32]} at batch 32 after 3 warm-up "
              "rounds, the order rotating per round. A ratio is FP32's median time / the "
              "variant's (above 1: faster than FP32); in brackets the 10th-90th percentile of "
@@ -425,14 +431,15 @@ def table(result: dict) -> str:
              "(`amp_rewrite.tools.verify.ErrorStats`): relative L2, then top-1 agreement per "
              "image, pixel or sequence (near-ties agree). \"BN folds\": batch-norm scales "
              "folded into filters / per-channel adds made `BiasAdd` by the freeze path "
-             "(the same in both frozen columns).", "",
+             "(the same in both frozen columns). \"hint\": whether the default conversion "
+             "suggested `--freeze` (docs/savedmodels.md \"When freezing gains\").", "",
              "| model | batch | FP32 ms | grappler | default | frozen fp32 | --freeze | "
-             "MatMul/Conv in bf16: default / --freeze | BN folds | error grappler | "
+             "MatMul/Conv in bf16: default / --freeze | BN folds | hint | error grappler | "
              "error default | error --freeze |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | | failed: {r['error']} | | | | | | | | | |")
+            lines.append(f"| {r['name']} | | failed: {r['error']} | | | | | | | | | | |")
             continue
         i = r["info"]
         for b in BATCHES:
@@ -440,7 +447,8 @@ def table(result: dict) -> str:
                 f"| {r['name']} | {b} | {fp32_ms(r, b):.2f} | {_cell(r, b, 'grappler')} | "
                 f"{_cell(r, b, 'default')} | {_cell(r, b, 'frozen_fp32')} | "
                 f"**{_cell(r, b, 'freeze')}** | {i[f'default_{b}']['matrix']} / "
-                f"{i[f'freeze_{b}']['matrix']} | {_fusion(i)} | {_err(r, b, 'grappler')} | "
+                f"{i[f'freeze_{b}']['matrix']} | {_fusion(i)} | "
+                f"{'yes' if i[f'default_{b}']['hint'] else 'no'} | {_err(r, b, 'grappler')} | "
                 f"{_err(r, b, 'default')} | {_err(r, b, 'freeze')} |")
     if ok:
         lines += ["", "Geometric means over the models (ratios to FP32):", "",
@@ -457,19 +465,76 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-#: what the numbers mean and what they do not (written for the run in BENCHMARKS.md)
-NOTES: list[str] = []
+#: what the numbers mean and what they do not: written for the run BENCHMARKS.md holds (its
+#: figures are that run's; another run's table moves within the noise the brackets show)
+NOTES = [
+    "**What the numbers say.** On this AMX CPU `--freeze` ran ahead of FP32, of grappler's "
+    "pass and of the default conversion for every model at both batch sizes (3.73x FP32 by "
+    "geometric mean at batch 32, 2.36x at batch 1). Freezing alone (frozen fp32: no variable "
+    "reads or casts, batch norms folded so TensorFlow fuses them with the convolutions' "
+    "activations) gives 1.28x and 1.35x of that; bfloat16 on the frozen graph gives the rest "
+    "(the last column: 2.91x over frozen float32 at batch 32, 1.75x at batch 1). On the "
+    "SavedModel itself bfloat16 gains far less: the default conversion keeps the four Keras "
+    "applications float32 at batch 1 (0/N matrix ops: casting every variable weight on each "
+    "run costs more than one image's convolutions save, docs/decisions.md \"Small matrix ops "
+    "stay float32\"), "
+    "and MobileNetV2 at batch 32 too; grappler's pass, which paints them anyway, ran slower "
+    "than FP32 at batch 1 on every model but the U-Net (0.63x-0.90x) and on MobileNetV2 at "
+    "batch 32 (0.81x). The issue's hand-made check (MobileNetV2, alpha 0.75, 128x128, batch "
+    "16: frozen and converted by hand 2.91x FP32, grappler 0.77x) agrees with the MobileNetV2 "
+    "rows (4.45x and 0.81x at batch 32, 1.83x and 0.63x at batch 1). The U-Net gains most "
+    "(6.47x at batch 32): its work is full-resolution convolutions, which AMX runs far faster "
+    "in bfloat16, and frozen their batch norms and ReLUs fuse into them, where as a SavedModel "
+    "the batch norms' Mul and Add and the ReLUs run unfused, in bfloat16, over the same large "
+    "tensors (default 2.36x, grappler 2.24x). The BERT-style encoder has no batch norm: "
+    "freezing alone gains it nothing (0.97x at batch 32), and `--freeze` (1.68x) is ahead of "
+    "the default (1.33x) by the weights' casts, stored in bfloat16 once instead of cast on "
+    "every run. At batch 1 bfloat16 adds little to freezing for EfficientNetV2B0 (1.50x "
+    "against frozen fp32's 1.49x) and MobileNetV2 (1.83x against 1.55x): little work per run, "
+    "and a difference the brackets cannot tell from noise. Errors stay within bfloat16's "
+    "rounding (relative L2 3e-3 to 1.3e-2, as grappler's), every top-1 agreeing.",
+    "",
+    "**Found by this benchmark.** Its first run folded none of EfficientNetV2B0's batch "
+    "norms: a Keras batch norm with `axis=3` (EfficientNetV2's, ResNet50's) keeps its "
+    "statistics as `[1, 1, 1, C]` Consts, which `amp_rewrite/transforms/bnfold.py` took only "
+    "as `[C]` vectors. Fixed with tests/test_fusion.py::"
+    "test_per_channel_consts_shaped_1_1_1_c_fold_as_vectors; in a side-by-side run of the two "
+    "conversions EfficientNetV2B0's `--freeze` went from 2.25x to 2.63x FP32 at batch 32 (here "
+    "2.65x, 16 scales and 59 adds folded). ResNet50's \"BN folds\" stay 0 / 0 for another "
+    "reason: with `weights=None` its convolutions' biases are zeros, which constant folding "
+    "removes, leaving an Identity between each convolution and its batch norm; grappler's "
+    "passes fold and fuse them at run time anyway (its 52 convolutions ran as fused "
+    "convolutions in a trace). A trained ResNet50's convolution has a bias before its batch "
+    "norm (Conv2D, BiasAdd, Mul, AddV2), a chain bnfold does not fold either; what that costs "
+    "this run cannot say. The default conversion's hint to freeze stayed quiet for "
+    "EfficientNetV2B0 and ResNet50 at batch 32 and for the encoder, where `--freeze` ran "
+    "1.3x-2.3x the default's speed: the estimate undercounts there, as docs/savedmodels.md "
+    "\"When freezing gains\" says of EfficientNetV2B0 (`--measure` times it instead).",
+    "",
+    "**What they do not say.** The weights are random with set batch-norm statistics: speed "
+    "does not depend on the values except where folding does (the zero biases above), and the "
+    "errors are for random weights on 32 random inputs, not a trained model's accuracy "
+    "(verify a trained model on its own data). Images are 128x128, not the 224 or 299 these "
+    "models are trained at, and the encoder is small, so that a run fits in 15-25 minutes on "
+    "2 cores: at full size the convolutions take a larger share of the time. The ratios hold "
+    "for this CPU only: without AMX (an AVX512-BF16 CPU, as in the other sections) bfloat16 "
+    "convolutions gain less, and with AVX2 alone bfloat16 runs slower than float32. And the "
+    "machine was shared: between two full runs of this script (both after the fix) "
+    "ResNet50's FP32 time at batch 32 moved from 1396 to 677 ms and its `--freeze` ratio from "
+    "2.55x to 4.05x, the batch-32 geometric mean from 3.36x to 3.73x; read a difference under "
+    "about a quarter between two columns as noise unless their brackets are apart.",
+]
 
 
 def run(rounds: dict, only=(), command: str = "") -> dict:
     rules = Path(tempfile.mkdtemp()) / "all_fp32.toml"
     rules.write_text(ALL_FP32)
-    start_load = os.getloadavg()[0]
-    rows = []
+    load, rows = [], []
     for name, (build, pixels) in models().items():
         if only and not any(o.lower() in name.lower() for o in only):
             continue
         t = time.perf_counter()
+        load.append(os.getloadavg()[0])
         try:
             rows.append(measure(name, build, pixels, rounds, rules))
         except Exception as exc:  # noqa: BLE001 - a model that fails is a row saying so
@@ -477,7 +542,7 @@ def run(rounds: dict, only=(), command: str = "") -> dict:
                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
         print(f"{name}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     return {"rows": rows, "rounds": rounds, "command": command, "date": time.strftime("%Y-%m-%d"),
-            "load": [start_load, os.getloadavg()[0]], "cpu": cpu_line(), "tf": tf.__version__,
+            "load": load + [os.getloadavg()[0]], "cpu": cpu_line(), "tf": tf.__version__,
             "python": platform.python_version()}
 
 
