@@ -101,6 +101,19 @@ def test_batch_norms_on_reshaped_vectors_suggest_freezing_as_much(exported, tmp_
         plain.extra["freezing"]["gain_us"], rel=1e-6)
 
 
+def test_the_report_suggests_the_freeze_command_next(exported, tmp_path):
+    """The HTML page's next command, where the freezing hint fires: the conversion again with
+    --freeze, one the CLI parses; where it does not (the GRU), not."""
+    from amp_rewrite.cli.run import parse
+    from amp_rewrite.report.steps import Given, after_convert
+    for name, hinted in (("cnn", True), ("gru", False)):
+        report = convert_file(exported[name], tmp_path / name, target="bfloat16", device="cpu")
+        (first, *_) = after_convert(report.to_dict(), Given(str(exported[name]), str(tmp_path / name)))
+        assert ("--freeze" in first.argv) == hinted, first.argv
+        command, args = parse(list(first.argv))
+        assert command == "convert" and args.freeze == hinted
+
+
 def test_a_recurrent_classifier_gains_too_little_to_suggest_freezing(exported, tmp_path):
     report = convert_file(exported["gru"], tmp_path / "out", target="bfloat16", device="cpu")
     gain = report.extra["freezing"]
