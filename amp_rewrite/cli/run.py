@@ -17,6 +17,7 @@ import difflib
 import importlib
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -55,6 +56,23 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors: one line, exit 2
         self.exit(INPUT_EXIT, f"{self.prog}: error: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, where an unrecognized option also names the closest one this command
+        has (``--targt``: did you mean --target?)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._closest_option(extras)}")
+        return namespace
+
+    def _closest_option(self, extras: list[str]) -> str:
+        known = sorted(s for s in self._option_string_actions if s.startswith("--"))
+        for arg in extras:
+            if arg.startswith("-") and not re.fullmatch(r"-\d*\.?\d+", arg):   # not -1.5
+                close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
+
 
 # ----------------------------------------------------------------- flags
 def _common(p: argparse.ArgumentParser) -> None:
@@ -82,8 +100,8 @@ def _batch_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _convert_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision. "
-                "Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
+    p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision "
+                f"('{PROG} convert IN -o OUT' says the same). Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
     p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), SavedModel "
                    "directory, or Keras file (.keras/.h5: converts to a SavedModel directory)")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
@@ -496,22 +514,35 @@ def _check_model_output(src: str, dst: str, *, force: bool, inputs: list[str]) -
         raise InputError(f"{dst}: cannot write in {folder}: permission denied")
 
 
-def _refuse_misspelled_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
-    """``amp-rewrite verfy a.pb b.pb`` would otherwise complain about a missing -o."""
+def _refuse_unknown_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """A first argument that is no option, no file and no command (``amp-rewrite verfy a.pb
+    b.pb``, ``amp-rewrite frobnicate x``) would otherwise be taken for a model to convert and
+    get a complaint about a missing -o. One that looks like a path (a ``.`` or ``/`` in it) and
+    is no command's misspelling goes on to the usual checks (``no such file``)."""
     if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
         return
-    close = difflib.get_close_matches(argv[0], sorted(COMMANDS), n=1, cutoff=0.6)
+    commands = ", ".join(sorted(COMMANDS + ("convert",)))
+    close = difflib.get_close_matches(argv[0], sorted(COMMANDS + ("convert",)), n=1, cutoff=0.6)
     if close:
         parser.error(f"no file {argv[0]!r} and no command of that name; did you mean "
-                     f"'{PROG} {close[0]}'? (commands: {', '.join(sorted(COMMANDS))})")
+                     f"'{PROG} {close[0]}'? (commands: {commands})")
+    if not any(c in argv[0] for c in "./" + os.sep):
+        parser.error(f"no file {argv[0]!r} and no command of that name (commands: {commands}; "
+                     f"a conversion is '{PROG} MODEL -o OUTPUT')")
 
 
 def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
-    """The command (``"convert"`` for a conversion) and its arguments; usage errors exit 2."""
-    if argv and argv[0] in COMMANDS:
+    """The command (``"convert"`` for a conversion) and its arguments; usage errors exit 2.
+    ``amp-rewrite convert IN -o OUT`` is ``amp-rewrite IN -o OUT`` (unless a file is named
+    ``convert``): the word its help answers to."""
+    converting = bool(argv) and argv[0] == "convert" and not os.path.exists(argv[0])
+    if converting:
+        argv = argv[1:]
+    elif argv and argv[0] in COMMANDS:
         return argv[0], _command_parser(argv[0]).parse_args(argv[1:])
     parser = _convert_parser()
-    _refuse_misspelled_command(argv, parser)
+    if not converting:
+        _refuse_unknown_command(argv, parser)
     args = parser.parse_args(argv)
     args.loss_scale_options = _loss_scale_options(args)
     return "convert", args
