@@ -72,3 +72,49 @@ def test_a_first_word_that_is_no_file_and_no_command_says_so(tmp_path, capsys, m
     # what looks like a path goes on to the usual checks
     assert main(["frob.pb", "-o", "x.pb"]) == 2
     assert capsys.readouterr().err == "amp-rewrite: error: frob.pb: no such file\n"
+
+
+# ----------------------------------------------------------------- help texts
+def _parser(command):
+    from amp_rewrite.cli import run
+    return run._convert_parser() if command == "convert" else run._command_parser(command)
+
+
+def _helps(command) -> dict[str, str]:
+    """Each argument's help by its first option string (or its name), as -h shows it."""
+    return {(a.option_strings[-1] if a.option_strings else a.dest): " ".join((a.help or "").split())
+            for a in _parser(command)._actions}
+
+
+MODEL_ARGS = {"convert": ["input"], "explain": ["input"], "verify": ["original", "converted"],
+              "bench": ["original", "converted"], "kernels": ["model"], "ranges": ["model"],
+              "tune": ["input"]}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("command", sorted(MODEL_ARGS))
+def test_every_model_argument_says_it_takes_keras_files(command):
+    """Each command takes a Keras file (cli/commands.py exports it first): its help says so."""
+    helps = _helps(command)
+    first = helps[MODEL_ARGS[command][0]]
+    assert "Keras file" in first and "SavedModel" in first, first
+    for other in MODEL_ARGS[command][1:]:
+        assert helps[other].endswith("(the same formats)"), helps[other]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("flag", ["--keep", "--lowp-io", "--min-matrix-intensity"])
+def test_painting_flags_have_the_same_help_everywhere(flag):
+    said = {command: _helps(command)[flag] for command in ("convert", "explain", "tune")}
+    assert said["convert"] and len(set(said.values())) == 1, said
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("command, replaced", [
+    ("convert", {"--report", "--html"}), ("verify", {"--html"}), ("bench", {"--json", "--html"}),
+    ("kernels", {"--json"}), ("ranges", {"--json"}), ("tune", {"--report"})])
+def test_force_names_the_files_that_command_writes(command, replaced):
+    import re
+    helps = _helps(command)
+    named = set(re.findall(r"--[a-z-]+", helps["--force"]))
+    assert named == replaced and named <= set(helps), helps["--force"]

@@ -50,6 +50,8 @@ HEADROOM_DEFAULT = "32"
 BATCH_DEFAULT = "1"
 #: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
 QUIET_TF_LOG_LEVEL = "3"
+#: what every command's model argument takes (a Keras file as its serving function's SavedModel)
+MODEL_FORMATS = "GraphDef, MetaGraph, SavedModel dir or Keras file"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,6 +92,18 @@ def _rule_flags(p: argparse.ArgumentParser) -> None:
                    help="rule file stacked on the defaults (repeatable, applied in order)")
 
 
+def _painting_flags(p: argparse.ArgumentParser) -> None:
+    """What painting keeps, for convert, explain and tune alike."""
+    p.add_argument("--keep", action="append", default=[], metavar="NAME",
+                   help="node whose dtypes must not change (repeatable)")
+    p.add_argument("--lowp-io", action="store_true",
+                   help="let graph inputs and outputs take the low-precision dtype too")
+    p.add_argument("--min-matrix-intensity", type=float, metavar="X",
+                   help="least matrix work (FLOPs per element an op reads and writes) the "
+                        "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
+                        "float32 (default 128 for bfloat16 on cpu, else 0)")
+
+
 def _batch_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
                    help="the shape input NAME runs at (repeatable; its first dimension is the "
@@ -106,10 +120,7 @@ def _convert_parser() -> argparse.ArgumentParser:
                    "directory, or Keras file (.keras/.h5: converts to a SavedModel directory)")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
     _rule_flags(p)
-    p.add_argument("--keep", action="append", default=[], metavar="NAME",
-                   help="node whose dtypes must not change (repeatable)")
-    p.add_argument("--lowp-io", action="store_true",
-                   help="let graph inputs and outputs take the low-precision dtype too")
+    _painting_flags(p)
     p.add_argument("--emulate", action="store_true",
                    help="write float16's float32 emulation (float16 rules, but each float16 op "
                         "computes in float32 on values rounded to float16): to see float16's "
@@ -123,10 +134,6 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="a SavedModel or Keras file: freeze every serving signature (variables "
                         "to Consts), fold constants as --fold-constants does and convert; writes "
                         "a SavedModel serving the same signatures")
-    p.add_argument("--min-matrix-intensity", type=float, metavar="X",
-                   help="least matrix work (FLOPs per element an op reads and writes) the "
-                        "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
-                        "float32 (default 128 for bfloat16 on cpu, else 0)")
     p.add_argument("--cost-aware", action="store_true",
                    help="never slower than float32 on this machine: for --device cpu --target "
                         "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
@@ -138,7 +145,8 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "as bench feeds them, --shape for open dimensions) and write the faster")
     _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
-    p.add_argument("--force", action="store_true", help="replace an existing output")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing output, --report file or --html file")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")
     g = p.add_argument_group("training graphs")
     g.add_argument("--loss-scale", metavar="dynamic|none|N",
@@ -191,8 +199,8 @@ def _headroom_flag(p) -> None:
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
     """Flags shared by verify and bench: which inputs, shapes, signature, outputs, weights."""
-    p.add_argument("original", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
-    p.add_argument("converted", help="the converted model")
+    p.add_argument("original", help=f"the FP32 model ({MODEL_FORMATS})")
+    p.add_argument("converted", help="the converted model (the same formats)")
     _run_flags(p)
     p.add_argument("--output", action="append", default=[], metavar="TENSOR",
                    help="graph output to compare (repeatable; default the signature's "
@@ -221,12 +229,10 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
 def _command_parser(command: str) -> argparse.ArgumentParser:
     p = _Parser(prog=f"{PROG} {command}")
     if command == "explain":
-        p.add_argument("input", help="the FP32 model to explain")
+        p.add_argument("input", help=f"the FP32 model to explain ({MODEL_FORMATS})")
         p.add_argument("node", nargs="+", help="node name(s) to explain")
         _rule_flags(p)
-        p.add_argument("--keep", action="append", default=[], metavar="NAME")
-        p.add_argument("--lowp-io", action="store_true")
-        p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+        _painting_flags(p)
         _batch_flag(p)
         _calibration_flags(p)
     elif command == "rules":
@@ -268,12 +274,11 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
         p.add_argument("--report", metavar="FILE.json",
                        help="the convert command's JSON report, to include its decisions in --html")
-        _force_flag(p)
+        _force_flag(p, "--html")
     elif command == "tune":
         _tune_flags(p)
     elif command == "ranges":
-        p.add_argument("model", help="the FP32 model (GraphDef, MetaGraph, SavedModel dir or "
-                       "Keras file)")
+        p.add_argument("model", help=f"the FP32 model ({MODEL_FORMATS})")
         p.add_argument("--inputs", action="append", required=True, metavar="DATA.npz",
                        help="input arrays keyed by input name, one run each (repeatable)")
         p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
@@ -285,31 +290,33 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        help="tensors to list, largest magnitude first (default 20)")
         _headroom_flag(p)
         p.add_argument("--json", metavar="FILE", help="also write every tensor's range as JSON")
-        _force_flag(p)
+        _force_flag(p, "--json")
     elif command == "kernels":
-        p.add_argument("model", help="the converted model (GraphDef, MetaGraph or SavedModel dir)")
+        p.add_argument("model", help=f"the converted model ({MODEL_FORMATS})")
         p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
                        help="where to run it (default: gpu if TensorFlow sees one, else cpu)")
         _run_flags(p)
         p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
-        _force_flag(p)
+        _force_flag(p, "--json")
     elif command == "bench":
         _model_flags(p)
         p.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
         p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
         p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
-        _force_flag(p)
+        _force_flag(p, "--json", "--html")
     _common(p)
     return p
 
 
-def _force_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="replace existing --html/--json files")
+def _force_flag(p: argparse.ArgumentParser, *flags: str) -> None:
+    """--force, naming the files it replaces: those of ``flags``, the command's outputs."""
+    p.add_argument("--force", action="store_true",
+                   help=f"replace an existing {' or '.join(flags)} file")
 
 
 def _tune_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
+    p.add_argument("input", help=f"the FP32 model ({MODEL_FORMATS})")
     p.add_argument("-o", "--output", required=True, help="where to write the tuned conversion")
     p.add_argument("--inputs", action="append", default=[], metavar="DATA.npz",
                    help="a sample: input arrays keyed by input name (repeatable; every sample "
@@ -345,9 +352,7 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules-out", metavar="FILE.toml", help="where to write the overrides "
                    "chosen (default OUTPUT.tune.toml)")
     _rule_flags(p)
-    p.add_argument("--keep", action="append", default=[], metavar="NAME")
-    p.add_argument("--lowp-io", action="store_true")
-    p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+    _painting_flags(p)
     _batch_flag(p)
     p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
                    "(default serving_default, else the first)")
@@ -356,7 +361,8 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
                    "else the nodes nothing reads)")
     _init_op_flag(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
-    p.add_argument("--force", action="store_true", help="replace existing outputs")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing output, rules file or --report file")
 
 
 # ----------------------------------------------------------------- checks before any work
