@@ -118,3 +118,19 @@ def test_force_names_the_files_that_command_writes(command, replaced):
     helps = _helps(command)
     named = set(re.findall(r"--[a-z-]+", helps["--force"]))
     assert named == replaced and named <= set(helps), helps["--force"]
+
+
+# ----------------------------------------------------------------- messages
+KERAS_EXPORT = ROOT / "tests" / "data" / "keras_export"   # serve and serving_default: one input
+
+
+@pytest.mark.parametrize("shape, hint", [("nosuch=1,8,8,1", ""),
+                                         ("keras_tensr=1,8,8,1", " (did you mean 'keras_tensor'?)")])
+def test_shape_naming_no_input_lists_each_input_once(shape, hint, tmp_path, capsys):
+    assert main([str(KERAS_EXPORT), "-o", str(tmp_path / "out"), "--target", "bfloat16",
+                 "--device", "cpu", "--shape", shape]) == 2
+    err = capsys.readouterr().err
+    name = shape.partition("=")[0]
+    assert err == (f"amp-rewrite: error: {KERAS_EXPORT}: --shape {name!r} names no input of the "
+                   f"model{hint}; its inputs: keras_tensor (float32 [?,8,8,1])\n")
+    assert not (tmp_path / "out").exists()
