@@ -134,3 +134,84 @@ def test_shape_naming_no_input_lists_each_input_once(shape, hint, tmp_path, caps
     assert err == (f"amp-rewrite: error: {KERAS_EXPORT}: --shape {name!r} names no input of the "
                    f"model{hint}; its inputs: keras_tensor (float32 [?,8,8,1])\n")
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------- the Python API
+def _samples(tmp_path, n=2):
+    import numpy as np
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(n):
+        paths.append(tmp_path / f"s{i}.npz")
+        np.savez(paths[-1], images=rng.random((4, 8, 8, 1), "float32"))
+    return paths
+
+
+def test_tune_takes_inputs_as_the_command_names_them(tmp_path):
+    from amp_rewrite import InputError, tune
+    samples = _samples(tmp_path)
+    result = tune(EXAMPLE, tmp_path / "tuned.pb", inputs=[str(p) for p in samples],
+                  tolerance=0.05, max_trials=4)
+    assert result.ok and result.samples == 2 and (tmp_path / "tuned.pb").is_file()
+    with pytest.raises(InputError, match=r"^tune: give the samples once, as inputs= \(the "
+                                         r"command's --inputs\) or as feeds=, not both$"):
+        tune(EXAMPLE, tmp_path / "other.pb", inputs=[str(samples[0])], feeds=[str(samples[1])])
+    assert not (tmp_path / "other.pb").exists()
+
+
+def test_convert_takes_a_graph_def_or_its_bytes_and_says_what_else_it_is_not():
+    from tensorflow.core.framework import graph_pb2
+
+    from amp_rewrite import InputError, convert
+    data = EXAMPLE.read_bytes()
+    from_bytes, report = convert(data)
+    from_proto, _ = convert(graph_pb2.GraphDef.FromString(data))
+    assert from_bytes == from_proto and report.summary()["matrix_converted"] == 4
+    for given, says in ((b"garbage", "convert: the bytes given: not a serialized GraphDef (they "
+                                     "do not parse as one; "),
+                        (b"", "convert: the bytes given: not a serialized GraphDef (empty; "),
+                        (data[:-3], "convert: the bytes given: not a serialized GraphDef ("),
+                        (str(EXAMPLE), "convert: takes a GraphDef (tf.compat.v1.GraphDef) or its "
+                                       f"serialized bytes, not str {str(EXAMPLE)!r} (for a file, "
+                                       "convert_file(path, output_path))"),
+                        ({"node": []}, "not dict {'node': []}")):
+        with pytest.raises(InputError) as err:
+            convert(given)
+        assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_errors_name_the_keyword_in_python_and_the_flag_on_the_command_line(tmp_path, capsys):
+    from amp_rewrite import InputError, convert_file, tune
+    out = tmp_path / "out.pb"
+    out.write_bytes(b"")
+    with pytest.raises(InputError, match=r"out\.pb: already exists; pass force=True to replace it$"):
+        convert_file(EXAMPLE, out)
+    with pytest.raises(InputError, match=r"pass force=True to replace it$"):
+        tune(EXAMPLE, out, inputs=[str(p) for p in _samples(tmp_path, 1)])
+    with pytest.raises(InputError, match=r"the output is the input; pass in_place=True to "):
+        convert_file(EXAMPLE, EXAMPLE)
+    with pytest.raises(InputError, match=r"fold_constants=True applies to graph files"):
+        convert_file(KERAS_EXPORT, tmp_path / "saved", fold_constants=True)
+    # the command line names its flags, for the same checks
+    assert main([str(EXAMPLE), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.endswith("out.pb: already exists; pass --force to replace it\n")
+    assert main([str(KERAS_EXPORT), "-o", str(tmp_path / "saved"), "--fold-constants"]) == 2
+    assert "--fold-constants applies to graph files" in capsys.readouterr().err
+    # ... also where the library finds it, after the command line's own checks
+    saved = tmp_path / "saved"
+    assert main([str(KERAS_EXPORT), "-o", str(saved), "-q"]) == 0
+    with pytest.raises(InputError, match=r"saved: already exists; pass force=True to replace it$"):
+        convert_file(KERAS_EXPORT, saved)
+
+
+def test_report_node_is_a_test_and_find_and_explain_raise_alike():
+    from amp_rewrite import Report, convert
+    _, report = convert(EXAMPLE.read_bytes())
+    assert report.node("head/fc2").name == "head/fc2"
+    assert report.node("fc2") is None and report.node("no/such") is None   # never raises
+    for lookup in (report.find, report.explain):
+        with pytest.raises(LookupError, match=r"^no node named 'fc2'.*did you mean 'head/fc2'"):
+            lookup("fc2")
+    doc = " ".join(Report.__doc__.split())
+    assert "returns None for any other, never raising" in doc and "raise :class:`LookupError`" in doc
+    assert "None for any other name" in " ".join(Report.node.__doc__.split())

@@ -23,8 +23,9 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
+from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError, flags_in_messages
 from ..io.files import (
+    already_exists,
     check_container,
     is_keras_file,
     is_saved_model,
@@ -387,7 +388,7 @@ def _check_output(path: str, what: str, *, force: bool, inputs=(), outputs=(),
     if not folder and os.path.isdir(path):
         raise InputError(f"{path}: is a directory")
     if not folder and os.path.lexists(path) and not force:
-        raise InputError(f"{path}: already exists; pass --force to replace it")
+        raise InputError(already_exists(path))
     parent = path if folder and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise InputError(f"{path}: folder {parent} does not exist")
@@ -513,7 +514,7 @@ def _check_model_output(src: str, dst: str, *, force: bool, inputs: list[str]) -
         return
     check_container(src, dst)
     if os.path.lexists(dst) and not force:
-        raise InputError(f"{dst}: already exists; pass --force to replace it")
+        raise InputError(already_exists(dst))
     _check_output(dst, "output", force=True, inputs=inputs, folder=True)
     folder = os.path.dirname(os.path.abspath(dst))
     if not os.access(folder, os.W_OK):   # a SavedModel is built beside its place, then renamed
@@ -604,8 +605,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = QUIET_TF_LOG_LEVEL
     _setup_logging(args)
     try:
-        _check_paths(command, args)
-        code = _load_runner(args.verbose).run(command, args)
+        with flags_in_messages():   # the library's messages name --force, not force=True
+            _check_paths(command, args)
+            code = _load_runner(args.verbose).run(command, args)
         # a reader that went away meets the summary here, where it is exit 141, and not in
         # the final flush of a block-buffered stdout (into a pipe), which cannot report it
         sys.stdout.flush()

@@ -20,7 +20,7 @@ from tensorflow.core.framework import graph_pb2
 
 from ..core import hardware
 from ..core.dtypes import HEADROOM, LARGEST, TARGETS
-from ..core.errors import InputError, RuleError, UnsupportedGraphError
+from ..core.errors import InputError, RuleError, UnsupportedGraphError, option
 from ..core.ops import is_variable_write
 from ..io.files import (
     check_container,
@@ -61,7 +61,8 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     """
     src, dst = Path(input_path), Path(output_path)
     if same_file(src, dst) and not in_place:
-        raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
+        raise InputError(f"{dst}: the output is the input; pass "
+                         f"{option('--in-place', 'in_place=True')} to overwrite it")
     check_container(src, dst)
     opts = Options(**options)
     opts.check()   # before a Keras file's export, which takes seconds
@@ -268,7 +269,7 @@ def _warn_if_slower_here(options: Options) -> None:
                 "here)", hardware.describe())
 
 
-def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str = "gpu",
+def convert(graph_def: graph_pb2.GraphDef | bytes, target: str = "float16", device: str = "gpu",
             rules: RuleSet | Sequence[str | os.PathLike] | None = None,
             keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool = False,
             min_matrix_intensity: float | None = None,
@@ -277,7 +278,8 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
             ) -> tuple[graph_pb2.GraphDef, Report]:
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
-    The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
+    ``graph_def``: a ``GraphDef``, or its serialized bytes (a file's, read as they are); anything
+    else is an :class:`InputError`. The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
     device unplaced nodes will run on (``"gpu"`` or ``"cpu"``), which decides which kernels
     exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
     ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
@@ -297,8 +299,25 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
                       fold_constants=fold_constants, loss_scale="none",
                       min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware,
                       calibration=calibration, headroom=headroom, shapes=dict(shapes or {}))
-    converted, report = convert_model(Model.of_graph_def(graph_def), options)
+    converted, report = convert_model(_graph_def_model(graph_def), options)
     return converted.graph_def, report
+
+
+def _graph_def_model(graph_def) -> Model:
+    """What :func:`convert` takes, as a model: a GraphDef, or the bytes of one."""
+    if isinstance(graph_def, (bytes, bytearray, memoryview)):
+        return Model.of_serialized_graph_def(bytes(graph_def), "convert: the bytes given")
+    if not isinstance(graph_def, graph_pb2.GraphDef):
+        hint = (" (for a file, convert_file(path, output_path))"
+                if isinstance(graph_def, (str, os.PathLike)) else "")
+        raise InputError(f"convert: takes a GraphDef (tf.compat.v1.GraphDef) or its serialized "
+                         f"bytes, not {type(graph_def).__name__} {_short(graph_def)}{hint}")
+    return Model.of_graph_def(graph_def)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _refuse_saved_model_training(model: Model, options: Options) -> None:

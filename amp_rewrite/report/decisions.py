@@ -54,6 +54,28 @@ class NodeReport:
 
 @dataclass
 class Report:
+    """What a conversion did to each node, and why: what :func:`~amp_rewrite.convert`,
+    :func:`~amp_rewrite.convert_file` and :func:`~amp_rewrite.tune` return (``result.report``)
+    and ``--report`` writes as JSON.
+
+    Its promises:
+
+    * :attr:`nodes` holds one :class:`NodeReport` per node of the converted graph and of each
+      function body painted (``function/node``; a SavedModel's second and later MetaGraphs'
+      as ``[tags]/node``): the precision the output holds, read off the output whoever put it
+      there, and the decision code and reason painting recorded (docs/report.md "Decision
+      codes"); nothing is recomputed.
+    * :meth:`summary` and :meth:`format_summary` count what the output holds, the nodes of the
+      functions only a SavedModel's saver runs left out (counted apart).
+    * :meth:`to_dict` / :meth:`to_json` follow the schema of docs/report.md, versioned by
+      ``schema_version``; :attr:`warnings` are the conversion's warnings (also logged), and
+      :attr:`extra` the sections later passes add (``fusion``, ``calibration`` ...).
+    * Looking a node up: :meth:`node` takes a node's exact name and returns None for any other,
+      never raising (``if report.node(name) is None``); :meth:`find` and :meth:`explain` also
+      take a name that is unique inside a function or MetaGraph, and raise :class:`LookupError`
+      (one line, with the closest names) for a name that is no node's or is ambiguous.
+    """
+
     target: str
     device: str
     rules: list[str]
@@ -71,7 +93,9 @@ class Report:
 
     # ------------------------------------------------------------- nodes by name
     def node(self, name: str) -> NodeReport | None:
-        """The node of that exact name (``function/node`` inside functions), or None."""
+        """The node of that exact name (``function/node`` inside functions), or None for any
+        other name: a test, never an error. :meth:`find` (and :meth:`explain`) also take a
+        name unique inside a function, and raise :class:`LookupError` naming the closest."""
         return self._by_name().get(name)
 
     def find(self, name: str) -> NodeReport:
@@ -198,7 +222,9 @@ class Report:
         return "\n".join(lines)
 
     def explain(self, name: str) -> str:
-        """The decision for one node, as ``amp-rewrite explain`` prints it (see :meth:`find`)."""
+        """The decision for one node, as ``amp-rewrite explain`` prints it; ``name`` as
+        :meth:`find` takes it (a :class:`LookupError` with the closest names for an unknown
+        one, where :meth:`node` returns None)."""
         node = self.find(name)
         verdict = "kept float32" if node.precision == "float32" else (
             f"runs in {node.precision}" if node.precision != "none" else "no float type")
