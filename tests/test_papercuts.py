@@ -215,3 +215,42 @@ def test_report_node_is_a_test_and_find_and_explain_raise_alike():
     doc = " ".join(Report.__doc__.split())
     assert "returns None for any other, never raising" in doc and "raise :class:`LookupError`" in doc
     assert "None for any other name" in " ".join(Report.node.__doc__.split())
+
+
+# ----------------------------------------------------------------- converting a converted model
+@pytest.fixture(scope="module")
+def converted_twice(tmp_path_factory):
+    """A TF2 train-step SavedModel (tests/saved_trainers.py) and the Keras export, each
+    converted to float16 once."""
+    import saved_trainers
+    import tensorflow as tf
+    folder = tmp_path_factory.mktemp("converted")
+    module = saved_trainers.MLP(0)
+    tf.saved_model.save(module, str(folder / "train_fp32"), signatures={
+        "serving_default": module.serve, "train_step": module.train_step})
+    for name, src in (("train", folder / "train_fp32"), ("keras", KERAS_EXPORT)):
+        assert main([str(src), "-o", str(folder / name), "-q"]) == 0
+    return folder
+
+
+def test_reconverting_a_loss_scaled_savedmodel_is_one_line(converted_twice, tmp_path, capsys):
+    capsys.readouterr()
+    assert main([str(converted_twice / "train"), "-o", str(tmp_path / "again")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"amp-rewrite: error: {converted_twice / 'train'}: the SavedModel "
+                                 "already has 'amp_loss_scale' state: converted before (it would "
+                                 "be scaled twice)\n")
+    assert not (tmp_path / "again").exists()
+
+
+def test_reconverting_a_converted_savedmodel_warns_once(converted_twice, tmp_path, capsys):
+    from amp_rewrite import convert_file
+    capsys.readouterr()
+    assert main([str(converted_twice / "keras"), "-o", str(tmp_path / "again")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "low-precision nodes" in warnings[0], warnings
+    # the graph's and the function bodies' nodes in one count, the report's one warning
+    report = convert_file(converted_twice / "keras", tmp_path / "again", force=True)
+    held = [w for w in report.warnings if "low-precision nodes" in w]
+    assert held == [warnings[0].partition("WARNING: ")[2]]
+    assert int(held[0].split()[4]) == len(report.low_precision_input) > 14

@@ -147,11 +147,24 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
             report = sub
         else:
             merge_report(report, "[" + ",".join(meta.meta_info_def.tags) + "]", sub)
+    _warn_low_precision_input(report)
     warn_unmatched(rules, report)
     if options.calibration is not None:
         _report_calibration(report, options)
     _warn_if_slower_here(options)
     return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
+
+
+def _warn_low_precision_input(report: Report) -> None:
+    """One warning for the nodes the input already held in a 16-bit dtype (a model converted
+    before, or built so), whether in its graph or its function bodies; given once all are
+    painted, so a refusal found on the way (a SavedModel already loss-scaled) comes alone."""
+    held = report.low_precision_input
+    if held:
+        text = (f"the input already has {len(held)} low-precision nodes (e.g. {held[0]!r}); "
+                "they are left as they are")
+        report.warnings.append(text)
+        log.warning(text)
 
 
 def _convert_frozen(model: Model, options: Options) -> tuple[Model, Report]:

@@ -90,6 +90,8 @@ class Report:
     # the scopes of functions only a SavedModel's saver runs: their nodes are reported, not counted
     saver_functions: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)   # sections added by later passes (loss scaling ...)
+    # nodes the input already held in a 16-bit dtype, left as they are (one warning tells)
+    low_precision_input: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------- nodes by name
     def node(self, name: str) -> NodeReport | None:
