@@ -254,3 +254,35 @@ def test_reconverting_a_converted_savedmodel_warns_once(converted_twice, tmp_pat
     held = [w for w in report.warnings if "low-precision nodes" in w]
     assert held == [warnings[0].partition("WARNING: ")[2]]
     assert int(held[0].split()[4]) == len(report.low_precision_input) > 14
+
+
+# ----------------------------------------------------------------- summaries
+def test_a_conversion_that_keeps_every_matrix_op_float32_says_it_is_a_float32_model(tmp_path, capsys):
+    import json
+
+    import numpy as np
+    data = tmp_path / "loud.npz"
+    np.savez(data, images=np.full((4, 8, 8, 1), 1e5, np.float32))   # past float16's range
+    said = ("the output is a float32 model: none of its 4 MatMul/Conv-family ops computes in "
+            "float16 (kept float32: range 4)")
+    assert main([str(EXAMPLE), "-o", str(tmp_path / "out.pb"), "--calibration", str(data),
+                 "--report", str(tmp_path / "r.json")]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if "MatMul/Conv-family ops in float16" in line)
+    assert lines[first].endswith(": 0/4 MatMul/Conv-family ops in float16")
+    assert lines[first + 1] == said                                   # the summary says it
+    assert err.splitlines() == [f"amp-rewrite: WARNING: {said}"]      # and warns it, once
+    assert said in json.loads((tmp_path / "r.json").read_text())["warnings"]
+    # ... whatever kept them (--keep here), from Python too; one 16-bit matrix op is enough
+    from amp_rewrite import convert
+    matrix = [n.name for n in convert(EXAMPLE.read_bytes())[1].nodes if n.op in ("Conv2D", "MatMul")]
+    _, report = convert(EXAMPLE.read_bytes(), target="bfloat16", device="cpu", keep=matrix,
+                        min_matrix_intensity=0)
+    assert report.float32_model() == ("the output is a float32 model: none of its 4 "
+                                      "MatMul/Conv-family ops computes in bfloat16 (kept float32: "
+                                      "user_keep 4)") and report.float32_model() in report.warnings
+    _, report = convert(EXAMPLE.read_bytes(), keep=matrix[1:])
+    assert report.float32_model() is None
+    _, report = convert(EXAMPLE.read_bytes())
+    assert report.float32_model() is None and "float32 model" not in report.format_summary()

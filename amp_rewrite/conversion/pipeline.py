@@ -81,12 +81,14 @@ def convert_path(input_path: str | os.PathLike, options: Options) -> tuple[Model
     src = Path(input_path)
     options.check()
     try:
-        return convert_model(load(src), options)
+        converted, report = convert_model(load(src), options)
     except InputError as exc:
         # errors found in the graph name a node; the user also needs to know which file
         if not isinstance(exc, RuleError) and not str(exc).startswith(str(src)):
             exc.args = (f"{src}: {exc}",)
         raise
+    _warn_float32_model(report, options)
+    return converted, report
 
 
 def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
@@ -265,6 +267,17 @@ def _report_calibration(report: Report, options: Options) -> None:
         log.warning(text)
 
 
+def _warn_float32_model(report: Report, options: Options) -> None:
+    """Warn where the output computes no MatMul/Conv-family op in 16 bits: a float32 model,
+    and why (:meth:`Report.float32_model`). Said by the conversions a user asks for
+    (:func:`convert`, :func:`convert_path`), not by tune's trials; --cost-aware on a CPU
+    without a bfloat16 unit has said it already (:func:`_warn_if_slower_here`)."""
+    text = report.float32_model()
+    if text and not (options.cost_aware and options.slower_here()):
+        report.warnings.append(text)
+        log.warning(text)
+
+
 def _warn_if_slower_here(options: Options) -> None:
     """bfloat16 for a CPU that has no bfloat16 matrix unit runs slower than float32 there: say
     so (the model may be meant for another machine, so it is converted all the same). Logged,
@@ -313,6 +326,7 @@ def convert(graph_def: graph_pb2.GraphDef | bytes, target: str = "float16", devi
                       min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware,
                       calibration=calibration, headroom=headroom, shapes=dict(shapes or {}))
     converted, report = convert_model(_graph_def_model(graph_def), options)
+    _warn_float32_model(report, options)
     return converted.graph_def, report
 
 

@@ -157,6 +157,19 @@ class Report:
             "kept_float32_by_reason": dict(sorted(kept.items())),
         }
 
+    def float32_model(self) -> str | None:
+        """Where the output has MatMul/Conv-family ops and none computes in a 16-bit dtype
+        (calibration, the cost model, the rules or ``keep`` kept them all float32), the
+        sentence saying it is a float32 model and the codes that kept them, most first; else
+        None. The summary prints it, and a conversion warns it."""
+        matrix = [n for n in self._counted()[0] if n.op in MATRIX_OPS]
+        if not matrix or any(computes_in(n) not in ("float32", "none") for n in matrix):
+            return None
+        codes = Counter(n.code for n in matrix).most_common()
+        return (f"the output is a float32 model: none of its {len(matrix)} MatMul/Conv-family "
+                f"ops computes in {self.target} (kept float32: "
+                + ", ".join(f"{code} {count}" for code, count in codes) + ")")
+
     def _counted(self) -> tuple[list[NodeReport], int]:
         """The nodes the counts take, and how many nodes of the saver's functions they leave out."""
         if not self.saver_functions:
@@ -205,6 +218,8 @@ class Report:
                  f"casts added: {s['casts_added']}"
                  + (f", original casts removed: {s['casts_removed']}" if s["casts_removed"] else "")
                  + (f", Consts stored in {t}: {s['consts_converted']}" if s["consts_converted"] else "")]
+        if self.float32_model():
+            lines.insert(1, self.float32_model())
         if s["kept_float32_by_reason"]:
             lines.append("kept float32: " + ", ".join(f"{k} {v}" for k, v in
                                                        s["kept_float32_by_reason"].items()))
