@@ -286,3 +286,40 @@ def test_a_conversion_that_keeps_every_matrix_op_float32_says_it_is_a_float32_mo
     assert report.float32_model() is None
     _, report = convert(EXAMPLE.read_bytes())
     assert report.float32_model() is None and "float32 model" not in report.format_summary()
+
+
+def _conv_bn(tmp_path) -> Path:
+    """A Conv2D and its batch norm, as a frozen Keras graph has them (tests/test_fusion.py):
+    TensorFlow's constant folding multiplies the scale into the filter itself."""
+    import numpy as np
+    import tensorflow as tf
+    import test_fusion
+    r = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [1, 8, 8, 3], name="x")
+        k = tf.constant(r.normal(0, 0.4, (3, 3, 3, 4)).astype(np.float32))
+        y = test_fusion._bn(tf.nn.conv2d(x, k, 1, "SAME", name="conv"), r, 4, "conv_bn")
+        plain = tf.nn.conv2d(x, k, 1, "SAME", name="plain")        # no scale: nothing to fold
+        tf.identity(tf.nn.relu(y) + plain, name="out")
+    path = tmp_path / "conv_bn.pb"
+    path.write_bytes(g.as_graph_def().SerializeToString())
+    return path
+
+
+def test_fold_constants_counts_the_scales_tensorflow_folded(tmp_path, capsys):
+    import json
+
+    from tensorflow.core.framework import graph_pb2
+    src = _conv_bn(tmp_path)
+    assert main([str(src), "-o", str(tmp_path / "out.pb"), "--fold-constants",
+                 "--report", str(tmp_path / "r.json")]) == 0
+    summary = capsys.readouterr().out
+    assert ("fusion: batch-norm scales folded into convolution filters: 1 (1 by TensorFlow's "
+            "constant folding), per-channel adds made BiasAdd: 1 ") in summary
+    fusion = json.loads((tmp_path / "r.json").read_text())["fusion"]
+    assert (fusion["scales_folded"], fusion["scales_folded_by_tensorflow"]) == (1, 1)
+    # what it counts is there: no Mul left, the convolution reads a folded filter
+    out = graph_pb2.GraphDef.FromString((tmp_path / "out.pb").read_bytes())
+    assert "Mul" not in {n.op for n in out.node}
+    assert sum(n.op == "Conv2D" for n in out.node) == 2
