@@ -61,8 +61,9 @@ def test_batch_norms_become_filters_and_bias_adds_with_the_same_values():
     ref = graphs.run(gd, feeds, ["out:0"])[0]
     out, report = convert(gd, target="float16", device="cpu", fold_constants=True)
     # TensorFlow's constant folding pushes a Mul into a Conv2D's filter itself, not into a
-    # depthwise one: that one is ours
-    assert report.extra["fusion"]["scales_folded"] == 1
+    # depthwise one: that one is ours; the report counts both
+    assert report.extra["fusion"]["scales_folded"] == 2
+    assert report.extra["fusion"]["scales_folded_by_tensorflow"] == 1
     assert report.extra["fusion"]["bias_adds"] == 2
     assert "Mul" not in _ops(out) and "Rsqrt" not in _ops(out)
     nodes = {n.name: n for n in out.node}
@@ -70,7 +71,8 @@ def test_batch_norms_become_filters_and_bias_adds_with_the_same_values():
     assert set(bias) == {"conv_bn", "dw_bn"}             # the adds keep their names
     assert all(n.attr["data_format"].s == b"NHWC" for n in bias.values())
     assert sorted(nodes[n.input[0]].op for n in bias.values()) == ["Conv2D", "DepthwiseConv2dNative"]
-    assert "fusion: batch-norm scales folded into convolution filters: 1," in report.format_summary()
+    assert ("fusion: batch-norm scales folded into convolution filters: 2 (1 by TensorFlow's "
+            "constant folding),") in report.format_summary()
     got = graphs.run(out, feeds, ["out:0"])[0]
     assert graphs.rel_l2(got, ref) < 5e-3                 # float16 rounding only
 

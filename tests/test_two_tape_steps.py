@@ -164,7 +164,7 @@ def test_flags_only_graph_files_take_are_refused_for_a_keras_file_and_from_pytho
     model.save(tmp_path / "m.keras")
     assert cli.main([str(tmp_path / "m.keras"), "-o", str(tmp_path / "out"), "--grad", "x"]) == 2
     assert "--grad applies to graph files" in capsys.readouterr().err
-    with pytest.raises(InputError, match="--lowp-io applies to graph files"):
+    with pytest.raises(InputError, match="lowp_io=True applies to graph files"):
         convert_file(tmp_path / "m.keras", tmp_path / "out", lowp_io=True)
     assert not (tmp_path / "out").exists()
 

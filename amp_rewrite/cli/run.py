@@ -17,13 +17,15 @@ import difflib
 import importlib
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
+from ..core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError, flags_in_messages
 from ..io.files import (
+    already_exists,
     check_container,
     is_keras_file,
     is_saved_model,
@@ -50,11 +52,30 @@ HEADROOM_DEFAULT = "32"
 BATCH_DEFAULT = "1"
 #: TF_CPP_MIN_LOG_LEVEL without -v: TensorFlow's C++ log shows fatal errors only
 QUIET_TF_LOG_LEVEL = "3"
+#: what every command's model argument takes (a Keras file as its serving function's SavedModel)
+MODEL_FORMATS = "GraphDef, MetaGraph, SavedModel dir or Keras file"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors: one line, exit 2
         self.exit(INPUT_EXIT, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, where an unrecognized option also names the closest one this command
+        has (``--targt``: did you mean --target?)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._closest_option(extras)}")
+        return namespace
+
+    def _closest_option(self, extras: list[str]) -> str:
+        known = sorted(s for s in self._option_string_actions if s.startswith("--"))
+        for arg in extras:
+            if arg.startswith("-") and not re.fullmatch(r"-\d*\.?\d+", arg):   # not -1.5
+                close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
 
 
 # ----------------------------------------------------------------- flags
@@ -81,6 +102,18 @@ def _costs_flag(p: argparse.ArgumentParser) -> None:
                         "the shipped one; 'amp-rewrite costs show' says which)")
 
 
+def _painting_flags(p: argparse.ArgumentParser) -> None:
+    """What painting keeps, for convert, explain and tune alike."""
+    p.add_argument("--keep", action="append", default=[], metavar="NAME",
+                   help="node whose dtypes must not change (repeatable)")
+    p.add_argument("--lowp-io", action="store_true",
+                   help="let graph inputs and outputs take the low-precision dtype too")
+    p.add_argument("--min-matrix-intensity", type=float, metavar="X",
+                   help="least matrix work (FLOPs per element an op reads and writes) the "
+                        "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
+                        "float32 (default 128 for bfloat16 on cpu, else 0)")
+
+
 def _batch_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
                    help="the shape input NAME runs at (repeatable; its first dimension is the "
@@ -91,16 +124,13 @@ def _batch_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _convert_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision. "
-                "Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
+    p = _Parser(prog=PROG, description="Convert an FP32 TensorFlow graph to mixed precision "
+                f"('{PROG} convert IN -o OUT' says the same). Other commands: " + ", ".join(sorted(COMMANDS)) + " (amp-rewrite CMD -h).")
     p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), SavedModel "
                    "directory, or Keras file (.keras/.h5: converts to a SavedModel directory)")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
     _rule_flags(p)
-    p.add_argument("--keep", action="append", default=[], metavar="NAME",
-                   help="node whose dtypes must not change (repeatable)")
-    p.add_argument("--lowp-io", action="store_true",
-                   help="let graph inputs and outputs take the low-precision dtype too")
+    _painting_flags(p)
     p.add_argument("--emulate", action="store_true",
                    help="write float16's float32 emulation (float16 rules, but each float16 op "
                         "computes in float32 on values rounded to float16): to see float16's "
@@ -114,10 +144,6 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help="a SavedModel or Keras file: freeze every serving signature (variables "
                         "to Consts), fold constants as --fold-constants does and convert; writes "
                         "a SavedModel serving the same signatures")
-    p.add_argument("--min-matrix-intensity", type=float, metavar="X",
-                   help="least matrix work (FLOPs per element an op reads and writes) the "
-                        "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
-                        "float32 (default 128 for bfloat16 on cpu, else 0)")
     p.add_argument("--cost-aware", action="store_true",
                    help="never slower than float32 on this machine: for --device cpu --target "
                         "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
@@ -130,7 +156,8 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "as bench feeds them, --shape for open dimensions) and write the faster")
     _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
-    p.add_argument("--force", action="store_true", help="replace an existing output")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing output, --report file or --html file")
     p.add_argument("--in-place", action="store_true", help="allow the output to be the input")
     g = p.add_argument_group("training graphs")
     g.add_argument("--loss-scale", metavar="dynamic|none|N",
@@ -183,8 +210,8 @@ def _headroom_flag(p) -> None:
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
     """Flags shared by verify and bench: which inputs, shapes, signature, outputs, weights."""
-    p.add_argument("original", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
-    p.add_argument("converted", help="the converted model")
+    p.add_argument("original", help=f"the FP32 model ({MODEL_FORMATS})")
+    p.add_argument("converted", help="the converted model (the same formats)")
     _run_flags(p)
     p.add_argument("--output", action="append", default=[], metavar="TENSOR",
                    help="graph output to compare (repeatable; default the signature's "
@@ -213,12 +240,10 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
 def _command_parser(command: str) -> argparse.ArgumentParser:
     p = _Parser(prog=f"{PROG} {command}")
     if command == "explain":
-        p.add_argument("input", help="the FP32 model to explain")
+        p.add_argument("input", help=f"the FP32 model to explain ({MODEL_FORMATS})")
         p.add_argument("node", nargs="+", help="node name(s) to explain")
         _rule_flags(p)
-        p.add_argument("--keep", action="append", default=[], metavar="NAME")
-        p.add_argument("--lowp-io", action="store_true")
-        p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+        _painting_flags(p)
         _batch_flag(p)
         _costs_flag(p)
         _calibration_flags(p)
@@ -261,12 +286,11 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
         p.add_argument("--report", metavar="FILE.json",
                        help="the convert command's JSON report, to include its decisions in --html")
-        _force_flag(p)
+        _force_flag(p, "--html")
     elif command == "tune":
         _tune_flags(p)
     elif command == "ranges":
-        p.add_argument("model", help="the FP32 model (GraphDef, MetaGraph, SavedModel dir or "
-                       "Keras file)")
+        p.add_argument("model", help=f"the FP32 model ({MODEL_FORMATS})")
         p.add_argument("--inputs", action="append", required=True, metavar="DATA.npz",
                        help="input arrays keyed by input name, one run each (repeatable)")
         p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
@@ -278,14 +302,14 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        help="tensors to list, largest magnitude first (default 20)")
         _headroom_flag(p)
         p.add_argument("--json", metavar="FILE", help="also write every tensor's range as JSON")
-        _force_flag(p)
+        _force_flag(p, "--json")
     elif command == "kernels":
-        p.add_argument("model", help="the converted model (GraphDef, MetaGraph or SavedModel dir)")
+        p.add_argument("model", help=f"the converted model ({MODEL_FORMATS})")
         p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
                        help="where to run it (default: gpu if TensorFlow sees one, else cpu)")
         _run_flags(p)
         p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
-        _force_flag(p)
+        _force_flag(p, "--json")
     elif command == "costs":
         _costs_command_flags(p)
     elif command == "bench":
@@ -294,7 +318,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
         p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
         p.add_argument("--html", metavar="REPORT.html", help="also write a self-contained HTML report")
-        _force_flag(p)
+        _force_flag(p, "--json", "--html")
     _common(p)
     return p
 
@@ -317,12 +341,14 @@ def _costs_command_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="measure: replace an existing -o file")
 
 
-def _force_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="replace existing --html/--json files")
+def _force_flag(p: argparse.ArgumentParser, *flags: str) -> None:
+    """--force, naming the files it replaces: those of ``flags``, the command's outputs."""
+    p.add_argument("--force", action="store_true",
+                   help=f"replace an existing {' or '.join(flags)} file")
 
 
 def _tune_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="the FP32 model (GraphDef, MetaGraph or SavedModel dir)")
+    p.add_argument("input", help=f"the FP32 model ({MODEL_FORMATS})")
     p.add_argument("-o", "--output", required=True, help="where to write the tuned conversion")
     p.add_argument("--inputs", action="append", default=[], metavar="DATA.npz",
                    help="a sample: input arrays keyed by input name (repeatable; every sample "
@@ -358,9 +384,7 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules-out", metavar="FILE.toml", help="where to write the overrides "
                    "chosen (default OUTPUT.tune.toml)")
     _rule_flags(p)
-    p.add_argument("--keep", action="append", default=[], metavar="NAME")
-    p.add_argument("--lowp-io", action="store_true")
-    p.add_argument("--min-matrix-intensity", type=float, metavar="X")
+    _painting_flags(p)
     _batch_flag(p)
     _costs_flag(p)
     p.add_argument("--signature", help="signature key of a MetaGraph or SavedModel "
@@ -372,7 +396,8 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--html", metavar="REPORT.html",
                    help="also write a self-contained HTML report of the tuned conversion")
-    p.add_argument("--force", action="store_true", help="replace existing outputs")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing output, rules file, --report or --html file")
 
 
 # ----------------------------------------------------------------- checks before any work
@@ -397,7 +422,7 @@ def _check_output(path: str, what: str, *, force: bool, inputs=(), outputs=(),
     if not folder and os.path.isdir(path):
         raise InputError(f"{path}: is a directory")
     if not folder and os.path.lexists(path) and not force:
-        raise InputError(f"{path}: already exists; pass --force to replace it")
+        raise InputError(already_exists(path))
     parent = path if folder and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise InputError(f"{path}: folder {parent} does not exist")
@@ -553,29 +578,42 @@ def _check_model_output(src: str, dst: str, *, force: bool, inputs: list[str]) -
         return
     check_container(src, dst)
     if os.path.lexists(dst) and not force:
-        raise InputError(f"{dst}: already exists; pass --force to replace it")
+        raise InputError(already_exists(dst))
     _check_output(dst, "output", force=True, inputs=inputs, folder=True)
     folder = os.path.dirname(os.path.abspath(dst))
     if not os.access(folder, os.W_OK):   # a SavedModel is built beside its place, then renamed
         raise InputError(f"{dst}: cannot write in {folder}: permission denied")
 
 
-def _refuse_misspelled_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
-    """``amp-rewrite verfy a.pb b.pb`` would otherwise complain about a missing -o."""
+def _refuse_unknown_command(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """A first argument that is no option, no file and no command (``amp-rewrite verfy a.pb
+    b.pb``, ``amp-rewrite frobnicate x``) would otherwise be taken for a model to convert and
+    get a complaint about a missing -o. One that looks like a path (a ``.`` or ``/`` in it) and
+    is no command's misspelling goes on to the usual checks (``no such file``)."""
     if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
         return
-    close = difflib.get_close_matches(argv[0], sorted(COMMANDS), n=1, cutoff=0.6)
+    commands = ", ".join(sorted(COMMANDS + ("convert",)))
+    close = difflib.get_close_matches(argv[0], sorted(COMMANDS + ("convert",)), n=1, cutoff=0.6)
     if close:
         parser.error(f"no file {argv[0]!r} and no command of that name; did you mean "
-                     f"'{PROG} {close[0]}'? (commands: {', '.join(sorted(COMMANDS))})")
+                     f"'{PROG} {close[0]}'? (commands: {commands})")
+    if not any(c in argv[0] for c in "./" + os.sep):
+        parser.error(f"no file {argv[0]!r} and no command of that name (commands: {commands}; "
+                     f"a conversion is '{PROG} MODEL -o OUTPUT')")
 
 
 def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
-    """The command (``"convert"`` for a conversion) and its arguments; usage errors exit 2."""
-    if argv and argv[0] in COMMANDS:
+    """The command (``"convert"`` for a conversion) and its arguments; usage errors exit 2.
+    ``amp-rewrite convert IN -o OUT`` is ``amp-rewrite IN -o OUT`` (unless a file is named
+    ``convert``): the word its help answers to."""
+    converting = bool(argv) and argv[0] == "convert" and not os.path.exists(argv[0])
+    if converting:
+        argv = argv[1:]
+    elif argv and argv[0] in COMMANDS:
         return argv[0], _command_parser(argv[0]).parse_args(argv[1:])
     parser = _convert_parser()
-    _refuse_misspelled_command(argv, parser)
+    if not converting:
+        _refuse_unknown_command(argv, parser)
     args = parser.parse_args(argv)
     args.loss_scale_options = _loss_scale_options(args)
     return "convert", args
@@ -631,8 +669,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = QUIET_TF_LOG_LEVEL
     _setup_logging(args)
     try:
-        _check_paths(command, args)
-        code = _load_runner(args.verbose).run(command, args)
+        with flags_in_messages():   # the library's messages name --force, not force=True
+            _check_paths(command, args)
+            code = _load_runner(args.verbose).run(command, args)
         # a reader that went away meets the summary here, where it is exit 141, and not in
         # the final flush of a block-buffered stdout (into a pipe), which cannot report it
         sys.stdout.flush()

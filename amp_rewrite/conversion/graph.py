@@ -287,12 +287,16 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         raise InputError(f"the input graph is not valid: {problems[0]}")
     refuse_other_low_precision(meta_graph, options.target)
     interface = signature_tensors(meta)
+    pushed = 0   # scales TensorFlow's folding multiplies into Conv2D filters itself
     if options.fold_constants:
         source = constfold.fold_constants(source, set(options.keep) | interface)
+        pushed = constfold.scales_pushed(meta_graph.graph_def, source)
     graph, added = graph_with_defaults(source)
     keep = kept(interface=interface, user=split_keep(options.keep, graph, source.library))
     fused = (bnfold.fold_batch_norms(graph, set(keep)) if options.fold_constants
              and not constfold.has_variables(source) else None)
+    if fused is not None:
+        fused.pushed = pushed
     calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = dataclasses.replace(options.painting_target(),
@@ -301,7 +305,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if options.weighed():   # the batch an open first dimension is weighed at, here and in bodies
         report.extra["cost_model"] = _cost_model(target)
-    if fused is not None and (fused.scales_folded or fused.bias_adds):
+    if fused is not None and (fused.scales_folded or fused.pushed or fused.bias_adds):
         report.extra["fusion"] = fused.summary()
     if trains(source.node):   # its weights change: freezing them is no option
         report.extra.pop("freezing", None)

@@ -276,6 +276,7 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
     report.casts_removed.extend(f"{prefix}/{n}" for n in sub.casts_removed)
     report.consts_converted.extend(f"{prefix}/{n}" for n in sub.consts_converted)
     report.warnings.extend(f"function {prefix!r}: {w}" for w in sub.warnings)
+    report.low_precision_input.extend(f"{prefix}/{n}" for n in sub.low_precision_input)
     report.scopes.append(prefix)
     report.scopes.extend(f"{prefix}/{s}" for s in sub.scopes)
     report.saver_functions.extend(f"{prefix}/{s}" for s in sub.saver_functions)

@@ -20,7 +20,7 @@ from tensorflow.core.framework import graph_pb2
 
 from ..core import hardware
 from ..core.dtypes import HEADROOM, LARGEST, TARGETS
-from ..core.errors import InputError, RuleError, UnsupportedGraphError
+from ..core.errors import InputError, RuleError, UnsupportedGraphError, option
 from ..core.ops import is_variable_write
 from ..io.files import (
     check_container,
@@ -61,7 +61,8 @@ def convert_file(input_path: str | os.PathLike, output_path: str | os.PathLike, 
     """
     src, dst = Path(input_path), Path(output_path)
     if same_file(src, dst) and not in_place:
-        raise InputError(f"{dst}: the output is the input; pass --in-place to overwrite it")
+        raise InputError(f"{dst}: the output is the input; pass "
+                         f"{option('--in-place', 'in_place=True')} to overwrite it")
     check_container(src, dst)
     opts = Options(**options)
     opts.check()   # before a Keras file's export, which takes seconds
@@ -80,12 +81,14 @@ def convert_path(input_path: str | os.PathLike, options: Options) -> tuple[Model
     src = Path(input_path)
     options.check()
     try:
-        return convert_model(load(src), options)
+        converted, report = convert_model(load(src), options)
     except InputError as exc:
         # errors found in the graph name a node; the user also needs to know which file
         if not isinstance(exc, RuleError) and not str(exc).startswith(str(src)):
             exc.args = (f"{src}: {exc}",)
         raise
+    _warn_float32_model(report, options)
+    return converted, report
 
 
 def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
@@ -146,11 +149,24 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
             report = sub
         else:
             merge_report(report, "[" + ",".join(meta.meta_info_def.tags) + "]", sub)
+    _warn_low_precision_input(report)
     warn_unmatched(rules, report)
     if options.calibration is not None:
         _report_calibration(report, options)
     _warn_if_slower_here(options)
     return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
+
+
+def _warn_low_precision_input(report: Report) -> None:
+    """One warning for the nodes the input already held in a 16-bit dtype (a model converted
+    before, or built so), whether in its graph or its function bodies; given once all are
+    painted, so a refusal found on the way (a SavedModel already loss-scaled) comes alone."""
+    held = report.low_precision_input
+    if held:
+        text = (f"the input already has {len(held)} low-precision nodes (e.g. {held[0]!r}); "
+                "they are left as they are")
+        report.warnings.append(text)
+        log.warning(text)
 
 
 def _convert_frozen(model: Model, options: Options) -> tuple[Model, Report]:
@@ -251,6 +267,17 @@ def _report_calibration(report: Report, options: Options) -> None:
         log.warning(text)
 
 
+def _warn_float32_model(report: Report, options: Options) -> None:
+    """Warn where the output computes no MatMul/Conv-family op in 16 bits: a float32 model,
+    and why (:meth:`Report.float32_model`). Said by the conversions a user asks for
+    (:func:`convert`, :func:`convert_path`), not by tune's trials; --cost-aware on a CPU
+    without a bfloat16 unit has said it already (:func:`_warn_if_slower_here`)."""
+    text = report.float32_model()
+    if text and not (options.cost_aware and options.slower_here()):
+        report.warnings.append(text)
+        log.warning(text)
+
+
 def _warn_if_slower_here(options: Options) -> None:
     """bfloat16 for a CPU that has no bfloat16 matrix unit runs slower than float32 there: say
     so (the model may be meant for another machine, so it is converted all the same). Logged,
@@ -268,7 +295,7 @@ def _warn_if_slower_here(options: Options) -> None:
                 "here)", hardware.describe())
 
 
-def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str = "gpu",
+def convert(graph_def: graph_pb2.GraphDef | bytes, target: str = "float16", device: str = "gpu",
             rules: RuleSet | Sequence[str | os.PathLike] | None = None,
             keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool = False,
             min_matrix_intensity: float | None = None,
@@ -277,7 +304,8 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
             costs: str | os.PathLike | None = None) -> tuple[graph_pb2.GraphDef, Report]:
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
-    The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
+    ``graph_def``: a ``GraphDef``, or its serialized bytes (a file's, read as they are); anything
+    else is an :class:`InputError`. The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
     device unplaced nodes will run on (``"gpu"`` or ``"cpu"``), which decides which kernels
     exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
     ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
@@ -300,8 +328,26 @@ def convert(graph_def: graph_pb2.GraphDef, target: str = "float16", device: str 
                       min_matrix_intensity=min_matrix_intensity, cost_aware=cost_aware,
                       calibration=calibration, headroom=headroom, shapes=dict(shapes or {}),
                       costs=costs)
-    converted, report = convert_model(Model.of_graph_def(graph_def), options)
+    converted, report = convert_model(_graph_def_model(graph_def), options)
+    _warn_float32_model(report, options)
     return converted.graph_def, report
+
+
+def _graph_def_model(graph_def) -> Model:
+    """What :func:`convert` takes, as a model: a GraphDef, or the bytes of one."""
+    if isinstance(graph_def, (bytes, bytearray, memoryview)):
+        return Model.of_serialized_graph_def(bytes(graph_def), "convert: the bytes given")
+    if not isinstance(graph_def, graph_pb2.GraphDef):
+        hint = (" (for a file, convert_file(path, output_path))"
+                if isinstance(graph_def, (str, os.PathLike)) else "")
+        raise InputError(f"convert: takes a GraphDef (tf.compat.v1.GraphDef) or its serialized "
+                         f"bytes, not {type(graph_def).__name__} {_short(graph_def)}{hint}")
+    return Model.of_graph_def(graph_def)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _refuse_saved_model_training(model: Model, options: Options) -> None:

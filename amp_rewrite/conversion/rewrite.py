@@ -93,10 +93,8 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     if before.unregistered_ops:
         report.warnings.append("ops not registered with TensorFlow left as they are: "
                                + ", ".join(sorted(before.unregistered_ops)))
-    if before.low_precision:
-        report.warnings.append(f"the input already has {len(before.low_precision)} "
-                               f"low-precision nodes (e.g. {before.low_precision[0]!r}); they are "
-                               "left as they are")
+    # warned of once for the whole model, by the pipeline, once every graph and body is painted
+    report.low_precision_input = list(before.low_precision)
     lint.lint(graph, original=before, rules=rules,
               only=stats.touched_and_readers(graph) | set(upgraded))
     for w in report.warnings:

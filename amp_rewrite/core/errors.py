@@ -15,11 +15,36 @@ two sides:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 #: exit code of the CLI for bad input or usage
 INPUT_EXIT = 2
 #: exit code of the CLI for a bug in amp-rewrite (sysexits.h's EX_SOFTWARE); ``verify`` keeps
 #: exit code 1 for "out of tolerance"
 INTERNAL_EXIT = 70
+
+
+#: how messages name the options a user gives: ``"keyword"``, the Python API's (the default),
+#: or ``"flag"``, while the command line runs (:func:`flags_in_messages`)
+_SPELLING = contextvars.ContextVar("amp_rewrite_option_spelling", default="keyword")
+
+
+def option(flag: str, keyword: str) -> str:
+    """An option as an error message names it: ``flag`` (``--force``) where the command line
+    runs, else ``keyword`` (``force=True``), as the Python API's caller gives it. The check
+    that raises is the same for both; only the words differ."""
+    return flag if _SPELLING.get() == "flag" else keyword
+
+
+@contextlib.contextmanager
+def flags_in_messages():
+    """Within the block, :func:`option` names the command line's flags (the CLI runs in it)."""
+    token = _SPELLING.set("flag")
+    try:
+        yield
+    finally:
+        _SPELLING.reset(token)
 
 
 class AmpRewriteError(Exception):

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import InputError
+from ..core.errors import InputError, option
 
 #: the file that makes a directory a SavedModel
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -79,14 +79,14 @@ _FOUND_ITSELF = ("it names a node of the graph, and a SavedModel's train steps a
                  "whose seeds amp-rewrite finds itself")
 #: convert options only a graph file (GraphDef, MetaGraph) takes, by the name
 #: ``conversion.graph.Options`` gives each (``loss``, ``grads``: its ``loss_scale_options``
-#: hints): the flag, and why a SavedModel (or a Keras file, converted as one) has no use for it.
-#: Given there, they would be ignored: they are refused instead
+#: hints): the flag, the Python keyword, and why a SavedModel (or a Keras file, converted as
+#: one) has no use for it. Given there, they would be ignored: they are refused instead
 GRAPH_FILE_OPTIONS = {
-    "loss": ("--loss", _FOUND_ITSELF),
-    "grads": ("--grad", _FOUND_ITSELF),
-    "fold_constants": ("--fold-constants",
+    "loss": ("--loss", "loss_scale_options['loss']", _FOUND_ITSELF),
+    "grads": ("--grad", "loss_scale_options['grads']", _FOUND_ITSELF),
+    "fold_constants": ("--fold-constants", "fold_constants=True",
                        "a SavedModel's weights are variables, and there is nothing to fold"),
-    "lowp_io": ("--lowp-io", "a SavedModel's signatures keep their dtypes"),
+    "lowp_io": ("--lowp-io", "lowp_io=True", "a SavedModel's signatures keep their dtypes"),
 }
 
 
@@ -94,16 +94,17 @@ def refuse_graph_file_options(path: str | os.PathLike, given: dict) -> None:
     """Refuse, as an :class:`InputError`, the first option of ``given`` (``Options`` names ->
     values; set when truthy) that :data:`GRAPH_FILE_OPTIONS` lists, for ``path``, a SavedModel
     or a Keras file."""
-    for name, (flag, why) in GRAPH_FILE_OPTIONS.items():
+    for name, (flag, keyword, why) in GRAPH_FILE_OPTIONS.items():
         if given.get(name):
-            raise InputError(f"{path}: {flag} applies to graph files (.pb, .pbtxt, .meta), not "
-                             f"to a SavedModel or Keras file: {why}; drop it")
+            raise InputError(f"{path}: {option(flag, keyword)} applies to graph files (.pb, "
+                             f".pbtxt, .meta), not to a SavedModel or Keras file: {why}; drop it")
 
 
 def not_freezable(path: str | os.PathLike) -> str:
     """Why ``--freeze`` does not apply to ``path``, a graph file (the message of its refusal)."""
-    return (f"{path}: --freeze freezes the signatures of a SavedModel or Keras file; a graph "
-            "file is converted as it is (its Consts folded with --fold-constants): drop --freeze")
+    freeze, fold = option("--freeze", "freeze=True"), option("--fold-constants", "fold_constants=True")
+    return (f"{path}: {freeze} freezes the signatures of a SavedModel or Keras file; a graph "
+            f"file is converted as it is (its Consts folded with {fold}): drop {freeze}")
 
 
 def keras_file(data: bytes) -> str | None:
@@ -138,11 +139,17 @@ def tune_rules_path(output: str | os.PathLike) -> Path:
     return output.with_name(output.name + ".tune.toml")
 
 
+def already_exists(path: str | os.PathLike) -> str:
+    """The message for an existing output given without force (the flag or the keyword:
+    :func:`~amp_rewrite.core.errors.option`)."""
+    return f"{path}: already exists; pass {option('--force', 'force=True')} to replace it"
+
+
 def check_file_destination(path: Path, *, force: bool = False) -> Path:
     """The InputError :func:`atomic_write` would raise for ``path`` (it exists and ``force``
     is not set, it is a directory, its folder is missing); returns the folder."""
     if path.exists() and not force:
-        raise InputError(f"{path}: already exists; pass --force to replace it")
+        raise InputError(already_exists(path))
     if path.is_dir():
         raise InputError(f"{path}: is a directory")
     folder = path.parent if str(path.parent) else Path(".")

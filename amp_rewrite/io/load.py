@@ -61,6 +61,25 @@ class Model:
         return cls._wrapping(meta_graph_pb2.MetaGraphDef(graph_def=graph_def), path, text)
 
     @classmethod
+    def of_serialized_graph_def(cls, data: bytes, path: str | os.PathLike = "<bytes>") -> "Model":
+        """A model of the GraphDef ``data`` serializes (binary protobuf, as
+        ``GraphDef.SerializeToString`` writes it); an :class:`InputError` for bytes that are
+        not one, or a graph TensorFlow would not import."""
+        wrapper = meta_graph_pb2.MetaGraphDef()
+        try:
+            wrapper.graph_def.ParseFromString(data)
+            parsed = _valid_graph(wrapper.graph_def)
+        except (message.DecodeError, RuntimeError, ValueError):
+            parsed = False
+        if not parsed:
+            kind = keras_file(data)
+            why = f"they are {kind}" if kind else "empty" if not data else "they do not parse as one"
+            raise InputError(f"{path}: not a serialized GraphDef ({why}; one is the binary "
+                             "protobuf GraphDef.SerializeToString() gives)")
+        _check_file_graph(Path(path), wrapper.graph_def, data)
+        return cls._wrapping(wrapper, path, text=False)
+
+    @classmethod
     def _wrapping(cls, meta: meta_graph_pb2.MetaGraphDef, path: str | os.PathLike,
                   text: bool) -> "Model":
         # a GraphDef's model: a MetaGraphDef holding nothing but the graph

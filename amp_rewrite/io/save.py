@@ -28,9 +28,15 @@ from tensorflow.python.ops import gen_io_ops
 from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import py_checkpoint_reader
 
-from ..core.errors import InputError
+from ..core.errors import InputError, option
 from .frozen import write as write_frozen
-from .files import SAVED_MODEL_FILES, TEXT_SUFFIXES, OutputSet, check_file_destination
+from .files import (
+    SAVED_MODEL_FILES,
+    TEXT_SUFFIXES,
+    OutputSet,
+    already_exists,
+    check_file_destination,
+)
 from .load import Model
 
 log = logging.getLogger(__name__)
@@ -104,14 +110,15 @@ def check_destination(model: Model, out_path: str | os.PathLike, *, force: bool 
 
 def _check_saved_model_destination(model: Model, out_path: Path, force: bool) -> None:
     if out_path.exists() and not force:
-        raise InputError(f"{out_path}: already exists; pass --force to replace it")
+        raise InputError(already_exists(out_path))
     if out_path.exists() and not out_path.is_dir():
         raise InputError(f"{out_path}: is a file; a SavedModel is written as a directory")
     if out_path.is_dir() and any(out_path.iterdir()) and not any(
             (out_path / name).is_file() for name in SAVED_MODEL_FILES):
         # --force replaces a SavedModel, never a folder of something else
         raise InputError(f"{out_path}: a directory that is not a SavedModel and not empty; "
-                         "--force only replaces a SavedModel, so choose another output")
+                         f"{option('--force', 'force=True')} only replaces a SavedModel, so "
+                         "choose another output")
     parent = out_path.parent if str(out_path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{out_path}: folder {parent} does not exist")

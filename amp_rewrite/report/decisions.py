@@ -64,6 +64,28 @@ class NodeReport:
 
 @dataclass
 class Report:
+    """What a conversion did to each node, and why: what :func:`~amp_rewrite.convert`,
+    :func:`~amp_rewrite.convert_file` and :func:`~amp_rewrite.tune` return (``result.report``)
+    and ``--report`` writes as JSON.
+
+    Its promises:
+
+    * :attr:`nodes` holds one :class:`NodeReport` per node of the converted graph and of each
+      function body painted (``function/node``; a SavedModel's second and later MetaGraphs'
+      as ``[tags]/node``): the precision the output holds, read off the output whoever put it
+      there, and the decision code and reason painting recorded (docs/report.md "Decision
+      codes"); nothing is recomputed.
+    * :meth:`summary` and :meth:`format_summary` count what the output holds, the nodes of the
+      functions only a SavedModel's saver runs left out (counted apart).
+    * :meth:`to_dict` / :meth:`to_json` follow the schema of docs/report.md, versioned by
+      ``schema_version``; :attr:`warnings` are the conversion's warnings (also logged), and
+      :attr:`extra` the sections later passes add (``fusion``, ``calibration`` ...).
+    * Looking a node up: :meth:`node` takes a node's exact name and returns None for any other,
+      never raising (``if report.node(name) is None``); :meth:`find` and :meth:`explain` also
+      take a name that is unique inside a function or MetaGraph, and raise :class:`LookupError`
+      (one line, with the closest names) for a name that is no node's or is ambiguous.
+    """
+
     target: str
     device: str
     rules: list[str]
@@ -78,10 +100,14 @@ class Report:
     # the scopes of functions only a SavedModel's saver runs: their nodes are reported, not counted
     saver_functions: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)   # sections added by later passes (loss scaling ...)
+    # nodes the input already held in a 16-bit dtype, left as they are (one warning tells)
+    low_precision_input: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------- nodes by name
     def node(self, name: str) -> NodeReport | None:
-        """The node of that exact name (``function/node`` inside functions), or None."""
+        """The node of that exact name (``function/node`` inside functions), or None for any
+        other name: a test, never an error. :meth:`find` (and :meth:`explain`) also take a
+        name unique inside a function, and raise :class:`LookupError` naming the closest."""
         return self._by_name().get(name)
 
     def find(self, name: str) -> NodeReport:
@@ -143,6 +169,19 @@ class Report:
             "kept_float32_by_reason": dict(sorted(kept.items())),
         }
 
+    def float32_model(self) -> str | None:
+        """Where the output has MatMul/Conv-family ops and none computes in a 16-bit dtype
+        (calibration, the cost model, the rules or ``keep`` kept them all float32), the
+        sentence saying it is a float32 model and the codes that kept them, most first; else
+        None. The summary prints it, and a conversion warns it."""
+        matrix = [n for n in self._counted()[0] if n.op in MATRIX_OPS]
+        if not matrix or any(computes_in(n) not in ("float32", "none") for n in matrix):
+            return None
+        codes = Counter(n.code for n in matrix).most_common()
+        return (f"the output is a float32 model: none of its {len(matrix)} MatMul/Conv-family "
+                f"ops computes in {self.target} (kept float32: "
+                + ", ".join(f"{code} {count}" for code, count in codes) + ")")
+
     def _counted(self) -> tuple[list[NodeReport], int]:
         """The nodes the counts take, and how many nodes of the saver's functions they leave out."""
         if not self.saver_functions:
@@ -191,6 +230,8 @@ class Report:
                  f"casts added: {s['casts_added']}"
                  + (f", original casts removed: {s['casts_removed']}" if s["casts_removed"] else "")
                  + (f", Consts stored in {t}: {s['consts_converted']}" if s["consts_converted"] else "")]
+        if self.float32_model():
+            lines.insert(1, self.float32_model())
         if s["kept_float32_by_reason"]:
             lines.append("kept float32: " + ", ".join(f"{k} {v}" for k, v in
                                                        s["kept_float32_by_reason"].items()))
@@ -210,7 +251,9 @@ class Report:
         return "\n".join(lines)
 
     def explain(self, name: str) -> str:
-        """The decision for one node, as ``amp-rewrite explain`` prints it (see :meth:`find`)."""
+        """The decision for one node, as ``amp-rewrite explain`` prints it; ``name`` as
+        :meth:`find` takes it (a :class:`LookupError` with the closest names for an unknown
+        one, where :meth:`node` returns None)."""
         node = self.find(name)
         verdict = "kept float32" if node.precision == "float32" else (
             f"runs in {node.precision}" if node.precision != "none" else "no float type")

@@ -70,10 +70,13 @@ def match_inputs(names: Iterable[str], specs: Sequence[InputSpec], what: str) ->
     matched = {}
     for name in names:
         if name not in by_name:
-            close = difflib.get_close_matches(name, [s.name for s in specs], n=3, cutoff=0.5)
+            # each input once: a Keras export's signatures serve and serving_default both
+            # take its inputs, under the same keys
+            named = list(dict.fromkeys(s.name for s in specs))
+            close = difflib.get_close_matches(name, named, n=3, cutoff=0.5)
             hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-            listing = ", ".join(f"{s.name} ({dtype_text(s.dtype)} {shape_text(s.shape)})"
-                                for s in specs) or "none"
+            listing = ", ".join(dict.fromkeys(f"{s.name} ({dtype_text(s.dtype)} "
+                                              f"{shape_text(s.shape)})" for s in specs)) or "none"
             raise InputError(f"{what} {name!r} names no input of the model{hint}; its inputs: "
                              f"{listing}")
         matched[name] = by_name[name]

@@ -118,6 +118,8 @@ from .verify import (REL_L2, TOP1, Attribution, ErrorStats, attribute,
                      check_finite_reference, compare_outputs, criteria, lowest_dtype)
 
 log = logging.getLogger(__name__)
+#: tune's feeds when none are given (told apart from feeds given along with inputs=)
+_NO_FEEDS: tuple = ()
 
 #: the built-in metrics, each the worst over a sample's outputs (lower is better)
 METRICS = ("rel_l2", "max_abs", "top1")
@@ -761,7 +763,8 @@ def _open(model: Model, signature: str | None, outputs: Sequence[str],
 
 # ----------------------------------------------------------------- the entry point
 def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = None, *,
-         feeds: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike = (),
+         feeds: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike = _NO_FEEDS,
+         inputs: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike | None = None,
          metric: str | Metric = "rel_l2", tolerance: float | None = None,
          max_trials: int = DEFAULT_MAX_TRIALS,
          holdout: Iterable[Mapping[str, np.ndarray]] | Sequence[str] = (),
@@ -782,7 +785,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     sample each; a graph fed by tf.data iterators takes the iterators' outputs by tensor name
     (``IteratorGetNext:0``) or, where a sample lacks them, the next batch of the float32
     model's own iterator (sample *i*, then the held-out ones, in order), and without feeds its
-    first batch is the one sample. ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst
+    first batch is the one sample. ``inputs``: the same, by the name of the command's
+    ``--inputs`` (give one of the two). ``metric``: ``"rel_l2"``, ``"max_abs"``, ``"top1"`` (worst
     over the outputs), or ``metric(fp32_outputs, converted_outputs) -> float`` on dicts output
     name -> array, lower is better. ``tolerance`` defaults to what ``verify`` accepts
     (:func:`default_tolerance`). ``holdout``: samples never tuned on; the result must pass
@@ -806,6 +810,11 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
     is False, ``result.message`` says why.
     """
     started = time.perf_counter()
+    if inputs is not None:
+        if feeds is not _NO_FEEDS:
+            raise InputError("tune: give the samples once, as inputs= (the command's --inputs) "
+                             "or as feeds=, not both")
+        feeds = inputs
     opts = Options(**options)
     opts.check()
     search = search_settings(metric, tolerance, opts.target, max_trials=max_trials,

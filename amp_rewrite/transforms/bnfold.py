@@ -48,15 +48,22 @@ CONVOLUTIONS = ("Conv2D", "DepthwiseConv2dNative")
 
 @dataclass
 class Fusion:
-    """What :func:`fold_batch_norms` did: scales folded into filters, adds made BiasAdds."""
+    """What :func:`fold_batch_norms` did: scales folded into filters, adds made BiasAdds;
+    and ``pushed``, the scales TensorFlow's constant folding had already folded into a
+    ``Conv2D``'s filter before it (:func:`~amp_rewrite.transforms.constfold.scales_pushed`),
+    which the report counts with ours."""
 
     scales_folded: int = 0
     bias_adds: int = 0
+    pushed: int = 0
 
     def summary(self) -> dict:
-        return {"scales_folded": self.scales_folded, "bias_adds": self.bias_adds,
+        folded = self.scales_folded + self.pushed
+        by_tf = f" ({self.pushed} by TensorFlow's constant folding)" if self.pushed else ""
+        return {"scales_folded": folded, "scales_folded_by_tensorflow": self.pushed,
+                "bias_adds": self.bias_adds,
                 "summary": f"batch-norm scales folded into convolution filters: "
-                           f"{self.scales_folded}, per-channel adds made BiasAdd: "
+                           f"{folded}{by_tf}, per-channel adds made BiasAdd: "
                            f"{self.bias_adds} (so TensorFlow fuses them with the convolution "
                            "and its activation)"}
 

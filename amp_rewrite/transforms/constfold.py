@@ -82,3 +82,16 @@ def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.G
     copy_except(graph_def, out, "node")
     out.node.extend(folded.node)
     return out
+
+
+def scales_pushed(before: graph_pb2.GraphDef, after: graph_pb2.GraphDef) -> int:
+    """How many ``Mul(convolution, Const)`` TensorFlow's constant folding turned into the
+    convolution with the Const multiplied into its filter (grappler's ``MulConvPushDown``, for
+    ``Conv2D`` and ``Conv3D``): the convolution takes the Mul's name, so each is a node that was
+    a Mul in ``before`` and is a convolution in ``after``."""
+    muls = {n.name for n in before.node if n.op == "Mul"}
+    return sum(1 for n in after.node if n.name in muls and n.op in _PUSHED_INTO)
+
+
+#: the convolutions grappler's constant folding pushes a Mul by a Const into
+_PUSHED_INTO = ("Conv2D", "Conv3D")
