@@ -65,7 +65,7 @@ def test_a_first_word_that_is_no_file_and_no_command_says_so(tmp_path, capsys, m
     monkeypatch.chdir(tmp_path)
     said = _usage_error(["frobnicate", "x"], capsys)
     assert said.startswith("amp-rewrite: error: no file 'frobnicate' and no command of that name")
-    assert "commands: bench, convert, explain, kernels, ranges, rules, tune, verify" in said
+    assert "commands: bench, convert, costs, explain, kernels, ranges, rules, tune, verify" in said
     assert "-o" not in said.partition("(")[0]       # not "-o/--output is required"
     said = _usage_error(["convrt", "m.pb", "-o", "x.pb"], capsys)
     assert "did you mean 'amp-rewrite convert'?" in said
@@ -112,7 +112,7 @@ def test_painting_flags_have_the_same_help_everywhere(flag):
 @pytest.mark.fast
 @pytest.mark.parametrize("command, replaced", [
     ("convert", {"--report", "--html"}), ("verify", {"--html"}), ("bench", {"--json", "--html"}),
-    ("kernels", {"--json"}), ("ranges", {"--json"}), ("tune", {"--report"})])
+    ("kernels", {"--json"}), ("ranges", {"--json"}), ("tune", {"--report", "--html"})])
 def test_force_names_the_files_that_command_writes(command, replaced):
     import re
     helps = _helps(command)
