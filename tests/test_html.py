@@ -171,6 +171,10 @@ def test_convert_html_report_renders(tmp_path):
     est = report["estimate"]
     saved = f"saves {est['saved_us'] - est['lost_us']:.2f} µs"
     assert geometry["boxes"]["speed"]["text"].startswith(saved)
+    # whose rates: the CPU the cost table was measured on, and whether it is this one
+    costs = report["cost_model"]["costs"]
+    assert f"measured on {costs['cpu']}" in geometry["boxes"]["speed"]["text"]
+    assert ("not on this CPU" in geometry["boxes"]["speed"]["text"]) == (costs["table"] != "measured")
     assert _next_command(geometry) == ["verify", str(EXAMPLE), str(out)]
 
 

@@ -233,13 +233,13 @@ class Estimate:
                     f"the graph, a loop's state say; both grow with them; {self.rates}; "
                     "--min-matrix-intensity 0 paints it anyway)")
         return (f"whose unfused {tname} activations ({ops}) would lose about "
-                f"{_us(self.lost_us)} µs {self.unit()} on a CPU, more than the "
-                f"{_us(self.saved_us)} µs its {self.flops / 1e6:.0f} MFLOPs of matrix work save "
+                f"{microseconds(self.lost_us)} µs {self.unit()} on a CPU, more than the "
+                f"{microseconds(self.saved_us)} µs its {self.flops / 1e6:.0f} MFLOPs of matrix work save "
                 f"(shapes as the graph states them, {self.weighed_at()}; {self.rates}; "
                 "--min-matrix-intensity 0 paints it anyway)")
 
 
-def _us(value: float) -> str:
+def microseconds(value: float) -> str:
     """Microseconds as a reason says them: whole ones, two decimals under ten."""
     return f"{value:.2f}" if value < 10 else f"{value:.0f}"
 

@@ -25,6 +25,7 @@ from ..core.ops import MATRIX_OPS, PLUMBING_OPS
 from ..io.load import load
 from ..schema.functiondef import saver_functions
 from . import steps
+from ..paint.costs import microseconds
 from .decisions import precision_of
 from .steps import Given, Step
 
@@ -276,7 +277,7 @@ def _speed_figure(report: dict | None, bench: dict | None) -> str:
         return _figure("speed", "measured", escape(f"here, --measure: {measured['summary']}"))
     estimate = (report or {}).get("estimate")
     if estimate:
-        return _estimate_figure(estimate)
+        return _estimate_figure(estimate, report.get("cost_model", {}).get("costs"))
     return _figure("speed", "not known", escape(_no_estimate(report)) + "; bench measures it",
                    "muted")
 
@@ -292,10 +293,11 @@ def _no_estimate(report: dict | None) -> str:
             "bfloat16 on a CPU")
 
 
-def _estimate_figure(est: dict) -> str:
+def _estimate_figure(est: dict, costs: dict | None) -> str:
     """The cost model's estimate: what the 16-bit matrix work saves, net of what its islands
-    lose, beside the matrix work's float32 time; not known where it left bfloat16 matrix ops
-    out (a part would read as the whole)."""
+    lose, beside the matrix work's float32 time, and the CPU whose rates it weighed with
+    (``costs``: the report's cost table); not known where it left bfloat16 matrix ops out (a
+    part would read as the whole)."""
     if est["unknown"]:
         return _figure("speed", "not known", f"the cost model could not weigh {est['unknown']} "
                        "of the bfloat16 matrix ops (their FLOPs, or their island's shapes, are "
@@ -303,16 +305,21 @@ def _estimate_figure(est: dict) -> str:
     if not est["saved_us"]:
         return _figure("speed", "as float32", "nothing runs in bfloat16: the cost model expects "
                        "the float32 model's speed; bench measures it", "muted")
-    net = est["saved_us"] - est["lost_us"]
-    return _figure("speed", f"{'saves' if net >= 0 else 'loses'} {_us(abs(net))} µs",
+    net, us = est["saved_us"] - est["lost_us"], microseconds
+    return _figure("speed", f"{'saves' if net >= 0 else 'loses'} {us(abs(net))} µs",
                    f"a run (a sample if the batch is open), by the cost model: the bfloat16 "
-                   f"matrix work saves {_us(est['saved_us'])} µs, its islands lose "
-                   f"{_us(est['lost_us'])}, of {_us(est['fp32_us'])} µs in float32 "
-                   "(AVX512-BF16 rates; AMX saves more); bench measures it")
+                   f"matrix work saves {us(est['saved_us'])} µs, its islands lose "
+                   f"{us(est['lost_us'])}, of {us(est['fp32_us'])} µs in float32 "
+                   f"({escape(_rates_from(costs))}); bench measures it")
 
 
-def _us(value: float) -> str:
-    return f"{value:.2f}" if value < 10 else f"{value:.0f}"
+def _rates_from(costs: dict | None) -> str:
+    """Whose rates an estimate weighed with: a table measured on this CPU, or another CPU's."""
+    if not costs:
+        return "the shipped rates"
+    if costs.get("table") == "measured":
+        return f"rates measured on this CPU, {costs.get('cpu')}"
+    return f"rates measured on {costs.get('cpu')}, not on this CPU: amp-rewrite costs measure"
 
 
 def _verdict_figure(v: dict) -> str:
