@@ -37,6 +37,7 @@ from typing import Mapping
 
 from ..core import hardware
 from ..core.errors import InputError
+from .tomlfile import read_toml
 
 #: the activations the cost model weighs where TensorFlow runs them unfused in bfloat16
 UNFUSED_OPS = ("Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Softplus",
@@ -132,16 +133,7 @@ def read_table(path, kind: str = "file") -> CostTable:
     (the float32 times and the cast at least 0), nothing else; ``[measured]`` says the CPU and
     the TensorFlow version. Else an :class:`InputError` naming the file and the line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read cost table: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: cost table is not UTF-8 text") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML: {exc}") from None
+    text, data = read_toml(path, "cost table", InputError)
     fail = _Failing(path, text)
     _only(fail, data, {"measured", "rates"}, None)
     measured, rates = _table(fail, data, "measured"), _table(fail, data, "rates")

@@ -32,7 +32,6 @@ import fnmatch
 import importlib.resources
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -42,6 +41,7 @@ from tensorflow.python.framework.versions import VERSION as TF_VERSION
 from ..core.dtypes import TARGETS
 from ..core.errors import RuleError
 from ..schema.opdefs import all_op_names
+from .tomlfile import read_toml
 
 LISTS = ("allow", "infer", "clear", "deny")
 LEVELS = ("default", "tensor_cores_only", "treat_infer_as_deny", "unsafe_force_all")
@@ -184,12 +184,6 @@ def _shown(value, most: int = 60) -> str:
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
-def _toml_error_line(exc: tomllib.TOMLDecodeError) -> int | None:
-    # Python 3.11's TOMLDecodeError carries the position only in its message
-    found = re.search(r"\(at line (\d+), column \d+\)", str(exc))
-    return int(found.group(1)) if found else None
-
-
 def _suggest(op: str) -> str:
     names = all_op_names()
     lower = {n.lower(): n for n in names}
@@ -329,20 +323,9 @@ class _Loader:
 def _read(path: Path, stack: tuple[Path, ...]) -> tuple[_Source, dict]:
     if path.resolve() in stack:
         raise RuleError(f"{path}: 'extends' makes a cycle")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RuleError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise RuleError(f"{path}: rule file is not UTF-8 text") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        line = _toml_error_line(exc)
-        lines = text.splitlines()
-        quoted = f": {lines[line - 1].strip()[:80]!r}" if line and line <= len(lines) else ""
-        raise RuleError(f"{path}:{line or 1}: not valid TOML: {exc}{quoted}") from None
+    text, data = read_toml(path, "rule file", RuleError)
     return _Source(path, text), data
+
 
 
 def _level(src: _Source, data: dict, rules: RuleSet) -> None:
