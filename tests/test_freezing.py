@@ -29,14 +29,16 @@ def _trained(model):
     return model
 
 
-def _cnn():
+def _cnn(axis=-1):
     """Conv+BatchNorm+ReLU6 and a depthwise one, MobileNetV2-style: as a SavedModel the batch
-    norms read variables, so the ReLU6 would run unfused in bfloat16."""
+    norms read variables, so the ReLU6 would run unfused in bfloat16. ``axis=3`` is how
+    EfficientNetV2 and ResNet50 give it, which Keras computes on vectors reshaped to
+    [1, 1, 1, C]."""
     x = keras.Input((16, 16, 16))
-    h = L.ReLU(6.0)(L.BatchNormalization()(L.Conv2D(64, 3, padding="same", use_bias=False)(x)))
-    h = L.ReLU(6.0)(L.BatchNormalization()(L.DepthwiseConv2D(3, padding="same",
-                                                              use_bias=False)(h)))
-    h = L.BatchNormalization()(L.Conv2D(32, 1, use_bias=False)(h))
+    bn = lambda: L.BatchNormalization(axis=axis)  # noqa: E731
+    h = L.ReLU(6.0)(bn()(L.Conv2D(64, 3, padding="same", use_bias=False)(x)))
+    h = L.ReLU(6.0)(bn()(L.DepthwiseConv2D(3, padding="same", use_bias=False)(h)))
+    h = bn()(L.Conv2D(32, 1, use_bias=False)(h))
     return _trained(keras.Model(x, L.Dense(10)(L.GlobalAveragePooling2D()(h))))
 
 
@@ -51,7 +53,7 @@ def exported(tmp_path_factory):
     keras.utils.set_random_seed(0)
     root = tmp_path_factory.mktemp("freezing")
     paths = {}
-    for name, build in (("cnn", _cnn), ("gru", _gru)):
+    for name, build in (("cnn", _cnn), ("gru", _gru), ("cnn_axis3", lambda: _cnn(axis=3))):
         paths[name] = root / name
         build().export(str(paths[name]), verbose=False)
     return paths
@@ -85,6 +87,31 @@ def test_batch_norms_on_variables_suggest_freezing(exported, tmp_path):
     assert len(frozen_convs) == len(convs)
     assert all(n.precision == "bfloat16" for n in frozen_convs), [
         (n.name, n.code) for n in frozen_convs]
+
+
+def test_batch_norms_on_reshaped_vectors_suggest_freezing_as_much(exported, tmp_path):
+    """Keras' batch norm with axis=3 (EfficientNetV2's, ResNet50's) reshapes its variables to
+    [1, 1, 1, C]; frozen, constant folding takes the reshape with them and the batch norm
+    folds into the convolution all the same: the estimate counts what it does for axis=-1."""
+    plain = convert_file(exported["cnn"], tmp_path / "plain", target="bfloat16", device="cpu")
+    axis3 = convert_file(exported["cnn_axis3"], tmp_path / "axis3", target="bfloat16",
+                         device="cpu")
+    assert _suggests(axis3)
+    assert axis3.extra["freezing"]["gain_us"] == pytest.approx(
+        plain.extra["freezing"]["gain_us"], rel=1e-6)
+
+
+def test_the_report_suggests_the_freeze_command_next(exported, tmp_path):
+    """The HTML page's next command, where the freezing hint fires: the conversion again with
+    --freeze, one the CLI parses; where it does not (the GRU), not."""
+    from amp_rewrite.cli.run import parse
+    from amp_rewrite.report.steps import Given, after_convert
+    for name, hinted in (("cnn", True), ("gru", False)):
+        report = convert_file(exported[name], tmp_path / name, target="bfloat16", device="cpu")
+        (first, *_) = after_convert(report.to_dict(), Given(str(exported[name]), str(tmp_path / name)))
+        assert ("--freeze" in first.argv) == hinted, first.argv
+        command, args = parse(list(first.argv))
+        assert command == "convert" and args.freeze == hinted
 
 
 def test_a_recurrent_classifier_gains_too_little_to_suggest_freezing(exported, tmp_path):

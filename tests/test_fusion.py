@@ -29,6 +29,14 @@ def _folded(y, r, channels, name):
     return tf.add(tf.constant(r.normal(0, 0.2, channels).astype(np.float32)), y * scale, name=name)
 
 
+def _broadcast(y, r, channels, name, rank=4):
+    """A batch norm as constant folding leaves a Keras one with ``axis=3`` (ResNet50's,
+    EfficientNet's): scale and offset Consts shaped [1, 1, 1, C] (``rank`` dimensions)."""
+    shape = (1,) * (rank - 1) + (channels,)
+    scale = tf.constant(r.uniform(0.5, 1.5, shape).astype(np.float32))
+    return tf.add(y * scale, tf.constant(r.normal(0, 0.2, shape).astype(np.float32)), name=name)
+
+
 def _block(norm=_bn, seed=0):
     """conv -> norm -> relu6 -> depthwise (multiplier 2) -> norm -> relu6, as MobileNet's blocks."""
     r = np.random.default_rng(seed)
@@ -78,6 +86,36 @@ def test_the_float32_rewrite_alone_computes_what_the_input_does():
         assert not {"Mul", "AddV2"} & set(_ops(out))
         ref = graphs.run(gd, feeds, ["out:0"])[0]
         np.testing.assert_allclose(graphs.run(out, feeds, ["out:0"])[0], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_per_channel_consts_shaped_1_1_1_c_fold_as_vectors():
+    """A Keras batch norm with axis=3 leaves [1, 1, 1, C] Consts (EfficientNetV2B0's and
+    ResNet50's, BENCHMARKS.md "Serving SavedModels"): folded as the vectors are, the BiasAdd
+    given a [C] bias, the same values; a [1, 1, 1, 1, C] one would make the output rank 5 and is
+    left alone."""
+    gd, feeds = _block(_broadcast, seed=3)
+    graph = Graph.from_graph_def(gd)
+    done = fold_batch_norms(graph, set())
+    assert (done.scales_folded, done.bias_adds) == (2, 2)
+    out = graph.to_graph_def(gd)
+    assert not {"Mul", "AddV2"} & set(_ops(out))
+    nodes = {n.name: n for n in out.node}
+    for name in ("conv_bn", "dw_bn"):
+        bias = nodes[nodes[name].input[1]]
+        assert bias.op == "Const" and [d.size for d in bias.attr["value"].tensor.tensor_shape.dim] == [
+            6 if name == "conv_bn" else 12]
+    ref = graphs.run(gd, feeds, ["out:0"])[0]
+    np.testing.assert_allclose(graphs.run(out, feeds, ["out:0"])[0], ref, rtol=1e-5, atol=1e-6)
+
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [1, 6, 6, 3], name="x")
+        k = tf.constant(np.ones((3, 3, 3, 3), np.float32))
+        y = _broadcast(tf.nn.conv2d(x, k, 1, "SAME"), np.random.default_rng(0), 3, "bn5", rank=5)
+        tf.identity(y, name="out")
+    graph = Graph.from_graph_def(g.as_graph_def())
+    done = fold_batch_norms(graph, set())
+    assert (done.scales_folded, done.bias_adds) == (0, 0)
 
 
 def test_what_it_leaves_alone():

@@ -1,8 +1,9 @@
 """The next command an HTML page suggests, read off what the command that wrote it found.
 
 Each page ends its first screen with the command to run next, with the paths the user gave:
-after convert, verify the numbers (or, where the cost model kept every matrix op float32, time
-it painted whole with ``--measure``); after verify, time it with bench, or tune it where it
+after convert, verify the numbers (or, where the cost model estimates that freezing gains,
+convert with ``--freeze``; where it kept every matrix op float32, time it painted whole with
+``--measure``); after verify, time it with bench, or tune it where it
 failed; after bench, check the numbers where it ran faster, look at the kernels where it did
 not. Nothing here runs a model or reads one: a :class:`Given` says what the command was
 given, the report and result dicts (``Report.to_dict()``, ``VerifyResult.to_dict()``,
@@ -57,21 +58,23 @@ class Step:
 
 
 def after_convert(report: dict, given: Given) -> list[Step]:
-    """What to run after a conversion, most useful first: where no matrix op runs in 16 bits,
-    ``--measure`` if the cost model kept them (bfloat16 on a CPU), else ``explain`` of one;
-    otherwise verify, then bench."""
+    """What to run after a conversion, most useful first: where the cost model estimates that
+    freezing the SavedModel gains (its ``freezing`` hint names ``--freeze``), the conversion
+    again with ``--freeze``; where no matrix op runs in 16 bits, ``--measure`` if the cost
+    model kept them (bfloat16 on a CPU), else ``explain`` of one; otherwise verify, then bench."""
     s = report["summary"]
+    if report.get("freezing", {}).get("summary", "").startswith("convert with --freeze"):
+        return [Step("the cost model estimates that freezing the weights gains: convert again "
+                     "with --freeze, which writes a SavedModel serving the same signatures "
+                     "(add any --keep you converted with)",
+                     (*_again(report, given), "--freeze", "--force"))]
     if s["matrix_total"] and not matrix_in_16_bits(s):
         cost = s["kept_float32_by_reason"].get("cost", 0)
         if cost and "measured" not in report:
-            again = (given.original, "-o", given.converted, "--target", report["target"],
-                     "--device", report["device"].lower(), *_rule_flags(report),
-                     *[f for path in given.inputs for f in ("--calibration", path)],
-                     *[f for shape in given.shapes for f in ("--shape", shape)])
             return [Step(f"the cost model kept the matrix work float32 ({cost} nodes, code "
                          "cost): time that against the model painted whole on this machine, "
                          "and keep the faster (add any --keep you converted with)",
-                         (*again, "--measure", "--force"))]
+                         (*_again(report, given), "--measure", "--force"))]
         kept = next((n["name"] for n in report["nodes"]
                      if n["op"] in MATRIX_OPS and n["precision"] == "float32"), None)
         if kept is not None:
@@ -79,6 +82,15 @@ def after_convert(report: dict, given: Given) -> list[Step]:
                          ("explain", given.original, kept))]
     return [_verify(given, "check the converted model's outputs against the float32 model's"),
             _bench(given, "then time both on this machine")]
+
+
+def _again(report: dict, given: Given) -> tuple[str, ...]:
+    """The conversion as it ran, from what the report and ``given`` hold (not ``--keep``,
+    which the report does not record as a flag)."""
+    return (given.original, "-o", given.converted, "--target", report["target"],
+            "--device", report["device"].lower(), *_rule_flags(report),
+            *[f for path in given.inputs for f in ("--calibration", path)],
+            *[f for shape in given.shapes for f in ("--shape", shape)])
 
 
 def matrix_in_16_bits(summary: dict) -> int:

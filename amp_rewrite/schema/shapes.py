@@ -151,7 +151,10 @@ _FOLDED = {"Identity": lambda a: a, "Snapshot": lambda a: a, "Neg": np.negative,
            "Rsqrt": lambda a: 1 / np.sqrt(a), "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
            "Inv": np.reciprocal, "Square": np.square, "Mul": np.multiply, "Add": np.add,
            "AddV2": np.add, "Sub": np.subtract, "RealDiv": np.divide, "Maximum": np.maximum,
-           "Minimum": np.minimum}
+           "Minimum": np.minimum,
+           # Keras' batch norm with axis=3 (EfficientNetV2, ResNet50) reshapes its vectors to
+           # [1, 1, 1, C] before the arithmetic; folding takes the reshape with them
+           "Reshape": lambda a, shape: np.reshape(a, shape)}
 #: the ops :func:`folded_value` computes (the cost model's frozen estimate walks the same ops)
 FOLDED_OPS = frozenset(_FOLDED)
 #: how many of them a value is looked for through, up from where it is read: a frozen Keras

@@ -18,6 +18,12 @@ float32 and cancelled what the convolutions gained (BENCHMARKS.md "Keras models"
   output channel, becomes ``BiasAdd(conv, offset)``: the same broadcast over the channels of an
   NHWC tensor.
 
+A per-channel Const is a vector ``[C]`` or the same values shaped ``[1, 1, 1, C]`` (any rank up
+to the convolution's 4, every dimension but the last 1): a Keras batch norm with ``axis=3``
+(ResNet50's, EfficientNet's, where ``axis=-1`` gives vectors) reshapes its statistics so. Its
+values broadcast over the NHWC output exactly as the vector's do; a ``BiasAdd`` takes them as a
+new ``[C]`` Const.
+
 Only NHWC convolutions whose filter is a Const (through Identity) are touched, and only in
 graphs without variables (inference graphs): folding into a trained filter would break its
 gradient. Nodes the graph's interface names, or ``keep``, are left alone. Every rewrite is
@@ -65,9 +71,11 @@ def fold_batch_norms(graph: Graph, keep: set[str]) -> Fusion:
         if node.op == "Mul" and _float(node):
             done.scales_folded += _fold_scale(graph, node, keep)
     for name in graph.names():
+        if name not in graph:   # a [1, 1, 1, C] offset replaced by its vector
+            continue
         node = graph.node(name)
         if node.op in ("AddV2", "Add") and _float(node) and name not in keep:
-            done.bias_adds += _to_bias_add(graph, node)
+            done.bias_adds += _to_bias_add(graph, node, keep)
     return done
 
 
@@ -84,7 +92,7 @@ def _fold_scale(graph: Graph, mul: Node, keep: set[str]) -> int:
             continue   # (an unread Mul is a graph output: its name must stay)
         filter_ref = graph.input(conv.name, 1)
         weights = const_values(_float_const(graph, filter_ref)[0]).astype(np.float32)
-        scale = const_values(stored).astype(np.float32)
+        scale = const_values(stored).astype(np.float32).reshape(-1)   # [1, 1, 1, C] too
         if conv.op == "Conv2D":
             folded = weights * scale
         else:   # [kh, kw, in, mult]: output channel i * mult + m
@@ -100,14 +108,23 @@ def _fold_scale(graph: Graph, mul: Node, keep: set[str]) -> int:
     return 0
 
 
-def _to_bias_add(graph: Graph, add: Node) -> int:
+def _to_bias_add(graph: Graph, add: Node, keep: set[str]) -> int:
     if len(graph.inputs(add.name)) != 2:
         return 0
     for port in (0, 1):
         conv_ref, offset_ref = graph.input(add.name, port), graph.input(add.name, 1 - port)
         conv = graph.node(conv_ref.node)
-        if _vector(graph, offset_ref, _channels(graph, conv, conv_ref)) is None:
+        stored = _vector(graph, offset_ref, _channels(graph, conv, conv_ref))
+        if stored is None:
             continue
+        if len(stored.attr["value"].tensor.tensor_shape.dim) != 1:   # [1, 1, 1, C]: a bias
+            bias = const_values(stored).astype(np.float32).reshape(-1)  # is a vector
+            offset_ref = TensorRef(graph.add_node("Const", add.name + "/bias", attrs={
+                "dtype": attr_value_pb2.AttrValue(type=FLOAT),
+                "value": attr_value_pb2.AttrValue(tensor=_tensor(bias))}, after=add.name).name)
+            old = graph.input(add.name, 1 - port)
+            graph.set_input(add.name, 1 - port, offset_ref)
+            _remove_unread(graph, old.node, keep)
         if port == 1:   # BiasAdd reads the value first, the bias second
             graph.set_input(add.name, 0, conv_ref)
             graph.set_input(add.name, 1, offset_ref)
@@ -132,9 +149,15 @@ def _channels(graph: Graph, conv: Node, ref: TensorRef) -> int | None:
 
 
 def _vector(graph: Graph, ref: TensorRef, length: int | None) -> Node | None:
-    """The float32 Const vector of ``length`` that ``ref`` reads (through Identity), or None."""
+    """The float32 Const of one value per channel, ``length`` of them, that ``ref`` reads
+    (through Identity): shaped ``[length]``, or ``[1, ..., 1, length]`` of rank 4 at most (as
+    it broadcasts over an NHWC tensor); else None."""
     found = _float_const(graph, ref) if length is not None else None
-    return found[0] if found is not None and found[1] == [length] else None
+    if found is None:
+        return None
+    dims = found[1]
+    per_channel = 1 <= len(dims) <= 4 and dims[-1] == length and all(d == 1 for d in dims[:-1])
+    return found[0] if per_channel else None
 
 
 def _float_const(graph: Graph, ref: TensorRef) -> tuple[Node, list[int]] | None:
