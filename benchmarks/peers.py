@@ -53,7 +53,7 @@ Cast before and after each painted op (its ITEX list, which paints activations t
 Intel's TensorFlow extension only). It also folds batch norms into the convolutions and constant
 subgraphs away before painting.
 
-Run, from the repository root (about 25 minutes on 2 cores)::
+Run, from the repository root (about 8 minutes on 2 cores)::
 
     .venv/bin/python benchmarks/peers.py --inc-python /work/incvenv/bin/python [--write]
 
@@ -327,7 +327,126 @@ def section(rows: list[dict], args) -> str:
               "alone (imports left out), peak resident memory above the process's baseline; "
               "grappler's is its bfloat16 pass alone, which it repeats whenever a session is "
               "created."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + findings(rows)) + "\n"
+
+
+def findings(rows: list[dict]) -> list[str]:
+    """What the table shows, tool by tool, with its figures taken from ``rows``; written for the
+    six models of :func:`models` run together (nothing when one is missing or failed)."""
+    by = {row["name"].split(" ")[0]: row["results"] for row in rows if "error" not in row}
+    need = ("ResNet50", "MobileNetV2", "DenseNet121", "EfficientNetB0", "ConvNeXtTiny", "BERT-style")
+    if any(m not in by or any(w not in by[m] or "error" in by[m][w] for w in ("FP32",) + TOOLS)
+           for m in need):
+        return []
+
+    def x(model, who):
+        return f"{by[model][who]['speed']:.2f}x"
+
+    def ops(model, who, key="compute"):
+        r = by[model][who]
+        return f"{r[key]}/{r[key + '_total']}"
+    r50, mn, dn, eb, cx, bert = (by[m] for m in need)
+    conv = {who: [by[m][who]["seconds"] for m in need] for who in TOOLS}
+    mem = {who: [by[m][who]["mb"] for m in need] for who in TOOLS}
+    errs = {who: [by[m][who]["rel_l2"] for m in need] for who in TOOLS}
+    top1 = min(by[m][who]["top1"] for m in need for who in TOOLS)
+    slowest = sum(1 for m in need if by[m]["INC"]["speed"] < min(by[m]["amp-rewrite"]["speed"],
+                                                                  by[m]["grappler"]["speed"]))
+
+    def within(model):
+        a, g = by[model]["amp-rewrite"], by[model]["grappler"]
+        return g["p10"] <= a["speed"] <= g["p90"] or a["p10"] <= g["speed"] <= a["p90"]
+    same = ("each one's median within the other's p10-p90" if all(map(within, need[::2][:2]))
+            else "which moves the medians beyond the rounds' p10-p90 here")
+
+    more = sum(1 for m in need if by[m]["amp-rewrite"]["mb"] > by[m]["grappler"]["mb"])
+    lower = sum(1 for m in need[::2][:2]
+                if by[m]["amp-rewrite"]["speed"] < by[m]["grappler"]["speed"])
+
+    def spread(model, who):
+        r = by[model][who]
+        return f"{x(model, who)} ({r['p10']:.2f}-{r['p90']:.2f})"
+    return [
+        "",
+        "**What each tool paints.** amp-rewrite and grappler's pass put every matrix op of every "
+        "model in bfloat16 and, with them, nearly all the ops between (activations, bias adds, "
+        "LayerNormalization's arithmetic, softmax), on the CNNs with just a Cast at each end of the graph. They "
+        "differ where amp-rewrite's lists keep an op float32 that grappler paints: the GELU's "
+        "Erfc (grappler runs it in bfloat16 in the BERT-style encoder and ConvNeXtTiny, amp-"
+        f"rewrite keeps it float32 with a Cast each side: {bert['amp-rewrite']['casts']} casts "
+        f"against {bert['grappler']['casts']} in the encoder), and the Mul that follows it; "
+        "counted op by op apart from this table, that is the whole difference between their "
+        "graphs after grappler's passes on the encoder and on ConvNeXtTiny "
+        f"({ops('ConvNeXtTiny', 'amp-rewrite')} compute ops in bfloat16 against grappler's "
+        f"{ops('ConvNeXtTiny', 'grappler')}: 18 Erfc and 18 Mul; the other half of "
+        "ConvNeXtTiny's compute ops, LayerNormalizations among them, stays float32 in both). "
+        "With `--fold-constants` "
+        "amp-rewrite also folds each batch norm into its convolution's weights and a bias, so "
+        f"its graphs have fewer ops (MobileNetV2 {mn['amp-rewrite']['compute_total']} against "
+        f"{mn['grappler']['compute_total']}, EfficientNetB0 {eb['amp-rewrite']['compute_total']} "
+        f"against {eb['grappler']['compute_total']}). Intel Neural Compressor paints only the ops "
+        "of its list: Conv2D, DepthwiseConv2dNative, MatMul and the pools, each between Casts "
+        f"(ResNet50: {r50['INC']['compute']} ops in bfloat16, {r50['INC']['casts']} casts), "
+        "and leaves every bias add, activation, batch norm, "
+        "normalization and softmax float32. In the BERT-style encoder it paints the "
+        f"feed-forward MatMuls alone ({ops('BERT-style', 'INC', 'matrix')} matrix ops): the "
+        "attention's Einsum and BatchMatMulV2 are not on its list.",
+        "",
+        "**Why the speeds differ.** On ResNet50 and DenseNet121 amp-rewrite and grappler "
+        "paint the same ops, so any difference between their speeds is noise of this shared "
+        f"machine ({same}): ResNet50 "
+        f"{spread('ResNet50', 'amp-rewrite')} against {spread('ResNet50', 'grappler')}, "
+        f"DenseNet121 {spread('DenseNet121', 'amp-rewrite')} against "
+        f"{spread('DenseNet121', 'grappler')}; amp-rewrite's median is the lower on {lower} "
+        "of 2 in this run. On MobileNetV2 "
+        f"({x('MobileNetV2', 'amp-rewrite')} against {x('MobileNetV2', 'grappler')}) and "
+        f"EfficientNetB0 ({x('EfficientNetB0', 'amp-rewrite')} against "
+        f"{x('EfficientNetB0', 'grappler')}) amp-rewrite is faster because of the folded batch "
+        "norms: each convolution is followed by a bias that TensorFlow fuses with it and its "
+        "activation, where grappler's graph keeps a batch norm's Mul after each depthwise "
+        f"convolution (MobileNetV2: {mn['grappler']['types'].get('Mul', 0)} Muls; as in BENCHMARKS.md \"Keras models\", MobileNetV2 with batch norms set). "
+        f"On the BERT-style encoder amp-rewrite runs at {x('BERT-style', 'amp-rewrite')} and "
+        f"grappler at {x('BERT-style', 'grappler')}, though after grappler's passes the two "
+        "graphs differ only in the GELU, which amp-rewrite keeps float32; these counts are taken "
+        "before placement and do not explain the gap, and this run did not look further. INC "
+        f"is the slowest of the three on {slowest} of the 6 models and slower than FP32 on "
+        f"MobileNetV2 ({x('MobileNetV2', 'INC')}) and EfficientNetB0 ({x('EfficientNetB0', 'INC')}): "
+        "its casts sit between each convolution and what follows it, so no convolution fuses "
+        "with its bias and activation, and the batch norm's scale stays a float32 Mul instead "
+        f"of folding into the weights (ResNet50: {r50['INC']['compute_total']} compute ops "
+        f"against FP32's {r50['FP32']['compute_total']}). It gains where the convolutions "
+        f"dominate: ResNet50 {x('ResNet50', 'INC')}, DenseNet121 {x('DenseNet121', 'INC')}, "
+        f"the encoder {x('BERT-style', 'INC')} from its MatMuls alone. ConvNeXtTiny takes "
+        f"about {cx['FP32']['ms'] / 1000:.1f} s a batch in all four graphs "
+        f"({cx['FP32']['ms'] / r50['FP32']['ms']:.0f} times ResNet50's FP32 time) and each tool "
+        f"gains little: amp-rewrite {spread('ConvNeXtTiny', 'amp-rewrite')}, grappler "
+        f"{spread('ConvNeXtTiny', 'grappler')}, INC {spread('ConvNeXtTiny', 'INC')}. Its 18 "
+        "depthwise 7x7 "
+        "convolutions are Keras grouped convolutions, each a call of a function XLA must "
+        "compile (`_conv_xla`, `_XlaMustCompile`), outside the counts above (they count the "
+        "graph's own nodes, not function bodies; amp-rewrite paints the Conv2D inside each body "
+        "between two Casts, what the others do there was not counted).",
+        "",
+        f"**Error.** The logits' relative L2 error against FP32 is {min(errs['amp-rewrite']):.1e} "
+        f"to {max(errs['amp-rewrite']):.1e} for amp-rewrite, {min(errs['grappler']):.1e} to "
+        f"{max(errs['grappler']):.1e} for grappler and {min(errs['INC']):.1e} to "
+        f"{max(errs['INC']):.1e} for INC, which rounds fewer tensors to bfloat16; "
+        f"{'every' if top1 == 1 else 'not every'} sample's top-1 class agrees with FP32's for "
+        "every tool (`weights=None`: untrained models, so top-1 agreement here says little about "
+        "a trained model's accuracy).",
+        "",
+        f"**Conversion.** grappler's pass alone takes {min(conv['grappler']):.2f}-"
+        f"{max(conv['grappler']):.2f} s, amp-rewrite (with `--fold-constants`, which evaluates "
+        f"the constant subgraphs) {min(conv['amp-rewrite']):.2f}-{max(conv['amp-rewrite']):.2f} s "
+        f"and INC {min(conv['INC']):.2f}-{max(conv['INC']):.2f} s; peak memory "
+        f"{min(mem['grappler']):.0f}-{max(mem['grappler']):.0f} MB, "
+        f"{min(mem['amp-rewrite']):.0f}-{max(mem['amp-rewrite']):.0f} MB and "
+        f"{min(mem['INC']):.0f}-{max(mem['INC']):.0f} MB. grappler's pass is the fastest and the "
+        "smallest, but it runs again in every session and writes nothing to keep. amp-rewrite "
+        f"needs more memory than grappler on {more} of the 6 and as much as INC (within 5%) or more on "
+        f"{sum(1 for m in need if by[m]['amp-rewrite']['mb'] >= 0.95 * by[m]['INC']['mb'])} of "
+        "the 6 (its figure includes folding the constants).",
+    ]
 
 
 def main() -> int:
