@@ -1,10 +1,60 @@
-"""BENCHMARKS.md holds one section per benchmark script; each script replaces only its own."""
+"""BENCHMARKS.md holds one section per benchmark script; each script replaces only its own.
+
+Every table says when and where it was measured (:func:`provenance`): the date, the CPU's model
+and its 16-bit matrix flags, whether other jobs shared the machine, and the command that wrote
+it, so a figure is never read without its CPU."""
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
+import shlex
+import sys
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+ROOT = BENCHMARKS.parent
+# the CPU flags a bfloat16/float16 table depends on, in the order they are named
+UNIT_FLAGS = ("amx_bf16", "avx512_bf16", "avx512_fp16")
+
+
+def _relative(path: str) -> str:
+    """``path`` from the repository root if it lies inside it (symlinks not followed: a
+    venv's python stays the venv's)."""
+    try:
+        return str(Path(os.path.abspath(path)).relative_to(ROOT))
+    except ValueError:
+        return path
+
+
+def command(argv: list[str] | None = None, prefix: str = "") -> str:
+    """The command line that ran this script, as a reader at the repository root retypes it."""
+    argv = sys.argv if argv is None else argv
+    return prefix + " ".join([_relative(sys.executable), _relative(argv[0]),
+                              *map(shlex.quote, argv[1:])])
+
+
+def cpu() -> str:
+    """The CPU's model and which of its 16-bit matrix flags it has and lacks."""
+    from amp_rewrite.core import hardware
+    flags = hardware.cpu_flags()
+    has = [f for f in UNIT_FLAGS if f in flags]
+    lacks = [f"no {f}" for f in UNIT_FLAGS[:2] if f not in flags]
+    return f"{hardware.cpu_model()} ({', '.join(has + lacks)})"
+
+
+def provenance(argv: list[str] | None = None, prefix: str = "", shared: bool = True) -> str:
+    """One sentence for under a table's heading: date, CPU and flags, cores and whether other
+    jobs shared them (with the load average when the script started), TensorFlow and Python,
+    and the command that wrote the table."""
+    import tensorflow as tf
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    where = (f"{os.cpu_count()} cores shared with other jobs (load average {load:.1f} as it started)"
+             if shared else f"{os.cpu_count()} cores, no other jobs")
+    return (f"Measured {datetime.date.today().isoformat()} on {cpu()}, {where}; TensorFlow "
+            f"{tf.__version__}, Python {platform.python_version()}. Written by "
+            f"`{command(argv, prefix)}`.")
 
 
 def write_section(text: str, path: Path = BENCHMARKS) -> None:

@@ -1,20 +1,19 @@
 """Inference speed of bfloat16-converted graphs against their FP32 originals, on this CPU.
 
-Run ``.venv/bin/python benchmarks/inference.py`` (a few minutes on 2 cores). For each model it
+Run ``.venv/bin/python benchmarks/inference.py [--write]`` (a few minutes on 2 cores). For each model it
 writes the FP32 GraphDef, converts it with ``amp-rewrite --target bfloat16 --device cpu``, and
 runs the three commands a user would run: ``verify`` (how far the numbers moved), ``kernels``
 (share of the MatMul/Conv work oneDNN ran on 16-bit matrix units) and ``bench`` (both models
-interleaved in one process; the ratio of their medians). The results replace the "Inference"
-section of BENCHMARKS.md. The script fails (exit 1) if the conv net's bfloat16 graph is not
+interleaved in one process; the ratio of their medians). ``--write`` puts the results in the
+"Inference" section of BENCHMARKS.md. The script fails (exit 1) if the conv net's bfloat16 graph is not
 faster than its FP32 original, which is this project's claim for CPUs with AVX512-BF16 or AMX.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import write_section  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 
 from amp_rewrite.tools.runner import parse_shapes  # noqa: E402
 from amp_rewrite.tools.verify import verify  # noqa: E402
@@ -95,23 +94,12 @@ def measure(label: str, fp32: Path, shape: str, runs: int, work: Path) -> dict:
             "rel_l2": max(o.rel_l2 for o in v.outputs), "verify_ok": v.ok}
 
 
-def cpu_name() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    units = [f for f in ("amx_bf16", "avx512_bf16", "avx512_fp16") if flags and f in flags[1].split()]
-    return f"{model[1] if model else platform.processor()} ({', '.join(units) or 'no 16-bit units'})"
-
-
 def section(results: list[dict]) -> str:
     lines = [SECTION, "",
              f"`benchmarks/inference.py`: FP32 GraphDef vs the same graph after "
              f"`amp-rewrite --target bfloat16 --device cpu`, timed by `amp-rewrite bench` "
              f"(both models in one process, interleaved, 3 warm-up rounds, median of the timed "
-             f"runs). Machine: {cpu_name()}, {os.cpu_count()} cores, TensorFlow {tf.__version__}.",
+             f"runs). {provenance()}",
              "",
              "| model | input | FP32 median (ms) | bf16 median (ms) | speed-up | bf16 samples/s "
              "| matrix work on 16-bit units | output rel. L2 error |",
@@ -134,6 +122,9 @@ def section(results: list[dict]) -> str:
 
 
 def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         resnet, dense = work / "resnet_like.pb", work / "mlp.pb"
@@ -142,8 +133,7 @@ def main() -> int:
         results = [measure("resnet-like conv net", resnet, "images=16,56,56,3", 20, work),
                    measure("MLP 3x1024", dense, "features=256,1024", 30, work),
                    measure("examples/cnn_fp32.pb", EXAMPLE, "images=256,8,8,1", 30, work)]
-    write_section(section(results))
-    print(section(results))
+    publish(section(results), args.write)
     conv_net = results[0]
     if not conv_net["verify_ok"] or conv_net["bench"]["speedup"] <= 1.0:
         print(f"FAIL: the conv net's bfloat16 graph is not faster (speed-up "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,13 +30,12 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 from scaling import convert_in_child  # noqa: E402
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2  # noqa: E402
 from train_step import runtime_difference, session, time_round_robin  # noqa: E402
 
 from amp_rewrite import convert  # noqa: E402
-from amp_rewrite.core import hardware  # noqa: E402
 
 v1 = tf.compat.v1
 SECTION = "## Keras models"
@@ -166,10 +164,9 @@ def run(rounds: int = 7, only=()) -> str:
              "BERT-style encoder, batch 8, frozen; FP32, amp-rewrite's bfloat16 conversion "
              "(`--device cpu`, default options, and with `--fold-constants`) and grappler's "
              "`auto_mixed_precision_onednn_bfloat16` on the FP32 graph, run round-robin in one "
-             f"process, {rounds} rounds after 2 warm-up runs, medians; on {hardware.describe()}, {os.cpu_count()} cores, "
-             f"TensorFlow {tf.__version__}, Python {platform.python_version()}. Ratios are FP32 "
-             "time / variant time (above 1: faster than FP32); errors are the logits' relative "
-             "L2 error against FP32.",
+             f"process, {rounds} rounds after 2 warm-up runs, medians. {provenance()} Ratios "
+             "are FP32 time / variant time (above 1: faster than FP32); errors are the logits' "
+             "relative L2 error against FP32.",
              "",
              "| model | nodes | MatMul/Conv in bf16 (ours) | FP32 ms | amp-rewrite ms (ratio) | "
              "with --fold-constants ms (ratio) | grappler ms (ratio) | ours / grappler speed | "
@@ -201,7 +198,12 @@ def run(rounds: int = 7, only=()) -> str:
               "only by noise. A model with 0 matrix ops in bfloat16 was kept float32 whole by the "
               "cost model (docs/decisions.md \"Small matrix ops stay float32\": its unfused bfloat16 "
               "activations would lose more than its matrix ops save); its graph computes what the "
-              "FP32 graph does, and its ratio is 1 within noise. "
+              "FP32 graph does, and its ratio is 1 within noise: the untrained MobileNetV2, whose "
+              "batch norms fold away, so that no bias follows a convolution and its Relu6 run "
+              "unfused. With its batch norms set, a batch norm computed from Consts is the bias "
+              "TensorFlow fuses (grappler's constant folding computes it, the remapper fuses "
+              "Conv2D + bias + Relu6), every matrix op goes to bfloat16 and the graph after "
+              "grappler's passes is the one grappler's own pass makes (0 ops differ). "
               "The errors are relative to untrained models' logits, some near zero "
               "(MobileNetV2's largest is about 2.5e-11), where tiny differences weigh heavily. "
               "Conversion times are one "

@@ -20,6 +20,11 @@ read a GraphDef):
 protobuf, flatbuffers, requests, ... as already satisfied by the project venv
 and installs only the four packages above; `pip check` is clean.)
 
+benchmarks/tune_vs_onnx.py now runs this script with /work/benchvenv/bin/python, the
+venv benchmarks/range_aware.py sets up (the same packages, onnx 1.21.0 and
+onnxruntime 1.24.4 there); any venv holding these packages serves, named with
+--onnx-python.
+
 Usage:
 
     /work/onnx-venv/bin/python benchmarks/onnx_amp.py MODEL.pb \

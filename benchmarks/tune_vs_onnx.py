@@ -16,8 +16,8 @@ shows what it accepts that way). Our side runs TensorFlow's float16 CPU kernels.
 inputs, identities and ops with no float type (``onnx_amp.py`` counts the ONNX side the same
 way; tf2onnx fuses some ops, e.g. MatMul + BiasAdd into Gemm, so totals differ).
 
-Run: ``.venv/bin/python benchmarks/tune_vs_onnx.py [--write]`` (needs /work/onnx-venv, or
-``--onnx-python PATH``).
+Run: ``.venv/bin/python benchmarks/tune_vs_onnx.py [--write]`` (needs the ONNX tools' venv,
+``/work/benchvenv`` as ``benchmarks/range_aware.py`` sets it up, or ``--onnx-python PATH``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -40,9 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import tune_graphs  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 
-from amp_rewrite.core import hardware  # noqa: E402
 from amp_rewrite.io.load import Model  # noqa: E402
 from amp_rewrite.tools.tuning import tune  # noqa: E402
 
@@ -113,7 +111,7 @@ def theirs(python: str, pb: Path, npz: Path, output: str, runtime: str) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    p.add_argument("--onnx-python", default="/work/onnx-venv/bin/python")
+    p.add_argument("--onnx-python", default="/work/benchvenv/bin/python")
     args = p.parse_args()
     rows = []
     versions = {}
@@ -135,11 +133,10 @@ def main() -> int:
              f"`rel_l2 <= {TOLERANCE:g}` on the output, searched by `amp-rewrite tune` "
              "(TensorFlow's float16 CPU kernels) and by onnxconverter-common "
              f"{versions.get('onnxconverter_common')} `auto_convert_mixed_precision` after a "
-             f"tf2onnx {versions.get('tf2onnx')} export, one after the other in one run of "
-             f"the script on {hardware.describe()}, {os.cpu_count()} cores, TensorFlow "
-             f"{versions.get('tensorflow')}, onnx {versions.get('onnx')}, Python "
-             f"{platform.python_version()}. Their search runs with onnx's reference evaluator "
-             "(real float16 arithmetic); see the last column for its default runtime.",
+             f"tf2onnx {versions.get('tf2onnx')} export (onnx {versions.get('onnx')}), one "
+             f"after the other in one run of the script. {provenance()} Their search runs with "
+             "onnx's reference evaluator (real float16 arithmetic); see the last column for its "
+             "default runtime.",
              "",
              "| model | metric out of the box (painted / all-fp16 ONNX) | tune: trials, time, "
              "kept, float32 ops | tune --relax: trials, time, float32 ops | "
@@ -154,7 +151,7 @@ def main() -> int:
             f"| {name} | {_num(a['before'])} / {_num(b['metric_before'])} | {a['trials']}, "
             f"{a['seconds']:.2f} s, {a['kept']}, {a['fp32_nodes']} | {r['trials']}, "
             f"{r['seconds']:.2f} s, {r['fp32_nodes']} | {b['trials']}, {b['seconds']:.2f} s, "
-            f"{b['fp32_nodes']} | {ratio:.1f}x | {_num(r['metric_after'])} / {_num(after_b)} | "
+            f"{b['fp32_nodes']} | {ratio:.2g}x | {_num(r['metric_after'])} / {_num(after_b)} | "
             + (f"{c['fp32_nodes']}, {_num(c['metric_before'])} |" if c["error"] is None
                else f"failed: {_short(c['error'])} |"))
     lines += ["", "Trials: conversions evaluated (tune counts trial 0, the painted graph; "
@@ -173,7 +170,12 @@ def main() -> int:
               "keeps (nearly) everything float16, a result that overflows on a GPU. On "
               "MobileNetV2 onnxconverter-common's first partial conversion is a model neither "
               "runtime loads (a Clip, from ReLU6, with float16 and float32 inputs), so it stops "
-              "with that error."]
+              "with that error. Before its search tune holds in float32 the tensors within "
+              "`--headroom` of float16's range on the sample (counted in \"kept\"; "
+              "[docs/tuning.md](docs/tuning.md)), so on the models that overflow the first "
+              "trial after the painted graph passes. Its trials run the way `verify` runs a "
+              "model (grappler on), so each trial's time includes grappler's optimization of "
+              "its session."]
     return publish("\n".join(lines), args.write)
 
 
