@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import gan_steps  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 
 from amp_rewrite.core import hardware  # noqa: E402
 
@@ -56,6 +55,7 @@ def main() -> int:
     parser.add_argument("--last", type=int, default=200)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    measured = provenance()   # the load average as it starts
     rows, skipped, started = [], [], time.perf_counter()
     for name, options in SETTINGS.items():
         folder = Path(tempfile.mkdtemp(prefix="amp_gan_bench_"))
@@ -75,10 +75,9 @@ def main() -> int:
         f"{args.steps} steps (batch {gan_steps.BATCH}) beside the FP32 SavedModel from the same "
         f"start on the same batches and noise, {args.seeds} seeds. Each run's losses are "
         f"averaged over its last {args.last} steps; mean (spread, max - min) over the seeds, and "
-        f"whether the float16 mean lies within the FP32 spread of the FP32 mean. On "
-        f"{hardware.describe()} ({platform.machine()}, {os.cpu_count()} cores), TensorFlow "
-        f"{tf.__version__}, {minutes:.0f} minutes: "
-        "TensorFlow's float16 CPU kernels, so this checks the numbers, not the speed.", "",
+        f"whether the float16 mean lies within the FP32 spread of the FP32 mean. {measured} "
+        f"{minutes:.0f} minutes, on TensorFlow's float16 CPU kernels ({hardware.describe()}), so "
+        "this checks the numbers, not the speed.", "",
         "| loss scale | FP32 generator loss | float16 generator loss | within | "
         "FP32 discriminator loss | float16 discriminator loss | within | steps skipped per seed |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, "",

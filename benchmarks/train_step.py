@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -38,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import numpy as np  # noqa: E402
 import saved_trainers  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
+from tensorflow.core.framework import types_pb2  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
@@ -198,8 +198,30 @@ def runtime_difference(ours, fp32, fetches: list[str]) -> int:
     """How many ops (by op and dtypes, :func:`runtime_ops`) differ between our converted graph
     and the FP32 graph with grappler's bfloat16 pass on, both after grappler's passes; 0: the
     same ops in the same dtypes, so any difference in their speed is the machine's noise."""
+    ours_only, theirs_only = runtime_delta(ours, fp32, fetches)
+    return sum((ours_only + theirs_only).values())
+
+
+def runtime_delta(ours, fp32, fetches: list[str]) -> tuple[collections.Counter, collections.Counter]:
+    """The ops (op and type attrs, :func:`runtime_ops`) only our converted graph runs, and those
+    only the FP32 graph with grappler's bfloat16 pass on runs."""
     a, b = runtime_ops(ours, fetches, False), runtime_ops(fp32, fetches, True)
-    return sum(((a - b) + (b - a)).values())
+    return a - b, b - a
+
+
+def delta_text(ours_only: collections.Counter, theirs_only: collections.Counter) -> str:
+    """The difference said by op: what amp-rewrite's graph runs in float32 that grappler's
+    runs in bfloat16, and the casts grappler's adds."""
+    def by_op(counter, dtype):
+        ops = collections.Counter()
+        for (op, types), n in counter.items():
+            if op not in ("Cast", "Const") and any(t == dtype for _, t in types):
+                ops[op] += n
+        return ", ".join(f"{op} {n}" for op, n in ops.most_common())
+    casts = sum(n for (op, _), n in theirs_only.items() if op == "Cast") \
+        - sum(n for (op, _), n in ours_only.items() if op == "Cast")
+    return (f"in float32 in amp-rewrite's graph and in bfloat16 in grappler's: "
+            f"{by_op(ours_only, types_pb2.DT_FLOAT) or 'none'}; grappler's has {casts} casts more")
 
 
 def time_round_robin(steps: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
@@ -297,9 +319,9 @@ def bench_savedmodel(rounds: int, warmup: int) -> dict:
         runs = {"fp32": _load_signature(fp32, False, values),
                 "amp-rewrite": _load_signature(ours, False, values),
                 "grappler": _load_signature(fp32, True, values)}
-        differ = runtime_difference(runs["amp-rewrite"][0].graph.as_graph_def(),
-                                    runs["fp32"][0].graph.as_graph_def(),
-                                    [runs["fp32"][2].split(":")[0]])
+        delta = runtime_delta(runs["amp-rewrite"][0].graph.as_graph_def(),
+                              runs["fp32"][0].graph.as_graph_def(),
+                              [runs["fp32"][2].split(":")[0]])
     counters = {name: iter(batches) for name in runs}
     losses = {name: [] for name in runs}
 
@@ -316,19 +338,19 @@ def bench_savedmodel(rounds: int, warmup: int) -> dict:
     matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
     return {"title": TRANSFORMER_TITLE,
             "median_ms": {n: statistics.median(t) * 1e3 for n, t in times.items()},
-            "differ": differ, "last_loss": {n: float(v[-1]) for n, v in losses.items()},
+            "differ": sum((delta[0] + delta[1]).values()), "delta": delta_text(*delta),
+            "last_loss": {n: float(v[-1]) for n, v in losses.items()},
             "first_loss": float(losses["fp32"][0]),
             "converted": f"{sum(n.precision == 'bfloat16' for n in matrix)}/{len(matrix)}"}
 
 
-def table(results: list[dict], rounds: int, warmup: int) -> str:
+def table(results: list[dict], rounds: int, warmup: int, measured: str) -> str:
+    transformer_delta = next((r["delta"] for r in results if "delta" in r), "(not run)")
     lines = [
         f"{SECTION}\n",
         "One training step (forward, backward, optimizer update), median of "
         f"{rounds} steps after {warmup} warm-up steps, the three variants timed round-robin in one "
-        f"process by `benchmarks/train_step.py` on {platform.machine()} with "
-        f"{os.cpu_count()} cores shared with other jobs ({hardware.describe()}), TensorFlow "
-        f"{tf.__version__}, Python {platform.python_version()}. "
+        f"process by `benchmarks/train_step.py` ({hardware.describe()}). {measured} "
         "Ratios are FP32 time / variant time (above 1: faster than FP32)."
         + ("" if hardware.onednn_enabled() else " TensorFlow's oneDNN ops were off "
            "(TF_ENABLE_ONEDNN_OPTS), so grappler's bfloat16 pass did not run: its column is FP32.")
@@ -364,9 +386,12 @@ def table(results: list[dict], rounds: int, warmup: int) -> str:
                  "is loaded into a TF1 session (grappler inlines the signature's function "
                  "bodies, so its bfloat16 pass reaches them) and run on the same token batches "
                  "from the same weights (`benchmarks/train_step.bench_savedmodel`). Its run-time "
-                 "difference is the GELU's gradient (Erfc, Square, Neg, Mul and a Reshape in "
-                 "each of the 4 blocks), which grappler's pass runs in bfloat16 and "
-                 "amp-rewrite's lists keep float32 (with a cast each). The cost model "
+                 f"difference (`train_step.runtime_delta`), ops {transformer_delta}: the GELU's "
+                 "gradient (Erfc, Neg, a Reshape and some Square and Mul in each of the 4 "
+                 "blocks), which amp-rewrite's lists keep float32, and Keras Adam's update (its "
+                 "moments' Mul, Sub and Square), which amp-rewrite keeps float32 from the "
+                 "gradients to the variable writes (docs/training.md \"Updates in float32\"). "
+                 "The cost model "
                  "leaves this model's islands to the lists: Keras' `Dense` on a 3-D input "
                  "flattens it to a shape computed at run time, so its MatMuls' FLOPs per sample "
                  "are not known (the attention's Einsums and the gradients' FLOPs are).")
@@ -387,6 +412,7 @@ def main() -> int:
 def run(steps: int = 40, warmup: int = 5, only=()) -> str:
     """Every model's training step (the TF1 graphs, then the Transformer SavedModel), three
     ways; the section's Markdown. ``only``: the titles holding one of these strings."""
+    measured = provenance()   # the load average as it starts
     chosen = [(title, spec) for title, spec in MODELS.items()
               if not only or any(o in title for o in only)]
     results = [bench_model(title, body, batch, lr, optimizer, steps, warmup)
@@ -396,7 +422,7 @@ def run(steps: int = 40, warmup: int = 5, only=()) -> str:
     if not only or any(o in TRANSFORMER_TITLE for o in only):
         results.append(bench_savedmodel(steps, warmup))
         print(results[-1], file=sys.stderr, flush=True)
-    return table(results, steps, warmup)
+    return table(results, steps, warmup, measured)
 
 
 if __name__ == "__main__":
