@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 from savedmodels import _feed, _load, input_key, models  # noqa: E402
 from train_step import time_round_robin  # noqa: E402
 
@@ -43,9 +42,17 @@ from amp_rewrite.paint.costs import DEFAULT_BATCH  # noqa: E402
 
 SECTION = "## Batch size and weight casts"
 BATCHES = (1, 4, 16, 64, 128, 256)
-INPUTS = {"tokens": (64,), "features": (64,), "images": (71, 71, 3)}
-# Xception's convolutions are slow to sweep on 2 cores: its batches stop at 32
-BATCHES_OF = {"images": (1, 2, 8, 32)}
+# convolutional models are slow to sweep on 2 cores: their batches stop at 32
+IMAGE_BATCHES = (1, 2, 8, 32)
+
+
+def _sample_shape(kind: str) -> tuple[int, ...]:
+    """One sample's shape for an input kind of savedmodels.models(): 'tokens', 'features', or
+    'images' and the side ('images71': 71x71x3), as savedmodels._feed makes them."""
+    if kind in ("tokens", "features"):
+        return (64,)
+    size = int(kind.removeprefix("images"))
+    return (size, size, 3)
 
 
 def measure(build, kind: str, batches, rounds: int) -> list[dict]:
@@ -62,7 +69,7 @@ def measure(build, kind: str, batches, rounds: int) -> list[dict]:
         for batch in batches:
             ours = Path(tmp) / f"ours{batch}"
             report = convert_file(fp32, ours, target="bfloat16", device="cpu",
-                                  shapes={key: (batch, *INPUTS[kind])})
+                                  shapes={key: (batch, *_sample_shape(kind))})
             matrix = [n for n in report.nodes if n.op in MATRIX_OPS]
             runs = {**sessions, "ours": _load(ours, False)}
             value = _feed(kind, batch)
@@ -84,9 +91,8 @@ def run(rounds: int, batches, only=()) -> str:
              "(weights in variables, cast to bfloat16 once a run) at several batches: FP32, "
              "painted whole (`--min-matrix-intensity 0`), and amp-rewrite's default conversion "
              "told the batch (`--shape NAME=BATCH,...`), each in a TF1 session, round-robin in one "
-             f"process, {rounds} rounds after a warm-up run, medians; on {hardware.describe()}, "
-             f"{os.cpu_count()} cores shared with other jobs, TensorFlow {tf.__version__}, Python "
-             f"{platform.python_version()}. Ratios are FP32 time / variant time (above 1: faster "
+             f"process, {rounds} rounds after a warm-up run, medians ({hardware.describe()}). "
+             f"{provenance()} Ratios are FP32 time / variant time (above 1: faster "
              "than FP32); \"painted by the cost model\" counts its MatMul/Conv ops in bfloat16.",
              "",
              "| model | batch | FP32 ms | painted whole ms (ratio) | amp-rewrite with --shape ms "
@@ -95,7 +101,7 @@ def run(rounds: int, batches, only=()) -> str:
     for name, (build, kind) in models().items():
         if only and not any(o in name for o in only):
             continue
-        for r in measure(build, kind, batches or BATCHES_OF.get(kind, BATCHES), rounds):
+        for r in measure(build, kind, batches or (IMAGE_BATCHES if kind.startswith("images") else BATCHES), rounds):
             lines.append(f"| {name} | {r['batch']} | {r['fp32_ms']:.2f} | {r['painted_ms']:.2f} "
                          f"({r['fp32_ms'] / r['painted_ms']:.2f}x) | {r['ours_ms']:.2f} "
                          f"({r['fp32_ms'] / r['ours_ms']:.2f}x) | {r['matrix']} |")

@@ -13,7 +13,7 @@ frozen as docs/savedmodels.md "Frozen graphs from a SavedModel" shows
 ``fold_constants=True`` (``--fold-constants``). After a warm-up run each, ``--rounds`` rounds
 run the six round-robin, the order rotating per round; the table gives medians and FP32
 SavedModel median / variant median, at batch ``--batch``, and whether the SavedModel's
-conversion suggested freezing (a warning naming ``--fold-constants``).
+conversion suggested freezing (its warning, which names ``--freeze`` for a SavedModel).
 
 Run: ``.venv/bin/python benchmarks/savedmodels.py [--rounds 9] [--batch 8] [--write]``.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 from keras_models import set_batch_norms  # noqa: E402
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2  # noqa: E402
 from train_step import session, session_config, time_round_robin  # noqa: E402
@@ -147,7 +146,9 @@ def measure(name: str, build, kind: str, rounds: int, batch: int) -> dict:
     return {"name": name, "matrix": _matrix(report), "folded_matrix": _matrix(folded_report),
             **{f"{k}_ms": v for k, v in med.items()},
             **{f"{k}_err": v for k, v in err.items()},
-            "hint": any("--fold-constants" in w for w in report.warnings)}
+            # the freezing hint: its summary is set only where it fires (it named
+            # --fold-constants before --freeze existed; matching its words missed it)
+            "hint": bool(report.extra.get("freezing", {}).get("summary"))}
 
 
 def _matrix(report) -> str:
@@ -156,6 +157,7 @@ def _matrix(report) -> str:
 
 
 def run(rounds: int = 9, batch: int = 8, only=()) -> str:
+    measured = provenance()   # the load average as it starts
     rows = []
     for name, (build, kind) in models().items():
         if only and not any(o in name for o in only):
@@ -174,17 +176,15 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
              "signature frozen (docs/savedmodels.md \"Frozen graphs from a SavedModel\") as it is, "
              "converted with `--fold-constants`, and painted by grappler's pass; "
              f"round-robin in one process, {rounds} rounds "
-             f"after a warm-up run, medians; on {hardware.describe()}, {os.cpu_count()} cores "
-             "shared with other jobs, "
-             f"TensorFlow {tf.__version__}, Python {platform.python_version()}; one run. Ratios "
+             f"after a warm-up run, medians ({hardware.describe()}); one run. {measured} Ratios "
              "are FP32 SavedModel time / variant time. \"bf16 gain frozen / as SavedModel\": "
              "what bfloat16 gains on the frozen graph (frozen FP32 / frozen with "
              "--fold-constants) over what it gains on the SavedModel (FP32 / amp-rewrite), the "
              "part of freezing's gain that comes with the conversion; freezing alone also "
              "speeds some models up in float32 (the frozen FP32 column: no function calls or "
              "variable reads), which the suggestion does not claim. \"freeze suggested\": the "
-             "SavedModel's conversion warned that freezing and converting with --fold-constants "
-             "would gain (docs/savedmodels.md \"When freezing gains\").",
+             "SavedModel's conversion warned that converting with --freeze would gain "
+             "(docs/savedmodels.md \"When freezing gains\").",
              "",
              "| model | MatMul/Conv in bf16: ours / frozen, folded | FP32 ms | amp-rewrite ms "
              "(ratio) | painted whole (`--min-matrix-intensity 0`) ms (ratio) | grappler ms "
@@ -210,14 +210,18 @@ def run(rounds: int = 9, batch: int = 8, only=()) -> str:
             f"{'yes' if r['hint'] else 'no'} | "
             f"{r['ours_err']:.1e} / {r['painted_err']:.1e} / {r['grappler_err']:.1e} / "
             f"{r['folded_err']:.1e} |")
+    # what the models the suggestion fired for gained frozen, from this run's figures
+    hinted = "; ".join(
+        f"{r['name'].split(' (')[0]}'s frozen, folded conversion ran "
+        f"{r['ours_ms'] / r['folded_ms']:.1f}x as fast as its SavedModel's, and bfloat16 gained "
+        f"{r['frozen_ms'] / r['folded_ms'] / (r['fp32_ms'] / r['ours_ms']):.2f}x more frozen"
+        for r in rows if r.get("hint")) or "none here"
     lines += ["", "A model with 0 matrix ops in bfloat16 was kept float32 whole by the cost model "
               "(docs/decisions.md \"Small matrix ops stay float32\": its variable weights, cast "
               "on every run, cost more than its matrix ops save at this batch); its SavedModel "
               "computes what the FP32 one does, so its ratio is 1 within the noise of this shared "
-              "machine. The suggestion fires where freezing lets the conversion gain: "
-              "Xception's and MobileNetV2's frozen, folded conversions ran about twice as fast as "
-              "their SavedModels' and gained far more from bfloat16 than the SavedModels did (the "
-              "weights' casts gone, the batch norms folded into the convolutions and their "
+              f"machine. The suggestion fires where freezing lets the conversion gain: {hinted} "
+              "(the weights' casts gone, the batch norms folded into the convolutions and their "
               "activations fused). The GRU and LSTM frozen conversions keep their loops' matrix "
               "ops float32 (weighed per row of a step: the gates' Sigmoid and Tanh lose more than "
               "the MatMuls save, docs/decisions.md) where grappler's painting of the frozen graph "
