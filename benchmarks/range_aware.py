@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import io
 import logging
 import os
@@ -574,7 +575,8 @@ def table(results: list[tuple[str, dict, float]], flags: dict, startup: float) -
     lines = [SECTION, "",
              "`benchmarks/range_aware.py`: the same frozen FP32 models and data for every "
              "method, one after the other in one run (see the script's docstring for the "
-             f"models, the data and how each column is measured). {cpu_line()}, "
+             "models, the data and how each column is measured). Measured "
+             f"{datetime.date.today().isoformat()} on {cpu_line()}, "
              f"{os.cpu_count()} cores; TensorFlow {tf.__version__}, Python "
              f"{platform.python_version()}; tf2onnx {tf2onnx.__version__} (opset {OPSET}), "
              f"onnx {onnx.__version__}, onnxruntime {ort.__version__} (CPU provider), "
