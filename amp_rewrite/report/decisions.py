@@ -230,8 +230,8 @@ class Report:
                  f"casts added: {s['casts_added']}"
                  + (f", original casts removed: {s['casts_removed']}" if s["casts_removed"] else "")
                  + (f", Consts stored in {t}: {s['consts_converted']}" if s["consts_converted"] else "")]
-        if self.float32_model():
-            lines.insert(1, self.float32_model())
+        if float32_model := self.float32_model():
+            lines.insert(1, float32_model)
         if s["kept_float32_by_reason"]:
             lines.append("kept float32: " + ", ".join(f"{k} {v}" for k, v in
                                                        s["kept_float32_by_reason"].items()))

@@ -12,6 +12,7 @@ given, the report and result dicts (``Report.to_dict()``, ``VerifyResult.to_dict
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -39,9 +40,12 @@ class Given:
     def run_flags(self) -> list[str]:
         """The flags that feed a model the same data: the first input file, shapes, signature."""
         flags = ["--inputs", self.inputs[0]] if self.inputs else []
-        for shape in self.shapes:
-            flags += ["--shape", shape]
-        return flags + (["--signature", self.signature] if self.signature else [])
+        return flags + self.shape_flags() + (["--signature", self.signature] if self.signature
+                                             else [])
+
+    def shape_flags(self) -> list[str]:
+        """``--shape`` for each shape given."""
+        return [f for shape in self.shapes for f in ("--shape", shape)]
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def _again(report: dict, given: Given) -> tuple[str, ...]:
     return (given.original, "-o", given.converted, "--target", report["target"],
             "--device", report["device"].lower(), *_rule_flags(report),
             *[f for path in given.inputs for f in ("--calibration", path)],
-            *[f for shape in given.shapes for f in ("--shape", shape)])
+            *given.shape_flags())
 
 
 def matrix_in_16_bits(summary: dict) -> int:
@@ -145,15 +149,13 @@ def _tune(verify: dict, given: Given, report: dict | None) -> Step:
     one; where verify was given no input file, :data:`DATA` stands for one."""
     target = verify.get("dtype", "float16")
     device = (report or {}).get("device", "CPU" if target == "bfloat16" else "GPU").lower()
-    inputs = given.inputs[:1] or (DATA,)
-    flags = [f for shape in given.shapes for f in ("--shape", shape)]
-    flags += ["--signature", given.signature] if given.signature else []
+    fed = dataclasses.replace(given, inputs=given.inputs[:1] or (DATA,))
     why = "out of tolerance: find the nodes to keep float32 that bring it within"
     if not given.inputs:
         why += f" ({DATA}: a file of real inputs, keyed by input name)"
     return Step(why, ("tune", given.original, "-o", tuned_path(given.converted), "--target",
                       target, "--device", device, *_rule_flags(report or {}),
-                      "--inputs", inputs[0], *flags))
+                      *fed.run_flags()))
 
 
 def _rule_flags(report: dict) -> list[str]:
