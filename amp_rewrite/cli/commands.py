@@ -182,11 +182,11 @@ def verify(args) -> int:
                                nonfinite_reference=args.allow_nonfinite_reference)
     if not args.quiet:
         if not hardware.gpu_visible():
-            print(hardware.machine_line(_target(result.criteria.dtype)))
+            print(hardware.machine_line(html.sixteen_bit(result.criteria.dtype)))
         print(verify_mod.format_result(result, args.top))
     if args.html:
         page = html.verify_page(result, args.converted, args.report,
-                                where=_where(_target(result.criteria.dtype)),
+                                where=_where(html.sixteen_bit(result.criteria.dtype)),
                                 given=_given_models(args))
         atomic_write(Path(args.html), page.encode("utf-8"), force=args.force)
     return 0 if result.ok else 1
@@ -210,18 +210,18 @@ def bench(args) -> int:
                              signature=args.signature, outputs=args.output,
                              checkpoint=args.checkpoint, init_ops=args.init_op,
                              progress=None if args.quiet else _progress_bar)
+    # the page and the CPU line both name the converted model's dtype: read it off the model once
+    target = _model_target(args.converted) if args.html or not args.quiet else None
     with OutputSet() as outputs:
         if args.json:
             outputs.add_file(args.json, _json_bytes(result.to_dict()), force=args.force)
         if args.html:
-            page = html.bench_page(result, args.converted,
-                                   where=_where(_model_target(args.converted)),
+            page = html.bench_page(result, args.converted, where=_where(target),
                                    given=_given_models(args))
             outputs.add_file(args.html, page.encode("utf-8"), force=args.force)
         outputs.commit()
     if not args.quiet:
-        print(hardware.machine_line(None if hardware.gpu_visible() else
-                                    _model_target(args.converted)))
+        print(hardware.machine_line(None if hardware.gpu_visible() else target))
         print(bench_mod.format_result(result))
     return 0
 
@@ -315,15 +315,9 @@ def _given_models(args) -> Given:
                  (args.inputs,) if args.inputs else (), tuple(args.shape), args.signature)
 
 
-def _target(dtype: str) -> str | None:
-    """``"float16"`` or ``"bfloat16"``, else None (float32: no 16-bit target)."""
-    return dtype if dtype in ("float16", "bfloat16") else None
-
-
 def _model_target(path) -> str | None:
     """The 16-bit dtype a converted model computes in (bfloat16 first), or None."""
-    held = {node["precision"] for node in html.graph_precision(path)}
-    return next((t for t in ("bfloat16", "float16") if t in held), None)
+    return html.model_target(html.graph_precision(path))
 
 
 def _tune_progress(done: int, budget: int, metric: float, kept: int) -> None:

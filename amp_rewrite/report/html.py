@@ -54,7 +54,7 @@ def verify_page(result, converted_path, report_json=None, *, where: str | None =
     precision = None if report else graph_precision(converted_path)
     verify = result.to_dict()
     return render("amp-rewrite verify report", report=report, precision=precision,
-                  verify=verify, where=_where(where, _lowp(verify.get("dtype"))),
+                  verify=verify, where=_where(where, sixteen_bit(verify.get("dtype"))),
                   next_steps=steps.after_verify(verify, given, report) if given else [])
 
 
@@ -63,10 +63,8 @@ def bench_page(result, converted_path, *, where: str | None = None,
     """The HTML report of a bench run (precision read off the converted model's dtypes)."""
     precision = graph_precision(converted_path)
     bench = result.to_dict()
-    target = next((t for t in ("bfloat16", "float16") if any(n["precision"] == t
-                                                              for n in precision)), None)
     return render("amp-rewrite bench report", precision=precision, bench=bench,
-                  where=_where(where, target),
+                  where=_where(where, model_target(precision)),
                   next_steps=steps.after_bench(bench, given) if given else [])
 
 
@@ -83,8 +81,16 @@ def _where(given: str | None, target: str | None) -> str:
     return given if given is not None else hardware.machine_line(target)
 
 
-def _lowp(dtype: str | None) -> str | None:
+def sixteen_bit(dtype: str | None) -> str | None:
+    """``"float16"`` or ``"bfloat16"``, else None (float32: no 16-bit target)."""
     return dtype if dtype in ("float16", "bfloat16") else None
+
+
+def model_target(precision: list[dict]) -> str | None:
+    """The 16-bit dtype a converted model computes in (bfloat16 first), or None; ``precision``
+    as :func:`graph_precision` gives it."""
+    held = {node["precision"] for node in precision}
+    return next((t for t in ("bfloat16", "float16") if t in held), None)
 
 
 def _read_report(path) -> dict:
