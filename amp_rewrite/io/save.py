@@ -87,11 +87,8 @@ def stage(model: Model, out_path: str | os.PathLike, outputs: OutputSet, *,
     rename into place with the command's other outputs (an InputError where :func:`save`
     would raise one)."""
     out_path = Path(out_path)
-    if model.kind == "savedmodel":
+    if model.kind in ("savedmodel", "frozen"):
         _stage_saved_model(model, out_path, outputs, force)
-        return
-    if model.kind == "frozen":
-        _stage_frozen(model, out_path, outputs, force)
         return
     proto, text = output_proto(model, out_path)
     outputs.add_file(out_path, serialize(proto, text), force=force)
@@ -129,25 +126,17 @@ def _check_saved_model_destination(model: Model, out_path: Path, force: bool) ->
 
 def _stage_saved_model(model: Model, out_path: Path, outputs: OutputSet, force: bool) -> None:
     """Build the SavedModel as a hidden folder beside ``out_path``; committing renames it into
-    place (an existing output is moved aside first, and only with ``force``)."""
+    place (an existing output is moved aside first, and only with ``force``). A ``--freeze``
+    conversion (:mod:`amp_rewrite.io.frozen`) is written by TensorFlow as a new SavedModel, any
+    other as the input's tree with the converted graphs."""
     _check_saved_model_destination(model, out_path, force)
     tmp = outputs.temporary_folder(out_path)
     try:
         shutil.copymode(model.path, tmp)  # mkdtemp's 0700 would hide the model from others
-        _write_tree(model, tmp)
-    except OSError as exc:
-        raise InputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
-    outputs.add(tmp, out_path, replace=force)
-
-
-def _stage_frozen(model: Model, out_path: Path, outputs: OutputSet, force: bool) -> None:
-    """A ``--freeze`` conversion (:mod:`amp_rewrite.io.frozen`), written by TensorFlow as a new
-    SavedModel in a hidden folder beside ``out_path``, renamed into place with the set."""
-    _check_saved_model_destination(model, out_path, force)
-    tmp = outputs.temporary_folder(out_path)
-    try:
-        shutil.copymode(model.path, tmp)
-        write_frozen(model.frozen, model.meta_graphs, tmp)
+        if model.kind == "frozen":
+            write_frozen(model.frozen, model.meta_graphs, tmp)
+        else:
+            _write_tree(model, tmp)
     except OSError as exc:
         raise InputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
     outputs.add(tmp, out_path, replace=force)
