@@ -268,30 +268,25 @@ def _passed_to_arguments(graph_def: graph_pb2.GraphDef, leaf, *, resources: bool
     by_name = {f.signature.name: f for f in graph_def.library.function}
     found: dict[str, dict[str, list[int] | None]] = {}
 
-    def record(callee: str, index: int, shape: list[int] | None) -> bool:
+    def record(callee: str, index: int, shape: list[int] | None) -> None:
         fdef = by_name.get(callee)
         if (fdef is None or index >= len(fdef.signature.input_arg)
                 or (fdef.signature.input_arg[index].type == RESOURCE) != resources
                 or (shape is None and resources)):
-            return False
+            return
         arg = fdef.signature.input_arg[index].name
         seen = found.setdefault(callee, {})
-        if arg in seen:
-            if seen[arg] is not None and seen[arg] != shape:
-                seen[arg] = None   # call sites disagree: unknown
-                return True
-            return False
-        seen[arg] = shape
-        return True
+        if arg not in seen:
+            seen[arg] = shape
+        elif seen[arg] is not None and seen[arg] != shape:
+            seen[arg] = None   # call sites disagree: unknown
 
-    def visit(nodes: dict, resolve) -> bool:
-        changed = False
+    def visit(nodes: dict, resolve) -> None:
         for nd in nodes.values():
             for callee, offset in _callees(nd, by_name, loops):
                 data = [t for t in nd.input if not t.startswith("^")]
                 for i, text in enumerate(data[offset:]):
-                    changed |= record(callee, i, resolve(text))
-        return changed
+                    record(callee, i, resolve(text))
 
     def value(nodes: dict, name: str, args: dict, depth: int = 8):
         nd = nodes.get(name)
