@@ -201,9 +201,9 @@ def _cost_model(target: Target) -> dict:
     """The report's ``cost_model`` entry: the batch an open first dimension stands for when the
     cost model weighs an island (``--shape``'s, which also reaches the function bodies its
     inputs are passed to, else :data:`~amp_rewrite.paint.costs.DEFAULT_BATCH`), and the table
-    of rates it weighed with (``costs``: which, and the rates)."""
-    told = target.batch is not None
-    costs = target.costs or cost_table.shipped()
+    of rates it weighed with (``costs``: which, and the rates; a weighed target always has
+    one, :meth:`Options.painting_target`)."""
+    told, costs = target.batch is not None, target.costs
     entry = {"batch": target.batch if told else DEFAULT_BATCH, "told": told,
              "costs": costs.to_dict()}
     batch = (f"islands weighed at a batch of {target.batch} (--shape)" if told else
@@ -287,16 +287,14 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         raise InputError(f"the input graph is not valid: {problems[0]}")
     refuse_other_low_precision(meta_graph, options.target)
     interface = signature_tensors(meta)
-    pushed = 0   # scales TensorFlow's folding multiplies into Conv2D filters itself
     if options.fold_constants:
         source = constfold.fold_constants(source, set(options.keep) | interface)
-        pushed = constfold.scales_pushed(meta_graph.graph_def, source)
     graph, added = graph_with_defaults(source)
     keep = kept(interface=interface, user=split_keep(options.keep, graph, source.library))
     fused = (bnfold.fold_batch_norms(graph, set(keep)) if options.fold_constants
              and not constfold.has_variables(source) else None)
-    if fused is not None:
-        fused.pushed = pushed
+    if fused is not None:   # the scales TensorFlow's folding multiplied into Conv2D filters itself
+        fused.pushed = constfold.scales_pushed(meta_graph.graph_def, source)
     calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = dataclasses.replace(options.painting_target(),
