@@ -266,20 +266,26 @@ def _cycle_problems(graph_def) -> Iterator[str]:
     once one data input is in, and aborts the process (a CHECK in graph_constructor.cc) where
     the Merge's other inputs wait on the Merge itself; so here a Merge waits for every input
     but its back edges, and any node left waiting is refused (the IR lets a NextIteration's
-    edges through whatever they feed)."""
+    edges through whatever they feed). Then each Merge reading a back edge with more than one
+    other data input (:func:`_loop_merge_problem`)."""
     nodes = {nd.name: nd for nd in graph_def.node}
-    pending, consumers = {}, {}
+    pending, consumers, merges = {}, {}, []
     for nd in graph_def.node:
         merge = nd.op in MERGE_OPS
-        sources = []
+        sources, back, data = [], [], 0
         for text in nd.input:
             src = _input_node(text)
-            if src in nodes and not (merge and not text.startswith("^")
-                                     and nodes[src].op in NEXT_ITERATION_OPS):   # back edge
+            control = text.startswith("^")
+            data += merge and not control
+            if src in nodes and merge and not control and nodes[src].op in NEXT_ITERATION_OPS:
+                back.append(src)   # a back edge
+            elif src in nodes:
                 sources.append(src)
         pending[nd.name] = len(sources)
         for src in sources:
             consumers.setdefault(src, []).append(nd.name)
+        if back:
+            merges.append((nd, back, data - len(back)))
     ready = [name for name, count in pending.items() if count <= 0]
     while ready:
         for name in consumers.get(ready.pop(), ()):
@@ -290,25 +296,21 @@ def _cycle_problems(graph_def) -> Iterator[str]:
     if stuck:
         yield (f"node {stuck[0].name!r} ({stuck[0].op}) is in a cycle that is not a while loop's "
                f"(a Merge reading a NextIteration), with {len(stuck) - 1} other nodes")
-    yield from _loop_merge_problems(graph_def, nodes)
+    for nd, back, entering in merges:
+        if entering > 1:
+            yield _loop_merge_problem(nd, back, entering)
 
 
-def _loop_merge_problems(graph_def, nodes: dict) -> Iterator[str]:
+def _loop_merge_problem(nd, back: list[str], entering: int) -> str:
     """A Merge reading a loop's back edge (a NextIteration) with more than one other data
     input. TensorFlow's importer takes such a Merge to be ready once one data input is in (the
     value entering the loop) and counts each further one down from there: a second one fails a
     CHECK in graph_constructor.cc ("current_pending_count > 0") and aborts the process, whatever
     the order, so it is refused here."""
-    for nd in graph_def.node:
-        if nd.op not in MERGE_OPS:
-            continue
-        data = [_input_node(text) for text in nd.input if not text.startswith("^")]
-        back = [src for src in data if src in nodes and nodes[src].op in NEXT_ITERATION_OPS]
-        if back and len(data) - len(back) > 1:
-            yield (f"node {nd.name!r} ({nd.op}) reads a while loop's back edge ({back[0]!r}) "
-                   f"and {len(data) - len(back)} other data inputs; a loop's Merge takes one "
-                   "value entering the loop beside its back edges (TensorFlow's importer would "
-                   "abort the process on the second)")
+    return (f"node {nd.name!r} ({nd.op}) reads a while loop's back edge ({back[0]!r}) "
+            f"and {entering} other data inputs; a loop's Merge takes one "
+            "value entering the loop beside its back edges (TensorFlow's importer would "
+            "abort the process on the second)")
 
 
 def _custom_port_problems(graph_def, functions: set[str]) -> Iterator[str]:
