@@ -104,12 +104,8 @@ def measured_conversion(input_path, output_name: str, options: Options, *,
     if kept:
         with _held(logs["painted"]):
             painted = convert_path(input_path, dataclasses.replace(options, min_matrix_intensity=0))
-        with tempfile.TemporaryDirectory(prefix="amp-rewrite-measure-") as tmp:
-            paths = [Path(tmp) / name / Path(output_name).name for name in logs]
-            for (model, _), path in zip((estimated, painted), paths):
-                path.parent.mkdir()
-                save(model, path)
-            result = timer(*paths, runs=runs, warmup=warmup, shapes=shapes)
+        result = _timed({"estimated": estimated[0], "painted": painted[0]}, output_name, timer,
+                        runs=runs, warmup=warmup, shapes=shapes)
         found = Measured(pick(result), result.original.median_ms, result.converted.median_ms,
                          result.speedup, result.speedup_range(), kept)
     for record in logs[found.chosen]:   # said now, as the conversion written would say them
@@ -135,12 +131,7 @@ def _time_freezing(input_path, output_name: str, model: Model, report: Report, f
     except InputError as exc:
         log.info("--measure: no --freeze conversion to time: %s", exc)
         return
-    with tempfile.TemporaryDirectory(prefix="amp-rewrite-measure-") as tmp:
-        paths = [Path(tmp) / name / Path(output_name).name for name in ("written", "frozen")]
-        for candidate, path in zip((model, frozen), paths):
-            path.parent.mkdir()
-            save(candidate, path)
-        result = timer(*paths, **timing)
+    result = _timed({"written": model, "frozen": frozen}, output_name, timer, **timing)
     found.frozen_ms, found.frozen_ratio = result.converted.median_ms, result.speedup
     found.frozen_range = result.speedup_range()
     if result.speedup < 1 + FREEZE_HINT_SHARE:
@@ -154,6 +145,17 @@ def _time_freezing(input_path, output_name: str, model: Model, report: Report, f
         report.warnings.remove(gain["summary"])
     gain["measured_ratio"], gain["summary"] = round(result.speedup, 3), text
     report.warnings.append(text)
+
+
+def _timed(candidates: dict[str, Model], output_name: str, timer: Timer, **timing) -> BenchResult:
+    """The first of two models timed against the second by ``timer``, each saved for it as
+    ``output_name`` (whose suffix decides the format) in a temporary folder of its key's name."""
+    with tempfile.TemporaryDirectory(prefix="amp-rewrite-measure-") as tmp:
+        paths = [Path(tmp) / name / Path(output_name).name for name in candidates]
+        for model, path in zip(candidates.values(), paths):
+            path.parent.mkdir()
+            save(model, path)
+        return timer(*paths, **timing)
 
 
 class _Hold(logging.Handler):
