@@ -30,7 +30,6 @@ import math
 import os
 import re
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -84,6 +83,7 @@ class CostTable:
     cpu: str = ""
     tensorflow: str = ""
     quick: bool = False
+    key: str | None = None   # the machine a measured table was measured for (machine_key)
 
     def slower(self, op: str) -> bool:
         """Whether ``op`` runs slower unfused in bfloat16 than in float32 by this table."""
@@ -152,7 +152,8 @@ def read_table(path, kind: str = "file") -> CostTable:
                        "measured")
     return CostTable(**values, unfused_ps_per_element=ops, kind=kind,
                      path=None if kind == "shipped" else str(path), cpu=measured["cpu"],
-                     tensorflow=measured["tensorflow"], quick=measured.get("quick", False))
+                     tensorflow=measured["tensorflow"], quick=measured.get("quick", False),
+                     key=measured.get("key"))
 
 
 class _Failing:
@@ -248,17 +249,14 @@ def choose(costs: str | os.PathLike | None = None) -> CostTable:
         return shipped()
     if costs is not None:
         return read_table(costs, "file")
-    path = measured_path()
+    mine = machine_key()
+    path = measured_path(mine)
     if not path.is_file():
         return shipped()
-    try:
-        table_key = tomllib.loads(path.read_text(encoding="utf-8")).get("measured", {}).get("key")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
-        table_key = None   # read_table says what is wrong
     table = read_table(path, "measured")
-    if table_key != machine_key():
-        raise InputError(f"{path}: this cost table was measured for {table_key!r}, not this "
-                         f"machine ({machine_key()!r}): run amp-rewrite costs measure again, "
+    if table.key != mine:
+        raise InputError(f"{path}: this cost table was measured for {table.key!r}, not this "
+                         f"machine ({mine!r}): run amp-rewrite costs measure again, "
                          "or delete it")
     return table
 
