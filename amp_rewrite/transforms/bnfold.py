@@ -104,15 +104,21 @@ def _fold_scale(graph: Graph, mul: Node, keep: set[str]) -> int:
             folded = weights * scale
         else:   # [kh, kw, in, mult]: output channel i * mult + m
             folded = (weights.reshape(weights.shape[:2] + (-1,)) * scale).reshape(weights.shape)
-        new = graph.add_node("Const", conv.name + "/folded_filter", attrs={
-            "dtype": attr_value_pb2.AttrValue(type=FLOAT),
-            "value": attr_value_pb2.AttrValue(tensor=_tensor(folded))}, after=conv.name)
-        graph.set_input(conv.name, 1, TensorRef(new.name))
+        graph.set_input(conv.name, 1, _float_const_node(graph, conv.name + "/folded_filter",
+                                                        folded, after=conv.name))
         graph.replace_uses(TensorRef(mul.name), conv_ref)
         _remove_unread(graph, mul.name, keep)
         _remove_unread(graph, filter_ref.node, keep)
         return 1
     return 0
+
+
+def _float_const_node(graph: Graph, name: str, values: np.ndarray, *, after: str) -> TensorRef:
+    """A float32 Const of ``values`` added to ``graph`` beside ``after``; its output."""
+    new = graph.add_node("Const", name, attrs={
+        "dtype": attr_value_pb2.AttrValue(type=FLOAT),
+        "value": attr_value_pb2.AttrValue(tensor=_tensor(values))}, after=after)
+    return TensorRef(new.name)
 
 
 def _to_bias_add(graph: Graph, add: Node, keep: set[str]) -> int:
@@ -126,10 +132,8 @@ def _to_bias_add(graph: Graph, add: Node, keep: set[str]) -> int:
             continue
         if len(stored.attr["value"].tensor.tensor_shape.dim) != 1:   # [1, 1, 1, C]: a bias
             bias = const_values(stored).astype(np.float32).reshape(-1)  # is a vector
-            offset_ref = TensorRef(graph.add_node("Const", add.name + "/bias", attrs={
-                "dtype": attr_value_pb2.AttrValue(type=FLOAT),
-                "value": attr_value_pb2.AttrValue(tensor=_tensor(bias))}, after=add.name).name)
-            old = graph.input(add.name, 1 - port)
+            old, offset_ref = offset_ref, _float_const_node(graph, add.name + "/bias", bias,
+                                                            after=add.name)
             graph.set_input(add.name, 1 - port, offset_ref)
             _remove_unread(graph, old.node, keep)
         if port == 1:   # BiasAdd reads the value first, the bias second
