@@ -128,9 +128,11 @@ def _updated_shape(graph: Graph, name: str) -> list[int] | None:
     """The shape of the variable a value updates (through pass-through ops), if it does: of
     the first variable write, by name, that ``name`` or a pass-through op after it feeds as
     the value (not the handle)."""
-    carried = graph.descendants([name], past=lambda n: n.name == name or n.op in _PASS_THROUGH)
-    for src in sorted(carried):
-        if src != name and graph.node(src).op not in _PASS_THROUGH:
+    def carries(node: Node) -> bool:   # the value itself, or a pass-through op after it
+        return node.name == name or node.op in _PASS_THROUGH
+
+    for src in sorted(graph.descendants([name], past=carries)):   # sorted: the first write
+        if not carries(graph.node(src)):
             continue
         for reader, port in graph.consumers(src):
             if port > 0 and is_variable_write(graph.node(reader).op):
@@ -778,7 +780,7 @@ def _reads_variable(graph: Graph, ref: TensorRef) -> bool:
     reached = graph.ancestors([ref.node], control=False, depth=VARIABLE_HOPS,
                               past=lambda node: source(node) is None)
     return any(src is not None and src.op != "Const"
-               for src in (source(graph.node(name)) for name in sorted(reached)))
+               for src in (source(graph.node(name)) for name in reached))
 
 
 def _fuses_frozen(graph: Graph, act: Node, island: set[str]) -> bool:
@@ -850,7 +852,7 @@ def _stored_value(graph: Graph, ref: TensorRef) -> bool:
     if ref.port:
         return False
     reached = graph.ancestors([ref.node], control=False, past=folds, depth=FOLDED_DEPTH)
-    for name in sorted(reached):
+    for name in reached:   # every one must fold: the order does not matter
         node = graph.node(name)
         if source(node):
             continue
