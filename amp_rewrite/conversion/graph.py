@@ -303,7 +303,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if options.weighed():   # the batch an open first dimension is weighed at, here and in bodies
         report.extra["cost_model"] = _cost_model(target)
-    if fused is not None and (fused.scales_folded or fused.pushed or fused.bias_adds):
+    if fused:
         report.extra["fusion"] = fused.summary()
     if trains(source.node):   # its weights change: freezing them is no option
         report.extra.pop("freezing", None)
