@@ -144,7 +144,8 @@ def explain(args) -> int:
     options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
                       lowp_io=args.lowp_io, loss_scale="none",
                       min_matrix_intensity=args.min_matrix_intensity,
-                      shapes=parse_shapes(args.shape), costs=args.costs)
+                      shapes=parse_shapes(args.shape), costs=args.costs,
+                      fold_constants=args.fold_constants, freeze=args.freeze)
     _, report = convert_model(load(args.input), _calibrated(options, args))
     for name in args.node:
         try:

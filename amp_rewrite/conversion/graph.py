@@ -78,7 +78,9 @@ class Options:
     lowp_io: bool = False
     loss_scale: str | None = None          # "dynamic", "none" or a number; None: by target
     loss_scale_options: dict = field(default_factory=dict)
-    fold_constants: bool = False           # fold Const-only float32 subgraphs first
+    # fold Const-only float32 subgraphs and batch norms first (graphs without variables); None:
+    # by default, which folds for bfloat16 on a CPU (:meth:`folds`)
+    fold_constants: bool | None = None
     min_matrix_intensity: float | None = None   # None: by device (DEFAULT_MIN_INTENSITY)
     emulate: bool = False                  # float16's float32 emulation (amp_rewrite.transforms.emulate)
     cost_aware: bool = False               # never slower than float32 on this machine
@@ -93,8 +95,10 @@ class Options:
     # against matrix savings per sample, so it needs the batch (paint.costs.DEFAULT_BATCH else)
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     # --freeze: a SavedModel's signatures frozen, folded and converted, written as a SavedModel
-    # with the same signatures (conversion.pipeline; docs/savedmodels.md "--freeze")
-    freeze: bool = False
+    # with the same signatures (conversion.pipeline; docs/savedmodels.md "--freeze"); None: by
+    # default, which freezes a SavedModel that only serves, for bfloat16 on a CPU
+    # (:meth:`may_freeze`), and keeps its variables where freezing would drop what it holds
+    freeze: bool | None = None
     # --costs: the cost model's rates, a table file or "shipped"; None: the table measured on
     # this CPU where there is one, else the shipped one (rules.cost_table.choose)
     costs: str | os.PathLike | None = None
@@ -171,6 +175,26 @@ class Options:
         """Whether the cost model of bfloat16 on a CPU weighs this conversion (what
         ``--shape`` informs and ``--measure`` times)."""
         return (self.target, self.device) == ("bfloat16", "cpu")
+
+    def folds(self, graph_def) -> bool:
+        """Whether ``graph_def`` is folded first (``--fold-constants``): as asked, else by
+        default for bfloat16 on a CPU, where a batch norm left unfolded keeps its convolution
+        from fusing with its activation (docs/decisions.md "--fold-constants"), in a graph
+        without variables (a training graph is never folded)."""
+        if self.fold_constants is not None:
+            return self.fold_constants
+        return self.weighed() and not self.emulate and not constfold.has_variables(graph_def)
+
+    def may_freeze(self) -> bool:
+        """Whether a SavedModel is frozen unless something in it forbids it: ``--freeze``, or
+        by default for bfloat16 on a CPU, where weights cast on every run and batch norms on
+        variables cost more than the 16-bit matrix work saves at small batches
+        (docs/decisions.md "Frozen and folded by default (bfloat16 on a CPU)"), unless an option names what
+        freezing changes (``--lowp-io``, ``--calibration``, ``--emulate``)."""
+        if self.freeze is not None:
+            return self.freeze
+        return (self.weighed() and not self.lowp_io and self.calibration is None
+                and not self.emulate)
 
     def slower_here(self) -> bool:
         """Whether the conversion asked for runs slower than float32 on this machine:
@@ -287,11 +311,12 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         raise InputError(f"the input graph is not valid: {problems[0]}")
     refuse_other_low_precision(meta_graph, options.target)
     interface = signature_tensors(meta)
-    if options.fold_constants:
+    fold = options.folds(source)
+    if fold and constfold.foldable(source):   # (grappler's pass takes seconds to fold nothing)
         source = constfold.fold_constants(source, set(options.keep) | interface)
     graph, added = graph_with_defaults(source)
     keep = kept(interface=interface, user=split_keep(options.keep, graph, source.library))
-    fused = (bnfold.fold_batch_norms(graph, set(keep)) if options.fold_constants
+    fused = (bnfold.fold_batch_norms(graph, set(keep)) if fold
              and not constfold.has_variables(source) else None)
     if fused is not None:   # the scales TensorFlow's folding multiplied into Conv2D filters itself
         fused.pushed = constfold.scales_pushed(meta_graph.graph_def, source)
@@ -307,8 +332,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
         report.extra["fusion"] = fused.summary()
     if trains(source.node):   # its weights change: freezing them is no option
         report.extra.pop("freezing", None)
-    if report.extra.get("unfused_kept") and not options.fold_constants \
-            and not constfold.has_variables(source):
+    if report.extra.get("unfused_kept") and not fold and not constfold.has_variables(source):
         _hint_folding(report)
     config = scale_config(options.loss_scale, options.target,
                           dict(options.loss_scale_options or {})) if loss_scaling else None
@@ -319,7 +343,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     paint_library(out, rules, report, target, keep=options.keep,
                   roots=sorted(meta.object_graph_def.concrete_functions), interface=interface,
                   ranges=options.calibration, headroom=options.headroom, leave=leave)
-    if not options.fold_constants:   # a SavedModel's MetaGraph has tags: --freeze takes it
+    if not fold:   # a SavedModel's MetaGraph has tags: --freeze takes it
         _hint_freezing(report, saved=bool(meta_graph.meta_info_def.tags))
     saver = set(saver_functions(meta_graph))
     report.saver_functions = [scope for scope in report.scopes if scope in saver]

@@ -22,6 +22,7 @@ loads TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -58,8 +59,15 @@ _MEASURED_KEYS = {"cpu": str, "tensorflow": str, "source": str, "key": str, "cor
 #: the environment variable naming the folder measured tables are kept in (else
 #: ``$XDG_CACHE_HOME/amp-rewrite``, else ``~/.cache/amp-rewrite``)
 DIR_VARIABLE = "AMP_REWRITE_COSTS_DIR"
-#: ``--costs``'s name for the shipped table
+#: ``--costs``'s name for the shipped table of this CPU's class
 SHIPPED = "shipped"
+#: the shipped table of each CPU class (:data:`~amp_rewrite.core.hardware.CPU_CLASSES`), a file
+#: of ``rules/``; None: no table measured on such a CPU yet, the class in
+#: :data:`STAND_INS` stands in (and the summary says so)
+SHIPPED_FILES = {"avx512-bf16": "costs.toml", "avx2": "costs-avx2.toml", "amx-bf16": None}
+#: whose rates a class without a measured table takes: an AMX CPU saves more per FLOP than an
+#: AVX512-BF16 one, so with its rates the estimate errs towards float32 there
+STAND_INS = {"amx-bf16": "avx512-bf16"}
 #: the CPU flags (as /proc/cpuinfo names them) that change what a bfloat16 op costs: the
 #: matrix units and the vector widths oneDNN and Eigen pick their kernels by
 KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -84,6 +92,9 @@ class CostTable:
     tensorflow: str = ""
     quick: bool = False
     key: str | None = None   # the machine a measured table was measured for (machine_key)
+    source: str = ""         # where a table's rates are recorded ([measured] source)
+    cpu_class: str = ""      # a shipped table: the CPU class it is for (hardware.CPU_CLASSES)
+    stands_in_for: str = ""  # a shipped table taken for a class with none measured yet
 
     def slower(self, op: str) -> bool:
         """Whether ``op`` runs slower unfused in bfloat16 than in float32 by this table."""
@@ -92,15 +103,19 @@ class CostTable:
     def cite(self) -> str:
         """Where the rates come from, as a reason says it."""
         if self.kind == "shipped":
-            return 'BENCHMARKS.md "Op costs in bfloat16 on this CPU"'
+            return self.source or f"the shipped cost table for {self.cpu_class} CPUs"
         where = "measured on this CPU" if self.kind == "measured" else "measured on " + self.cpu
         return f"the cost table {where}, {self.path}"
 
     def summary(self) -> str:
         """One line: which table decided, and what it was measured on."""
         if self.kind == "shipped":
-            return (f"the shipped cost table (measured on {self.cpu}, TensorFlow "
-                    f"{self.tensorflow}; amp-rewrite costs measure times this CPU's)")
+            standing = (f"; no table is measured on {self.stands_in_for} CPUs yet, so these "
+                        f"{self.cpu_class} rates stand in, which save less per FLOP: the "
+                        "estimate errs towards float32" if self.stands_in_for else "")
+            return (f"the shipped cost table for {self.stands_in_for or self.cpu_class} CPUs "
+                    f"(measured on {self.cpu}, TensorFlow {self.tensorflow}{standing}; "
+                    "amp-rewrite costs measure times this CPU's)")
         quick = ", --quick" if self.quick else ""
         if self.kind == "measured":
             return f"the cost table measured on this CPU ({self.path}{quick})"
@@ -110,21 +125,33 @@ class CostTable:
     def to_dict(self) -> dict:
         """The report's record of the table: where it comes from and its rates."""
         return {"table": self.kind, "path": self.path, "cpu": self.cpu,
-                "tensorflow": self.tensorflow,
+                "tensorflow": self.tensorflow, "cpu_class": self.cpu_class,
+                "stands_in_for": self.stands_in_for,
                 "rates": {**{name: getattr(self, name) for name in RATES},
                           UNFUSED: dict(self.unfused_ps_per_element)}}
 
 
 # ----------------------------------------------------------------- reading
-def shipped_path() -> Path:
-    """The shipped table: ``rules/costs.toml`` of the checkout, in the wheel's rule defaults."""
-    return Path(str(importlib.resources.files("amp_rewrite.rules.defaults"))) / "costs.toml"
+def shipped_path(cpu_class: str = "avx512-bf16") -> Path:
+    """The shipped table of ``cpu_class`` (one with a file in :data:`SHIPPED_FILES`):
+    ``rules/costs*.toml`` of the checkout, in the wheel's rule defaults."""
+    return (Path(str(importlib.resources.files("amp_rewrite.rules.defaults")))
+            / SHIPPED_FILES[cpu_class])
+
+
+def shipped(cpu_class: str | None = None) -> CostTable:
+    """The shipped table of ``cpu_class`` (default: this CPU's,
+    :func:`~amp_rewrite.core.hardware.cpu_class`), read once."""
+    return _shipped(cpu_class or hardware.cpu_class())
 
 
 @functools.lru_cache(maxsize=None)
-def shipped() -> CostTable:
-    """The shipped defaults (read once)."""
-    return read_table(shipped_path(), "shipped")
+def _shipped(cpu_class: str) -> CostTable:
+    if SHIPPED_FILES[cpu_class] is None:
+        stand_in = STAND_INS[cpu_class]
+        return dataclasses.replace(_shipped(stand_in), stands_in_for=cpu_class)
+    return dataclasses.replace(read_table(shipped_path(cpu_class), "shipped"),
+                               cpu_class=cpu_class)
 
 
 def read_table(path, kind: str = "file") -> CostTable:
@@ -153,7 +180,7 @@ def read_table(path, kind: str = "file") -> CostTable:
     return CostTable(**values, unfused_ps_per_element=ops, kind=kind,
                      path=None if kind == "shipped" else str(path), cpu=measured["cpu"],
                      tensorflow=measured["tensorflow"], quick=measured.get("quick", False),
-                     key=measured.get("key"))
+                     key=measured.get("key"), source=measured.get("source", ""))
 
 
 class _Failing:
@@ -241,12 +268,15 @@ def measured_path(key: str | None = None) -> Path:
 
 
 def choose(costs: str | os.PathLike | None = None) -> CostTable:
-    """The table a conversion weighs with: ``costs`` (``--costs``: a file, or
-    :data:`SHIPPED`), else the one measured on this machine where :func:`measured_path` holds
-    it, else the shipped one. A measured table that says it is another machine's is refused,
+    """The table a conversion weighs with: ``costs`` (``--costs``: a file, :data:`SHIPPED`,
+    or a CPU class of :data:`SHIPPED_FILES`, whose shipped table it names), else the one
+    measured on this machine where :func:`measured_path` holds it, else the shipped one of this
+    CPU's class. A measured table that says it is another machine's is refused,
     naming it: it was copied there, or this machine changed."""
     if costs is not None and str(costs) == SHIPPED:
         return shipped()
+    if costs is not None and str(costs) in SHIPPED_FILES:   # another CPU class's rates
+        return shipped(str(costs))
     if costs is not None:
         return read_table(costs, "file")
     mine = machine_key()

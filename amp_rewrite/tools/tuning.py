@@ -815,7 +815,9 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
             raise InputError("tune: give the samples once, as inputs= (the command's --inputs) "
                              "or as feeds=, not both")
         feeds = inputs
-    opts = Options(**options)
+    # a SavedModel's trials keep its variables (what convert freezes by default renames the
+    # nodes the search keeps float32 by name)
+    opts = Options(**{"freeze": False, **options})
     opts.check()
     search = search_settings(metric, tolerance, opts.target, max_trials=max_trials,
                              headroom=headroom, error_margin=error_margin, relax=relax,
