@@ -54,7 +54,7 @@ from ..check.input import check_input
 from ..core.dtypes import CONVERTIBLE, FLOAT
 from ..core.errors import InputError, LintError, UnsupportedGraphError
 from ..core.ir import Node, TensorRef
-from ..core.ops import CALL_OPS, is_variable_write
+from ..core.ops import CALL_OPS
 from ..schema.functiondef import (
     FunctionGraph,
     called_functions,
@@ -69,6 +69,7 @@ from ..schema.opdefs import (
     graph_with_defaults,
     input_dtype,
     invalidate,
+    is_variable_write,
     node_types,
     op_def,
     output_dtype,
