@@ -190,8 +190,9 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
     if not gradients or not updates:
         raise UnsupportedGraphError(
             f"found backprop seed(s) {', '.join(seeds)} but could not tell which tensors are the "
-            "gradients the updates read (they do not leave a gradients/ or gradient_tape/ scope); "
-            "name the seed with --grad")
+            "gradients the updates read: no float tensor leaving the backward pass's gradients/ "
+            "or gradient_tape/ scope reaches a variable write (an update made inside that scope "
+            "reads them there); convert with --loss-scale none, or --target bfloat16")
     return Backprop([s for s in graph.names() if s in seeds], gradients, updates, reduced)
 
 
