@@ -21,7 +21,6 @@ from tensorflow.core.framework import graph_pb2
 from ..core import hardware
 from ..core.dtypes import HEADROOM, LARGEST, TARGETS
 from ..core.errors import InputError, RuleError, UnsupportedGraphError, option
-from ..core.ops import is_variable_write
 from ..io.files import (
     check_container,
     is_keras_file,
@@ -37,6 +36,7 @@ from ..io.save import save
 from ..report.decisions import Report
 from ..rules.loader import RuleSet
 from ..schema.functiondef import reachable
+from ..schema.opdefs import is_variable_write
 from ..training.config import scale_config
 from ..training.detect import training_functions, training_parts
 from ..training.in_functions import (

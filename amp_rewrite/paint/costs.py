@@ -32,9 +32,10 @@ import numpy as np
 
 from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
-from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS, is_variable_write
+from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS
 from ..rules.cost_table import CostTable, shipped
 from ..schema.consts import is_all_ones
+from ..schema.opdefs import is_variable_write
 from ..schema.shapes import (FOLDED_DEPTH, FOLDED_OPS, Shapes, const_behind, convolution_output,
                              einsum_sizes, folded_value, parse_einsum)
 
