@@ -88,7 +88,7 @@ def main(args) -> int:
                     "source": f'BENCHMARKS.md "{title}"', "rounds": rounds,
                     "shape": "x".join(map(str, found.shape))}
         with open(args.table, "w") as f:
-            f.write(cost_table.format_table(rates, unfused, measured))
+            f.write(cost_table.format_table(rates, unfused, measured, found.saved_by_op()))
     return publish(text, args.write)
 
 

@@ -231,12 +231,15 @@ def test_the_cost_model_page_states_the_shipped_rates_and_where_each_comes_from(
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 5 and cells[0].startswith("`"):
             listed[cells[0].strip("`")] = cells[1:]
-    assert set(listed) == set(RATES) | {UNFUSED}
+    assert set(listed) == set(RATES) | {UNFUSED, cost_table.SAVED_BY_OP}
     table = shipped()
     for name, (unit, *_) in RATES.items():
         assert listed[name][0] == unit and float(listed[name][1]) == getattr(table, name), name
     assert listed[UNFUSED][1] == ", ".join(f"{op} {v:g}" for op, v in SHIPPED_UNFUSED.items())
+    assert listed[cost_table.SAVED_BY_OP][1] == ", ".join(
+        f"{kind} {v:g}" for kind, v in table.saved_ps_per_flop_by_op.items())
     bench = _op_costs_rows()
+    assert bench["DepthwiseConv2dNative 3x3"][2] == "saves 1.80 ps per FLOP"
     for op, rate in SHIPPED_UNFUSED.items():
         assert bench[op][2] == f"costs {rate} ps per element", op
     n = 8 * 56 * 56 * 144

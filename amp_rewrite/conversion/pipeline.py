@@ -378,7 +378,7 @@ def _warn_if_slower_here(options: Options) -> None:
                     "--cost-aware kept every island float32, so the model runs as fast as the "
                     "input here", hardware.describe())
         return
-    if options.cost_table().saved_ps_per_flop <= 0:
+    if options.cost_table().saves_nothing():
         log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): every "
                     "island stayed float32, so the model runs as fast as the input here; to "
                     "convert it for a CPU that has one, --costs %s (docs/decisions.md \"Which "

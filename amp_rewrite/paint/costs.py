@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -219,6 +220,11 @@ class Estimate:
 
     def describe(self, tname: str) -> str:
         """The reason an island stays float32, from "whose" on."""
+        if self.saved_us < 0 and not self.slow and not self.weights:
+            return (f"whose {self.flops / 1e6:.2f} MFLOPs of matrix work run slower in {tname} "
+                    f"than in float32 on this CPU: they would lose about "
+                    f"{microseconds(-self.saved_us)} µs {self.unit()} ({self.weighed_at()}; "
+                    f"{self.rates}; --min-matrix-intensity 0 paints it anyway)")
         if self.cast_us >= self.lost_us:
             return (f"whose variable weights ({self.weights} elements) cast to {tname} on every "
                     f"run would cost about {self.cast_us:.2f} µs {self.unit()} on a CPU, with "
@@ -428,7 +434,10 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
                if graph.node(name).op in MATRIX_OPS}
     casts: dict[str, tuple[float, bool]] = {}   # variable -> µs a sample, open batch
     est.weights = sum({src: n for src, n in weights.values() if n}.values())
-    if not slow and not est.weights:
+    # a matrix op this CPU runs slower in bfloat16 (a depthwise convolution on AMX, a MatMul
+    # without a bfloat16 unit) is weighed even in an island with nothing else to lose
+    losing = any(costs.saved(graph.node(name).op) <= 0 for name in weights)
+    if not slow and not est.weights and not losing:
         return est
     # each count per row of a MatMul whose rows are not known (shapes.ROWS) or as the shapes
     # state it; ROWS weighs against ROWS, or against the one number of rows the island's other
@@ -436,6 +445,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
     # against an open batch nor a weight's cast once a run
     lost = {True: 0.0, False: 0.0}
     flops = {True: 0.0, False: 0.0}
+    saved = {True: 0.0, False: 0.0}   # ps, each op's FLOPs at its kind's rate
     rows: set[int] = set()   # first dimensions of the counts that are not ROWS
     for name in slow:
         op = graph.node(name).op
@@ -455,7 +465,9 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
             count = shapes.elements(ref)
             if per is None or count is None:
                 return None
-            flops[_rows(shapes, ref, rows)] += per * count
+            per_rows = _rows(shapes, ref, rows)
+            flops[per_rows] += per * count
+            saved[per_rows] += per * count * costs.saved(node.op)
             src, elements = weights[name]
             if elements:   # cast once a run: per sample, a share of the run's batch
                 out = shapes.shape(ref)
@@ -475,7 +487,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
     est.flops = flops[False] + stated * flops[True]
     est.cast_us = sum(us for us, _ in casts.values())
     est.open_cast_us = sum(us * est.batch for us, shared in casts.values() if shared)
-    est.saved_us = est.flops * costs.saved_ps_per_flop * 1e-6
+    est.saved_us = (saved[False] + stated * saved[True]) * 1e-6
     return est
 
 
@@ -627,12 +639,14 @@ def matrix_flops(graph: Graph, shapes: Shapes, node: Node) -> int | None:
 
 def graph_estimate(flops: dict[str, int | None], lowp: set[str],
                    weighed: list[tuple[set[str], Estimate | None]],
-                   costs: CostTable | None = None) -> dict:
+                   costs: CostTable | None = None,
+                   ops: Mapping[str, str] | None = None) -> dict:
     """The cost model's estimate for a whole graph in bfloat16 on a CPU, from the FLOPs of its
     matrix ops (``flops``, name -> :func:`matrix_flops`), the names that ended in bfloat16
     (``lowp``) and the islands :func:`runtime_estimate` weighed (names, estimate): ``fp32_us``,
     the matrix work at float32's rate (``costs.fp32_ps_per_flop``; None: the shipped table);
-    ``saved_us``, what the bfloat16 matrix ops save (``costs.saved_ps_per_flop``); ``lost_us``,
+    ``saved_us``, what the bfloat16 matrix ops save (each at its kind's rate,
+    ``costs.saved``; ``ops``: name -> op, else ``saved_ps_per_flop``); ``lost_us``,
     what their islands lose
     to unfused activations and weight casts; ``unknown``, the bfloat16 matrix ops left out of
     both, whose FLOPs or island estimate is not known (or that no weighed island held: painted
@@ -648,7 +662,7 @@ def graph_estimate(flops: dict[str, int | None], lowp: set[str],
         if est is None or est.per_row or any(flops[n] is None for n in painted):
             unknown += len(painted)
             continue
-        saved += sum(flops[n] for n in painted) * costs.saved_ps_per_flop * 1e-6
+        saved += sum(flops[n] * costs.saved((ops or {}).get(n, "")) for n in painted) * 1e-6
         lost += est.lost_us + est.cast_us
     unknown += sum(1 for n in flops if n in lowp and n not in weighed_ops)
     fp32 = sum(f for f in flops.values() if f) * costs.fp32_ps_per_flop * 1e-6

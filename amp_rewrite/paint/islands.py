@@ -45,13 +45,12 @@ def drop_cheap_islands(s: PaintState) -> None:
     if no_unit:
         text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix unit, "
                 f"so {s.tname} would run slower than float32 here")
-    elif weigh and s.costs.saved_ps_per_flop <= 0:
+    elif weigh and s.costs.saves_nothing():
         # a CPU class without a bfloat16 matrix unit: no island's matrix work saves anything,
         # whatever its shapes (those the estimate could not weigh included)
         no_unit = True
         text = (f"bfloat16 matrix work saves nothing on a CPU of this class (no bfloat16 matrix "
-                f"unit: {s.costs.saved_ps_per_flop:g} ps per FLOP by {s.costs.cite()}), so "
-                "the island would run slower than float32")
+                f"unit, by {s.costs.cite()}), so the island would run slower than float32")
     if weigh and not no_unit:
         s.weighed = []
     shapes = s.shapes

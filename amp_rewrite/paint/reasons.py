@@ -45,7 +45,8 @@ def record_flops(s: PaintState, result: Painting) -> None:
                     for name, node in s.nodes.items() if node.op in MATRIX_OPS}
     if s.weighed is not None:
         lowp = {name for name, _ in result.lowp}
-        result.estimate = graph_estimate(result.flops, lowp, s.weighed, s.costs)
+        result.estimate = graph_estimate(result.flops, lowp, s.weighed, s.costs,
+                                         {name: s.nodes[name].op for name in result.flops})
 
 
 def why_not(s: PaintState, idx: int) -> Decision:

@@ -51,6 +51,23 @@ RATES = {
 }
 #: the table of ``[rates]`` the unfused activations' rates sit in (ps per element they write)
 UNFUSED = "unfused_ps_per_element"
+#: the table of ``[rates]`` (optional) that says what each kind of matrix op saves per FLOP
+#: where it differs from ``saved_ps_per_flop``: on AMX a depthwise convolution can lose in
+#: bfloat16 where a Conv2D gains, on a CPU without a bfloat16 unit a MatMul loses where Eigen's
+#: convolutions break even
+SAVED_BY_OP = "saved_ps_per_flop_by_op"
+#: the kinds :data:`SAVED_BY_OP` names, and the ops each stands for (gradients, batched and
+#: fused forms included: the same kernels)
+SAVED_KINDS = {
+    "Conv2D": ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+               "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Conv3DBackpropInput",
+               "Conv3DBackpropFilter", "_FusedConv2D"),
+    "DepthwiseConv2dNative": ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                              "DepthwiseConv2dNativeBackpropFilter"),
+    "MatMul": ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+               "_FusedMatMul"),
+}
+_KIND_OF = {op: kind for kind, ops in SAVED_KINDS.items() for op in ops}
 #: rates that cannot be below 0 (times in float32, a cast); the others are differences
 _NOT_NEGATIVE = ("fp32_ps_per_flop", "cast_ps_per_element", "folded_ps_per_element")
 #: what ``[measured]`` may say: the CPU and TensorFlow, and how
@@ -86,6 +103,7 @@ class CostTable:
     cast_ps_per_element: float
     folded_ps_per_element: float
     unfused_ps_per_element: Mapping[str, float] = field(default_factory=dict)
+    saved_ps_per_flop_by_op: Mapping[str, float] = field(default_factory=dict)
     kind: str = "shipped"
     path: str | None = None
     cpu: str = ""
@@ -95,6 +113,16 @@ class CostTable:
     source: str = ""         # where a table's rates are recorded ([measured] source)
     cpu_class: str = ""      # a shipped table: the CPU class it is for (hardware.CPU_CLASSES)
     stands_in_for: str = ""  # a shipped table taken for a class with none measured yet
+
+    def saved(self, op: str) -> float:
+        """ps per FLOP the matrix op ``op`` saves in bfloat16: its kind's rate where the table
+        has one (:data:`SAVED_KINDS`), else ``saved_ps_per_flop``."""
+        return self.saved_ps_per_flop_by_op.get(_KIND_OF.get(op, ""), self.saved_ps_per_flop)
+
+    def saves_nothing(self) -> bool:
+        """Whether no matrix op saves anything in bfloat16 by this table (a CPU without a
+        bfloat16 matrix unit): every island then stays float32."""
+        return max([self.saved_ps_per_flop, *self.saved_ps_per_flop_by_op.values()]) <= 0
 
     def slower(self, op: str) -> bool:
         """Whether ``op`` runs slower unfused in bfloat16 than in float32 by this table."""
@@ -128,7 +156,8 @@ class CostTable:
                 "tensorflow": self.tensorflow, "cpu_class": self.cpu_class,
                 "stands_in_for": self.stands_in_for,
                 "rates": {**{name: getattr(self, name) for name in RATES},
-                          UNFUSED: dict(self.unfused_ps_per_element)}}
+                          UNFUSED: dict(self.unfused_ps_per_element),
+                          SAVED_BY_OP: dict(self.saved_ps_per_flop_by_op)}}
 
 
 # ----------------------------------------------------------------- reading
@@ -164,11 +193,14 @@ def read_table(path, kind: str = "file") -> CostTable:
     fail = _Failing(path, text)
     _only(fail, data, {"measured", "rates"}, None)
     measured, rates = _table(fail, data, "measured"), _table(fail, data, "rates")
-    _only(fail, rates, set(RATES) | {UNFUSED}, "rates")
+    _only(fail, rates, set(RATES) | {UNFUSED, SAVED_BY_OP}, "rates")
     unfused = _table(fail, rates, UNFUSED, "rates")
     _only(fail, unfused, set(UNFUSED_OPS), f"rates.{UNFUSED}")
     values = {name: _rate(fail, rates, name, "rates") for name in RATES}
     ops = {op: _rate(fail, unfused, op, f"rates.{UNFUSED}") for op in UNFUSED_OPS}
+    by_op = _table(fail, rates, SAVED_BY_OP, "rates") if SAVED_BY_OP in rates else {}
+    _only(fail, by_op, set(SAVED_KINDS), f"rates.{SAVED_BY_OP}")
+    by_op = {kind: _rate(fail, by_op, kind, f"rates.{SAVED_BY_OP}") for kind in by_op}
     _only(fail, measured, set(_MEASURED_KEYS), "measured")
     for key, kind_of in _MEASURED_KEYS.items():
         if key in measured and not isinstance(measured[key], kind_of):
@@ -177,7 +209,8 @@ def read_table(path, kind: str = "file") -> CostTable:
         if key not in measured:
             raise fail(f"[measured] has no {key}: say what the rates were measured on",
                        "measured")
-    return CostTable(**values, unfused_ps_per_element=ops, kind=kind,
+    return CostTable(**values, unfused_ps_per_element=ops, saved_ps_per_flop_by_op=by_op,
+                     kind=kind,
                      path=None if kind == "shipped" else str(path), cpu=measured["cpu"],
                      tensorflow=measured["tensorflow"], quick=measured.get("quick", False),
                      key=measured.get("key"), source=measured.get("source", ""))
@@ -293,9 +326,11 @@ def choose(costs: str | os.PathLike | None = None) -> CostTable:
 
 # ----------------------------------------------------------------- writing
 def format_table(rates: Mapping[str, float], unfused: Mapping[str, float],
-                 measured: Mapping[str, object]) -> str:
+                 measured: Mapping[str, object],
+                 saved_by_op: Mapping[str, float] | None = None) -> str:
     """A table as :func:`read_table` reads it: ``measured`` what it was measured on (the keys
-    of :data:`_MEASURED_KEYS`), the rates with their units."""
+    of :data:`_MEASURED_KEYS`), the rates with their units, and what each kind of matrix op
+    saves (``saved_by_op``, :data:`SAVED_KINDS`) where given."""
     lines = ["# amp-rewrite's cost model rates, measured by amp-rewrite costs measure",
              '# (docs/decisions.md "The cost model")', "", "[measured]"]
     lines += [f"{key} = {_toml(value)}" for key, value in measured.items()]
@@ -305,6 +340,12 @@ def format_table(rates: Mapping[str, float], unfused: Mapping[str, float],
     lines += ["", f"[rates.{UNFUSED}]",
               "# ps per element each activation loses unfused in bfloat16 (0 or less: not slower)"]
     lines += [f"{op} = {_number(unfused[op])}" for op in UNFUSED_OPS]
+    if saved_by_op:
+        lines += ["", f"[rates.{SAVED_BY_OP}]",
+                  "# ps per FLOP each kind of matrix op saves in bfloat16 (its gradients, "
+                  "batched and fused forms alike)"]
+        lines += [f"{kind} = {_number(saved_by_op[kind])}" for kind in SAVED_KINDS
+                  if kind in saved_by_op]
     return "\n".join(lines) + "\n"
 
 
