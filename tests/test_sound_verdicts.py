@@ -132,6 +132,57 @@ def test_constant_masks_are_past_the_range_by_construction_data_is_not():
     assert {"loud", "scaled_by_data", "signed"} <= past - masks
 
 
+def test_what_only_looks_like_a_mask_on_the_batch_is_data():
+    """Tensors that hold a mask's values on the batch at hand, by the data's doing: infinite
+    in float32 itself though no constant made them so; 1 - x of a float input that happens to
+    hold 0s and 1s; the difference of two 0/1 masks that happens to stay 0/1 here. None is a
+    constant mask: the next batch may give them any sign and magnitude."""
+    def build():
+        x = v1.placeholder(tf.float32, [None, 6], name="x")
+        gate = v1.placeholder(tf.float32, [None, 6], name="gate")         # fed 0s and 1s
+        a, b = (v1.placeholder(tf.bool, [None, 6], name=n) for n in ("a", "b"))
+        tf.exp(x * 100.0, name="overflowed")                 # inf in float32 on this batch
+        tf.add(tf.exp(x * 100.0), x, name="overflowed_plus_x")
+        tf.multiply(1.0 - gate, -1e9, name="one_minus_data")
+        tf.multiply(tf.cast(a, tf.float32) - tf.cast(b, tf.float32), -1e9, name="mask_diff")
+
+    rng = np.random.default_rng(3)
+    a = rng.random((4, 6)) < 0.7
+    feed = {"x": np.abs(rng.normal(size=(4, 6))).astype(np.float32) + 1.0,
+            "gate": (rng.random((4, 6)) < 0.5).astype(np.float32),
+            "a": a, "b": a & (rng.random((4, 6)) < 0.5)}    # b within a: a - b is 0 or 1 here
+    masks, past = _masks_of(build, feed)
+    data = {"overflowed", "overflowed_plus_x", "one_minus_data", "mask_diff"}
+    assert data <= past, "the case is void: a tensor stays within float16's range"
+    assert not data & masks, data & masks
+
+
+def test_the_mask_rule_walks_a_100000_tensor_chain_in_seconds():
+    """AddV2 after AddV2 from a -1e9 constant: every tensor of the chain is a constant mask;
+    the rule walks the chain without recursion (a RecursionError past ~11,000 before)."""
+    import time
+
+    from amp_rewrite.tools.ranges import TensorRange
+    from amp_rewrite.tools.traces import TensorInfo
+    n = 100_000
+    info = {"mask:0": TensorInfo("Const", "float32", set(), 0),
+            "x:0": TensorInfo("Placeholder", "float32", set(), 1)}
+    ranges = {"mask:0": TensorRange("mask:0", "Const", "float32", 0, 1e9, 6, 6, binary=False),
+              "x:0": TensorRange("x:0", "Placeholder", "float32", 1, 3.0, 6, 6, binary=False)}
+    previous = "mask:0"
+    for i in range(n):
+        name = f"add_{i}:0"
+        info[name] = TensorInfo("AddV2", "float32", {previous, "x:0"}, i + 2)
+        ranges[name] = TensorRange(name, "AddV2", "float32", i + 2, 1e9, 6, 6, binary=False)
+        previous = name
+    started = time.perf_counter()
+    found = constant_masks(info, ranges, F16_MAX, [previous])
+    seconds = time.perf_counter() - started
+    assert found == {previous}
+    assert constant_masks(info, ranges, F16_MAX) == set(ranges) - {"x:0"}
+    assert seconds < 10, f"{seconds:.1f} s for a chain of {n}"
+
+
 # ----------------------------------------------------------------- tune on unseen batches
 def test_tuned_model_holds_on_held_out_batches_whose_overflow_sign_differs(tmp_path):
     src = tmp_path / "hot.pb"
