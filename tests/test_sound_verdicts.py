@@ -205,6 +205,63 @@ def test_tuned_model_holds_on_held_out_batches_whose_overflow_sign_differs(tmp_p
         assert r.ok, f"held-out batch {i}"
 
 
+def test_per_node_blames_an_overflow_the_data_drives_though_this_batch_hides_it(tmp_path,
+                                                                                  capsys):
+    """The scores times 40 pass float16's range negative on this batch: -inf, which the
+    softmax turns into the zeros float32 gives, so the outputs agree. They are no constant
+    mask: the next batch's sign may differ (+inf: NaN), so per-node ranks them first, an
+    infinite error, and says why."""
+    src = tmp_path / "hot.pb"
+    src.write_bytes(tune_graphs.sign_flip_softmax().SerializeToString())
+    convert_file(src, tmp_path / "f16.pb", target="float16")
+    np.savez(tmp_path / "cold.npz", **tune_graphs.hot_rows(16, -1.0, seed=1))
+    result = verify(src, tmp_path / "f16.pb", inputs=str(tmp_path / "cold.npz"), nodes=True)
+    assert result.ok, "the case is void: the outputs show the overflow on this batch"
+    first = result.nodes[0]
+    assert first.tensor == "scaled:0" and first.dtype == "float16" and first.beyond_range
+    assert not first.harmless and first.data_driven and not first.differs
+    assert math.isinf(first.added) and math.isinf(first.rel_l2)
+    code, out, _ = run_cli(capsys, ["verify", src, tmp_path / "f16.pb", "--inputs",
+                                    tmp_path / "cold.npz", "--per-node"])
+    assert code == 0
+    line = next(ln for ln in out.splitlines() if "scaled:0" in ln)
+    assert "added inf" in line and "past float16's range as ±inf: the data drives it there" in line
+
+
+def _sigmoid_by_hand(path):
+    """``1 / (1 + exp(-s)) @ V``: Exp is float16's deny list, so the painted graph computes
+    it in float32; where s is about -15 exp(-s) is 3.3e6, past float16's range, and float16's
+    +inf becomes the 0 float32 gives to within 3e-7: the outputs agree on this batch."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(8, 8)).astype(np.float32)
+
+    def build():
+        x = v1.placeholder(tf.float32, [None, 8], name="x")
+        s = tf.matmul(x, tf.constant(w), name="s")
+        e = tf.exp(-s, name="e")
+        gate = tf.math.reciprocal(1.0 + e, name="gate")
+        tf.identity(tf.matmul(gate, tf.constant(rng.normal(size=(8, 4)).astype(np.float32))),
+                    name="y")
+    return _pb(path, build), w.astype(np.float64)
+
+
+def test_tune_relax_forces_no_node_whose_tensor_the_data_drives_past_the_range(tmp_path):
+    """--relax tries the float32 nodes the lists kept (Exp, and what the deny list spread to)
+    in float16; a trial holding exp(-s)'s +inf passes the metric and verify's checks on the
+    batch, but its look inside finds an overflow the data drives: refused, Exp stays float32."""
+    src, w = _sigmoid_by_hand(tmp_path / "sig.pb")
+    rng = np.random.default_rng(6)
+    scores = rng.normal(size=(16, 8))
+    scores[::2, 0] = -15.0                      # exp(15) = 3.3e6 on every other row
+    ref = {"x": (scores @ np.linalg.inv(w)).astype(np.float32)}
+    result = tune(str(src), None, feeds=[ref], target="float16", relax=True)
+    assert result.ok, result.summary()
+    e = next(n for n in result.report.nodes if n.name == "e")
+    assert e.precision == "float32", result.summary()
+    forced_trials = [t for t in result.trial_log if t["why"].startswith("relax")]
+    assert forced_trials and not forced_trials[0]["ok"], result.trial_log
+
+
 def test_tune_refuses_a_trial_that_holds_an_overflow_inside(tmp_path):
     """a + b is 65503 in float32, within the range, so the range margin (at --headroom 1)
     keeps nothing; float16 rounds a and b up and their sum is inf, which a minimum turns back
