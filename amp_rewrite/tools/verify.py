@@ -455,7 +455,7 @@ class VerifyResult:
                 "nodes": [asdict(n) for n in self.nodes], "nodes_compared": self.nodes_compared,
                 "per_node": self.per_node,
                 "uncompared": [dict(asdict(u), why=u.why) for u in self.uncompared],
-                "ranges": [t.to_dict() for t in self.ranges]}
+                "ranges": [t.to_dict(target=TARGETS.get(c.dtype, HALF)) for t in self.ranges]}
 
 
 def lowest_dtype(runner: Runner) -> int:
@@ -807,6 +807,20 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _ranges_line(result: VerifyResult) -> str:
+    """The original's largest tensors, as shares of the converted model's 16-bit dtype's
+    largest value (float16's 65504, bfloat16's 3.39e38; a float32 model: magnitudes only)."""
+    target = TARGETS.get(result.criteria.dtype)
+    if target is None:
+        return ("largest in the original (amp-rewrite ranges lists more): " + ", ".join(
+            f"{t.tensor} ({t.op}) max |x| {t.max_abs:.3g}" for t in result.ranges))
+    return (f"closest to {result.criteria.dtype}'s largest value {LARGEST[target]:.6g} in the "
+            f"original (amp-rewrite ranges --target {result.criteria.dtype} lists more): "
+            + ", ".join(
+                f"{t.tensor} ({t.op}) max |x| {t.max_abs:.3g} = {t.ratio(target):.3g} of it"
+                for t in result.ranges))
+
+
 def _format_nodes(result: VerifyResult, top: int) -> list[str]:
     """The per-node ranking's lines, then what could not be compared, by reason."""
     shown = result.nodes[:top]
@@ -819,10 +833,7 @@ def _format_nodes(result: VerifyResult, top: int) -> list[str]:
         lines.append(f"{i:>3}. {n.tensor:<{w}}  {n.op:<16} {n.dtype:<9} added {n.added:.3g}  "
                      f"total {n.rel_l2:.3g}{beyond}")
     if result.ranges:
-        lines.append(f"closest to float16's largest value {LARGEST[HALF]:g} in the original "
-                     "(amp-rewrite ranges lists more): " + ", ".join(
-                         f"{t.tensor} ({t.op}) max |x| {t.max_abs:.3g} = {t.ratio():.3g} of it"
-                         for t in result.ranges))
+        lines.append(_ranges_line(result))
     if result.uncompared:
         total = sum(u.count for u in result.uncompared)
         lines.append(f"not compared: {total} tensor(s)")
