@@ -168,9 +168,11 @@ def _fmt(value) -> str:
 
 
 def _counted(report: dict) -> list[dict]:
-    """The report's nodes the page counts: those of the saver's functions left out, as in the
-    summary (a report written before they were named has none)."""
-    prefixes = tuple(f"{scope}/" for scope in report.get("saver_functions", []))
+    """The report's nodes the page counts: those of the saver's functions and of the bodies
+    that repeat another left out, as in the summary (a report written before they were named
+    has none)."""
+    prefixes = tuple(f"{scope}/" for scope in [*report.get("saver_functions", []),
+                                               *report.get("repeated_functions", {})])
     return [n for n in report["nodes"] if not (prefixes and n["name"].startswith(prefixes))]
 
 
@@ -384,6 +386,7 @@ def _summary(report: dict) -> str:
             ("nodes without a float type (variables' handles, shapes, control)", s["plumbing"]),
             ("target", report["target"]), ("device", report["device"]), ("level", report["level"]),
             ("functions painted", s["functions"]),
+            ("of them repeating another's trace (counted once)", s.get("functions_repeated", 0)),
             ("saver functions (not counted)", s.get("saver_functions", 0)),
             ("casts added", s["casts_added"]), ("original casts removed", s["casts_removed"]),
             (f"Consts stored in {report['target']}", s["consts_converted"]),
