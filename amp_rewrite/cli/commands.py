@@ -249,7 +249,10 @@ def tune(args) -> int:
         if not args.quiet:
             print(result.summary())
         return 1
-    if result.mostly_float32:       # tuned, but no clean success: say so even with -q
+    float32 = result.float32_model()
+    if float32 and result.matrix_before.get("lowp"):   # tune's keeps made it so: even with -q
+        print(f"amp-rewrite: warning: {float32}", file=sys.stderr)
+    elif result.mostly_float32:       # tuned, but no clean success: say so even with -q
         m = result.matrix_after
         print(f"amp-rewrite: warning: the tuned model runs {m['lowp']} of {m['total']} matrix "
               f"ops in {result.target}: mostly float32 ({result.start_line()})", file=sys.stderr)

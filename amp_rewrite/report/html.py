@@ -342,10 +342,13 @@ def _tune_figure(t: dict) -> str:
     if t.get("holdout_after") is not None:
         held = f"; held-out {t['holdout_after']:.3g}" + (f" ({t['holdout_failure']})"
                                                          if t["holdout_failure"] else "")
-    return _figure("verdict", "within tolerance" if t["ok"] else "OUT OF TOLERANCE",
+    float32 = t["ok"] and t.get("float32_model")
+    return _figure("verdict", "a float32 model" if float32 else
+                   "within tolerance" if t["ok"] else "OUT OF TOLERANCE",
                    escape(f"tune, {t['metric']} {t['after']:.3g} against {t['tolerance']:g} on "
-                          f"{t['samples']} sample(s){held}; {t['kept']} node(s) kept float32"),
-                   "ok" if t["ok"] else "fail")
+                          f"{t['samples']} sample(s){held}; {t['kept']} node(s) kept float32"
+                          + (f": {float32}" if float32 else "")),
+                   "muted" if float32 else "ok" if t["ok"] else "fail")
 
 
 def _next(next_steps: list[Step]) -> str:
