@@ -248,3 +248,77 @@ def test_a_saved_model_converted_for_one_target_is_refused_for_the_other(saved, 
     matmuls = [f"{f.signature.name}/{nd.name}" for f in load(dst).graph_def.library.function
                for nd in f.node_def if nd.op in MATRIX_OPS]
     assert len(matmuls) == 1 and f"(e.g. {matmuls[0]!r})" in err
+
+
+# ----------------------------------------------------------------- a function traced twice
+class _Twice(tf.Module):
+    """Two MatMuls, one reading a Const past float16's range; saved with the method as two
+    signatures, so TensorFlow traces its body twice (``__inference_serve_N`` and ``_M``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(np.random.default_rng(1).normal(0, 0.2, (8, 8)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
+    def serve(self, x):
+        loud = tf.constant(np.full((8, 8), 1e5, np.float32), name="loud")
+        return {"y": tf.matmul(tf.matmul(x, self.w), loud)}
+
+
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("twice")
+    module = _Twice()
+    tf.saved_model.save(module, str(folder / "model"),
+                        signatures={"serving_default": module.serve,
+                                    "other": module.serve.get_concrete_function()})
+    return folder
+
+
+def test_a_body_traced_twice_is_counted_once_and_warns_once(twice, capsys):
+    meta = _saved_meta(twice / "model")
+    bodies = [f.signature.name for f in meta.graph_def.library.function
+              if sum(nd.op == "MatMul" for nd in f.node_def) == 2]
+    assert len(bodies) == 2, "the case is void: TensorFlow traced the method once"
+    code, out, err = run_cli(capsys, [twice / "model", "-o", twice / "f16", "--report",
+                                      twice / "f16.json"])
+    assert code == 0, err
+    assert "target float16 on gpu: 2/2 MatMul/Conv-family ops in float16" in out
+    painted = next(ln for ln in out.splitlines() if ln.startswith("functions painted: "))
+    assert all(b in painted for b in bodies)
+    first, second = sorted(bodies, key=painted.index)
+    assert (f"of them, 1 repeat another's trace, painted the same (counted once above: "
+            f"{second} as {first})") in out
+    assert err.count("holds values beyond float16's range") == 1, err
+    data = json.loads((twice / "f16.json").read_text())
+    assert data["repeated_functions"] == {second: first}
+    assert data["summary"]["matrix_total"] == 2 and data["summary"]["functions_repeated"] == 1
+    # both bodies are still reported, node by node
+    assert sum(n["op"] == "MatMul" for n in data["nodes"]) == 4
+    # the page counts as the summary does
+    assert "2 of 2" in html.convert_page(data)
+    # as --freeze counts the one graph it makes
+    code, out, _ = run_cli(capsys, [twice / "model", "-o", twice / "frozen", "--freeze"])
+    assert code == 0 and "2/2 MatMul/Conv-family ops in float16" in out
+
+
+def test_bodies_repeat_only_when_named_and_painted_alike():
+    """The definition of docs/report.md "Counted once", on reports made by hand: the trace
+    number and a call-site copy's _ampN set aside, the same nodes with the same dtypes."""
+    from amp_rewrite.report.decisions import NodeReport, Report
+
+    def body(scope, precision="float16"):
+        return [NodeReport(f"{scope}/mm", "MatMul", precision, "allow_list", "", [],
+                           {"T": "half" if precision == "float16" else "float"}),
+                NodeReport(f"{scope}/x", "_Arg", "float32", "interface", "")]
+    scopes = ["__inference_serve_1", "__inference_serve_2", "__inference_serve_1_amp1",
+              "__inference_serve_3", "__inference_other_4", "__inference_serve_5"]
+    nodes = (body(scopes[0]) + body(scopes[1]) + body(scopes[2])
+             + body(scopes[3], "float32")       # the same function, painted otherwise
+             + body(scopes[4]) + body(scopes[5]))
+    nodes[-2].name = f"{scopes[5]}/mm_2"        # other nodes
+    report = Report("float16", "GPU", [], [], "default", nodes, scopes=scopes)
+    assert report.repeats() == {scopes[1]: scopes[0], scopes[2]: scopes[0]}
+    s = report.summary()
+    assert s["matrix_total"] == 4 and s["matrix_converted"] == 3 and s["functions"] == 6
+    assert s["functions_repeated"] == 2 and s["nodes_total"] == 8

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model, convert_path
 from ..core import hardware
-from ..core.dtypes import HEADROOM
+from ..core.dtypes import HEADROOM, TARGETS
 from ..core.errors import InputError
 from ..io.files import OutputSet, atomic_write, is_keras_file
 from ..io.keras_files import saved_models
@@ -250,7 +250,10 @@ def tune(args) -> int:
         if not args.quiet:
             print(result.summary())
         return 1
-    if result.mostly_float32:       # tuned, but no clean success: say so even with -q
+    float32 = result.float32_model()
+    if float32 and result.matrix_before.get("lowp"):   # tune's keeps made it so: even with -q
+        print(f"amp-rewrite: warning: {float32}", file=sys.stderr)
+    elif result.mostly_float32:       # tuned, but no clean success: say so even with -q
         m = result.matrix_after
         print(f"amp-rewrite: warning: the tuned model runs {m['lowp']} of {m['total']} matrix "
               f"ops in {result.target}: mostly float32 ({result.start_line()})", file=sys.stderr)
@@ -303,10 +306,12 @@ def ranges(args) -> int:
     found = ranges_mod.calibrate(args.model, args.inputs, signature=args.signature,
                                  checkpoint=args.checkpoint)
     headroom = HEADROOM if args.headroom is None else args.headroom
+    target = TARGETS[args.target]
     if args.json:
-        atomic_write(Path(args.json), _json_bytes(found.to_dict(headroom)), force=args.force)
+        atomic_write(Path(args.json), _json_bytes(found.to_dict(headroom, target)),
+                     force=args.force)
     if not args.quiet:
-        print(ranges_mod.format_ranges(found, args.top, headroom))
+        print(ranges_mod.format_ranges(found, args.top, headroom, target))
     return 0
 
 

@@ -312,6 +312,10 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        "their initializers)")
         p.add_argument("--top", type=int, default=20, metavar="N",
                        help="tensors to list, largest magnitude first (default 20)")
+        p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
+                       help="the 16-bit dtype whose largest value the tensors are measured "
+                       "against, as --calibration with that --target keeps them (default "
+                       "float16: 65504; bfloat16: 3.39e38)")
         _headroom_flag(p)
         p.add_argument("--json", metavar="FILE", help="also write every tensor's range as JSON")
         _force_flag(p, "--json")

@@ -46,6 +46,7 @@ from ..training.in_functions import (
 from ..training.state import SCOPE
 from .graph import Options, convert_graph, emulate
 from .library import merge_report, warn_unmatched
+from .rewrite import warnings_once
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def convert_path(input_path: str | os.PathLike, options: Options) -> tuple[Model
 def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     """Convert every graph of ``model``; returns the converted model (``model`` is not changed)
     and one report (nodes of a SavedModel's second and later MetaGraphs named ``[tags]/name``)."""
-    with _collector_paused():
+    with _collector_paused(), warnings_once():
         return _convert_model(model, options)
 
 

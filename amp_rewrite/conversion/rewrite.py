@@ -9,6 +9,8 @@ Function libraries, loss scaling and file formats are the callers' business.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 from dataclasses import dataclass
 from typing import Mapping
@@ -28,6 +30,32 @@ from ..schema.snapshot import Before
 from ..transforms import casts, upgrades
 
 log = logging.getLogger(__name__)
+
+#: the warnings logged so far in the conversion of one model (None: outside one)
+_WARNED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "amp_rewrite_warned", default=None)
+
+
+@contextlib.contextmanager
+def warnings_once():
+    """Within, :func:`warn` logs each text once: the conversion of one model, where a function
+    traced twice (a SavedModel's twins, docs/report.md "Counted once") warns of its Const once."""
+    token = _WARNED.set(set())
+    try:
+        yield
+    finally:
+        _WARNED.reset(token)
+
+
+def warn(text: str) -> None:
+    """Log ``text`` as a warning, unless :func:`warnings_once` has logged it already."""
+    seen = _WARNED.get()
+    if seen is not None:
+        if text in seen:
+            return
+        seen.add(text)
+    log.warning(text)
+
 
 @dataclass(frozen=True)
 class Target:
@@ -98,5 +126,5 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     lint.lint(graph, original=before, rules=rules,
               only=stats.touched_and_readers(graph) | set(upgraded))
     for w in report.warnings:
-        log.warning(w)
+        warn(w)
     return report, before

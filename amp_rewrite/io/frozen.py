@@ -218,9 +218,11 @@ def serving_keys(meta: meta_graph_pb2.MetaGraphDef) -> list[str]:
 def _load(path: Path):
     try:
         return tf.saved_model.load(str(path))
-    except MemoryError:
-        raise
-    except Exception as exc:   # TensorFlow's loader fails in many ways on a damaged model
+    except (tf.errors.OpError, OSError, ValueError, IndexError) as exc:
+        # what TensorFlow's loader raises for a damaged or incomplete SavedModel: its status
+        # errors (an OpError, or as its bindings map the codes: ValueError for
+        # INVALID_ARGUMENT, IndexError for OUT_OF_RANGE, a truncated variables file), an
+        # OSError for a missing file; anything else is not known to be the input's (exit 70)
         raise InputError(f"{path}: TensorFlow could not load the SavedModel to freeze it: "
                          f"{_first_line(exc)}") from None
 
@@ -238,9 +240,10 @@ def _freeze_one(path: Path, key: str, fn, resources: dict):
                  if isinstance(resources.get(id(external)), tf.Variable)}
     try:
         frozen = convert_variables_to_constants_v2(fn)
-    except MemoryError:
-        raise
-    except Exception as exc:
+    except (ValueError, KeyError, tf.errors.OpError) as exc:
+        # convert_variables_to_constants_v2's refusal of the signature's graph (ValueError,
+        # a KeyError for what it cannot find, grappler's status errors); its RuntimeError
+        # and NotImplementedError mean it was misused: ours (exit 70)
         raise UnsupportedGraphError(f"{path}: signature {key!r} cannot be frozen: "
                                     f"{_first_line(exc)}") from None
     data = len(fn.inputs) - len(fn.captured_inputs)

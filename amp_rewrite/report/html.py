@@ -168,9 +168,11 @@ def _fmt(value) -> str:
 
 
 def _counted(report: dict) -> list[dict]:
-    """The report's nodes the page counts: those of the saver's functions left out, as in the
-    summary (a report written before they were named has none)."""
-    prefixes = tuple(f"{scope}/" for scope in report.get("saver_functions", []))
+    """The report's nodes the page counts: those of the saver's functions and of the bodies
+    that repeat another left out, as in the summary (a report written before they were named
+    has none)."""
+    prefixes = tuple(f"{scope}/" for scope in [*report.get("saver_functions", []),
+                                               *report.get("repeated_functions", {})])
     return [n for n in report["nodes"] if not (prefixes and n["name"].startswith(prefixes))]
 
 
@@ -340,10 +342,13 @@ def _tune_figure(t: dict) -> str:
     if t.get("holdout_after") is not None:
         held = f"; held-out {t['holdout_after']:.3g}" + (f" ({t['holdout_failure']})"
                                                          if t["holdout_failure"] else "")
-    return _figure("verdict", "within tolerance" if t["ok"] else "OUT OF TOLERANCE",
+    float32 = t["ok"] and t.get("float32_model")
+    return _figure("verdict", "a float32 model" if float32 else
+                   "within tolerance" if t["ok"] else "OUT OF TOLERANCE",
                    escape(f"tune, {t['metric']} {t['after']:.3g} against {t['tolerance']:g} on "
-                          f"{t['samples']} sample(s){held}; {t['kept']} node(s) kept float32"),
-                   "ok" if t["ok"] else "fail")
+                          f"{t['samples']} sample(s){held}; {t['kept']} node(s) kept float32"
+                          + (f": {float32}" if float32 else "")),
+                   "muted" if float32 else "ok" if t["ok"] else "fail")
 
 
 def _next(next_steps: list[Step]) -> str:
@@ -384,6 +389,7 @@ def _summary(report: dict) -> str:
             ("nodes without a float type (variables' handles, shapes, control)", s["plumbing"]),
             ("target", report["target"]), ("device", report["device"]), ("level", report["level"]),
             ("functions painted", s["functions"]),
+            ("of them repeating another's trace (counted once)", s.get("functions_repeated", 0)),
             ("saver functions (not counted)", s.get("saver_functions", 0)),
             ("casts added", s["casts_added"]), ("original casts removed", s["casts_removed"]),
             (f"Consts stored in {report['target']}", s["consts_converted"]),

@@ -18,6 +18,7 @@ import logging
 
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
+from tensorflow.python.framework import errors as tf_errors
 from tensorflow.python.grappler import tf_optimizer
 
 from ..core.errors import InputError
@@ -102,7 +103,10 @@ def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.G
     config = grappler_alone("constant_folding")
     try:
         folded = tf_optimizer.OptimizeGraph(config, meta)
-    except Exception as exc:  # grappler reports bad graphs as assorted C++ status errors
+    except (tf_errors.OpError, ValueError) as exc:
+        # grappler's refusal of the graph: a C++ status error, or "Failed to import
+        # metagraph" (a ValueError); anything else (a TypeError for a config that is no
+        # ConfigProto ...) is ours, an internal error
         raise InputError(f"constant folding failed: {str(exc).splitlines()[0]}") from None
     names = {n.name for n in folded.node}
     lost = [n for n in preserve if n not in names]
