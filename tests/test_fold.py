@@ -74,3 +74,17 @@ def test_cli_flag(tmp_path, capsys):
     casts = lambda text: int(text.split("casts added: ")[1].split()[0].rstrip(","))  # noqa: E731
     assert casts(folded) < casts(plain)
     assert (tmp_path / "folded.pb").stat().st_size < (tmp_path / "plain.pb").stat().st_size
+
+
+def test_folding_leaves_no_orphan_consts_behind():
+    """A Fill of Consts folds into one Const; the value it was filled from, read by nothing
+    after folding, goes too: left, it would count as a graph output kept float32 by name."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
+        w = tf.fill([16, 16], tf.constant(0.5, name="half"), name="filled")
+        tf.identity(tf.matmul(x, w), name="out")
+    folded, report = convert(g.as_graph_def(), target="bfloat16", device="cpu",
+                             min_matrix_intensity=0, fold_constants=True)
+    assert "half" not in {n.name for n in folded.node}
+    assert [n.name for n in report.nodes if n.code == "interface"] == ["x", "out"]

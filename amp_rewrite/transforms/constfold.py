@@ -115,8 +115,26 @@ def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.G
         return graph_def
     out = graph_pb2.GraphDef()
     copy_except(graph_def, out, "node")
-    out.node.extend(folded.node)
+    out.node.extend(_without_orphans(folded.node, graph_def.node))
     return out
+
+
+def _without_orphans(folded, original):
+    """``folded``'s nodes less the Consts folding left unread that something read before (the
+    value a folded ``Fill`` was filled from, say): grappler keeps them when it does not prune,
+    tied to the Const it folded them into by a control edge (one Const waiting on another
+    waits on nothing: those edges go), and an unread node would count as a graph output, kept
+    float32 by name."""
+    consts = {n.name for n in folded if n.op == "Const"}
+    for node in folded:
+        if node.op == "Const" and any(i[1:] in consts for i in node.input if i.startswith("^")):
+            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in consts)]
+            del node.input[:]
+            node.input.extend(kept)
+    read_before = {i.lstrip("^").split(":")[0] for n in original for i in n.input}
+    read_now = {i.lstrip("^").split(":")[0] for n in folded for i in n.input}
+    return [n for n in folded
+            if not (n.op == "Const" and n.name in read_before and n.name not in read_now)]
 
 
 def scales_pushed(before: graph_pb2.GraphDef, after: graph_pb2.GraphDef) -> int:
