@@ -122,13 +122,14 @@ def fold_constants(graph_def: graph_pb2.GraphDef, keep: set[str]) -> graph_pb2.G
 def _without_orphans(folded, original):
     """``folded``'s nodes less the Consts folding left unread that something read before (the
     value a folded ``Fill`` was filled from, say): grappler keeps them when it does not prune,
-    tied to the Const it folded them into by a control edge (one Const waiting on another
-    waits on nothing: those edges go), and an unread node would count as a graph output, kept
-    float32 by name."""
-    consts = {n.name for n in folded if n.op == "Const"}
+    tied to the Const it folded them into by a control edge, and a frozen signature's output
+    NoOp waits on every variable read it made a Const. Waiting on a Const that waits on nothing
+    itself (no input, so outside any loop frame) is waiting on nothing: those edges go. An
+    unread node would count as a graph output, kept float32 by name."""
+    free = {n.name for n in folded if n.op == "Const" and not n.input}
     for node in folded:
-        if node.op == "Const" and any(i[1:] in consts for i in node.input if i.startswith("^")):
-            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in consts)]
+        if any(i.startswith("^") and i[1:] in free for i in node.input):
+            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in free)]
             del node.input[:]
             node.input.extend(kept)
     read_before = {i.lstrip("^").split(":")[0] for n in original for i in n.input}
