@@ -238,9 +238,10 @@ def _convert_frozen(model: Model, options: Options,
         raise InputError(not_freezable(model.path))
     refuse_graph_file_options(model.path, _graph_file_options(options))
     _refuse_freezing_training(model)
+    measure = options.target == "float16"   # float16's range: the kept variables' magnitudes
     if by_default:
         try:
-            frozen = freeze(model.path, model.meta_graphs)
+            frozen = freeze(model.path, model.meta_graphs, measure=measure)
         except (UnsupportedGraphError, InputError) as exc:
             raise _NotFrozen(f"freezing it failed ({exc})") from None
         if frozen.dropped:
@@ -248,19 +249,20 @@ def _convert_frozen(model: Model, options: Options,
                              f"{'s' * (len(frozen.dropped) > 1)} {', '.join(frozen.dropped)} "
                              "(--freeze writes the signatures and the methods that serve them)")
     else:
-        frozen = freeze(model.path, model.meta_graphs)
+        frozen = freeze(model.path, model.meta_graphs, measure=measure)
     graphs = [Model(model.path, "metagraph", False, (meta,)) for meta in frozen.meta_graphs]
     each = dataclasses.replace(options, freeze=False, fold_constants=True)
     converted, report = [], None
     for graph, keep, shapes in zip(graphs, _per_graph(options.keep, graphs, _node_names),
                                    _per_graph(options.shapes, graphs, _input_names)):
         new, sub = _convert_model(graph, dataclasses.replace(each, keep=keep, shapes=shapes))
+        graph.meta_graph.ClearField("graph_def")   # its weights, converted: not kept twice
         converted.append(new.meta_graph)
         if report is None:
             report = sub
         else:
             merge_report(report, "[" + ",".join(sorted(graph.meta_graph.signature_def)) + "]", sub)
-    report.extra["freeze"] = frozen.summary(by_default)
+    report.extra["freeze"] = frozen.summary(by_default, converted)
     return dataclasses.replace(model, kind="frozen", meta_graphs=tuple(converted),
                                frozen=frozen), report
 

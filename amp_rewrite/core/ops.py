@@ -111,3 +111,11 @@ ITERATOR_INIT_OPS = frozenset({"MakeIterator"})
 #: ops whose outputs nothing reads but that are not results a user wants compared
 NOT_OUTPUTS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "ReadVariableOp",
                          "VarIsInitializedOp", "IsVariableInitialized", "VarHandleOp", "VariableV2"})
+
+#: the attr of a Placeholder that stands, in a frozen graph, for a variable ``--freeze`` keeps
+#: (too large for a Const: amp_rewrite/io/freezing.py): a stored weight, which painting weighs
+#: and stores in the dtype it picks as it does a Const's, and which the written SavedModel holds
+#: as a variable of that dtype. Its value is the largest finite magnitude the variable holds
+#: (float16's range is checked against it; negative where it was not measured, which float16
+#: takes as out of range: a bfloat16 conversion does not measure, its range is float32's)
+STORED_VARIABLE = "_amp_stored_variable"

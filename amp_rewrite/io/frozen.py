@@ -22,19 +22,24 @@ anything is loaded), and one whose resource is neither a variable nor a lookup t
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.eager import def_function, wrap_function
-from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+from tensorflow.python.framework import importer
 from tensorflow.python.trackable import resource as trackable_resource
 from tensorflow.python.util import nest
 
 from ..core.errors import InputError, UnsupportedGraphError
+from ..core.ops import STORED_VARIABLE
+from .freezing import KEPT_INDEX, StandIn, freeze_function, hollowed
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,15 @@ log = logging.getLogger(__name__)
 INIT_SIGNATURE = "__saved_model_init_op"
 #: the signature key served by default, frozen (and reported) first
 DEFAULT_SIGNATURE = "serving_default"
+#: The bytes of variables --freeze makes Consts, smallest first (read by every signature that
+#: reads them, counted for each); the larger ones stay variables (:class:`KeptVariable`), stored
+#: in the dtype painting picks. A Const is a protobuf message and the SavedModel's graphs are one
+#: (2 GB at most, so a larger tensor or graph cannot be frozen at all), and each Const's bytes
+#: are copied several times on their way (read, written as a Const, imported again, folded,
+#: saved), where a kept variable is read once and written by TensorFlow's saver: the bound
+#: keeps the conversion's memory at about twice the weights (docs/decisions.md "Frozen and
+#: folded by default")
+CONST_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,20 @@ class Signature:
     inputs: dict
     outputs: dict
     tables: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KeptVariable:
+    """A variable the frozen graphs keep (past :data:`CONST_BYTES`): the loaded variable, and
+    the stand-in its readers read in the frozen graphs (:mod:`amp_rewrite.io.freezing`)."""
+
+    variable: object
+    name: str
+    stand_in: StandIn
+
+    @property
+    def bytes(self) -> int:
+        return int(np.prod(self.stand_in.shape)) * tf.as_dtype(self.stand_in.dtype).size
 
 
 @dataclass(frozen=True)
@@ -79,8 +107,9 @@ class Method:
 @dataclass
 class Frozen:
     """A SavedModel's signatures, frozen: the graphs (one MetaGraphDef each, ``signature_def``
-    keyed as the signatures it serves), the signatures, the variables made Consts, and what
-    the written SavedModel needs of the loaded one (its lookup tables, kept alive here)."""
+    keyed as the signatures it serves), the signatures, the variables made Consts and those
+    kept, and what the written SavedModel needs of the loaded one (its lookup tables and kept
+    variables, alive here)."""
 
     path: Path
     meta_graphs: list[meta_graph_pb2.MetaGraphDef]
@@ -90,17 +119,25 @@ class Frozen:
     loaded: object = None                        # keeps the tables' resources alive
     methods: list[Method] = field(default_factory=list)   # carried into the output
     dropped: list[str] = field(default_factory=list)      # methods the output does not carry
+    kept: list[KeptVariable] = field(default_factory=list)   # variables, not Consts
+    const_bytes: int = 0   # the bound on Consts that kept them (CONST_BYTES)
 
-    def summary(self, by_default: bool = False) -> dict:
-        """The report's ``freeze`` entry (``by_default``: frozen without --freeze)."""
+    def summary(self, by_default: bool = False, graphs=None) -> dict:
+        """The report's ``freeze`` entry (``by_default``: frozen without --freeze; ``graphs``:
+        the converted frozen graphs, which say the dtype each kept variable is stored in)."""
         shared = {}
         for sig in self.signatures:
             shared.setdefault(sig.graph, []).append(sig.key)
         keys = [s.key for s in self.signatures]
-        graphs = len(self.meta_graphs)
+        graphs_n = len(self.meta_graphs)
+        stored = stored_dtypes(graphs if graphs is not None else self.meta_graphs)
+        kept = [{"name": k.name, "shape": list(k.stand_in.shape), "bytes": k.bytes,
+                 "stored": sorted(tf.as_dtype(d).name for d in stored.get(i, ()))}
+                for i, k in enumerate(self.kept)]
         text = (f"{len(keys)} signature{'s' * (len(keys) != 1)} frozen ({', '.join(keys)}; "
-                f"{graphs} graph{'s' * (graphs != 1)} converted), {self.variables} "
+                f"{graphs_n} graph{'s' * (graphs_n != 1)} converted), {self.variables} "
                 f"variable{'s' * (self.variables != 1)} made Consts, folded (--fold-constants)"
+                + _kept_text(kept, self.const_bytes)
                 + (f"; {len(self.tables)} lookup table{'s' * (len(self.tables) != 1)} kept"
                    if self.tables else "")
                 + (f"; methods carried: {', '.join(m.name for m in self.methods)}"
@@ -111,46 +148,155 @@ class Frozen:
                 + ("; frozen by default: a SavedModel that only serves runs faster frozen on "
                    "a CPU, --no-freeze keeps the variables" if by_default else ""))
         return {"signatures": keys, "graphs": [shared[i] for i in sorted(shared)],
-                "variables": self.variables, "tables": len(self.tables),
+                "variables": self.variables, "kept": kept, "tables": len(self.tables),
                 "methods": [m.name for m in self.methods], "dropped": list(self.dropped),
                 "by_default": by_default, "summary": text}
 
 
-def freeze(path: str | os.PathLike, meta_graphs) -> Frozen:
+def _kept_text(kept: list[dict], bound: int) -> str:
+    """The summary's words for the variables kept: how many, their bytes, the dtypes."""
+    if not kept:
+        return ""
+    size = sum(k["bytes"] for k in kept)
+    by = {}
+    for k in kept:
+        for name in k["stored"]:
+            by[name] = by.get(name, 0) + 1
+    dtypes = ", ".join(f"{n} in {name}" for name, n in sorted(by.items()))
+    return (f"; {len(kept)} variable{'s' * (len(kept) != 1)} ({_size(size)}) kept as "
+            f"variables, past the {_size(bound)} frozen graphs hold as Consts, stored "
+            f"{dtypes}")
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def stored_dtypes(meta_graphs) -> dict[int, set[int]]:
+    """The dtypes each kept variable (by its index in :attr:`Frozen.kept`) is read in by the
+    frozen graphs ``meta_graphs``: the dtype of its stand-ins, as painted."""
+    out: dict[int, set[int]] = {}
+    for meta in meta_graphs:
+        for node in meta.graph_def.node:
+            if node.op == "Placeholder" and STORED_VARIABLE in node.attr:
+                index = int(node.attr[KEPT_INDEX].i)
+                out.setdefault(index, set()).add(node.attr["dtype"].type)
+    return out
+
+
+def freeze(path: str | os.PathLike, meta_graphs, *, measure: bool = False,
+           const_bytes: int | None = None) -> Frozen:
     """Freeze every serving signature of the SavedModel at ``path`` (its parsed MetaGraphDefs
-    ``meta_graphs``, checked first)."""
+    ``meta_graphs``, checked first): its variables Consts, but for those past ``const_bytes``
+    (None: :data:`CONST_BYTES`), which stay variables (:func:`kept_variables`). ``measure``:
+    find the largest finite magnitude each kept variable holds (float16's range needs it)."""
     path = Path(path)
-    if len(meta_graphs) != 1:
-        tags = "; ".join(",".join(m.meta_info_def.tags) for m in meta_graphs)
-        raise UnsupportedGraphError(f"{path}: --freeze takes a SavedModel with one MetaGraph, "
-                                    f"this one has {len(meta_graphs)} ({tags})")
-    if not serving_keys(meta_graphs[0]):
-        raise UnsupportedGraphError(f"{path}: --freeze freezes a SavedModel's signatures, and "
-                                    "it has none; export the model with a serving signature")
+    check_freezable(path, meta_graphs)
     loaded = _load(path)
     keys = sorted(loaded.signatures, key=lambda k: (k != DEFAULT_SIGNATURE, k))
-    out = Frozen(path, [], [], loaded=loaded)
+    out = Frozen(path, [], [], loaded=loaded,
+                 const_bytes=CONST_BYTES if const_bytes is None else const_bytes)
     seen: dict[bytes, int] = {}
     variables: set[int] = set()
     resources = _resources(loaded)
-    for key in keys:
-        fn = loaded.signatures[key]
-        graph_def, inputs, outputs, tables, read = _freeze_one(path, key, fn, resources)
+    functions = [loaded.signatures[key] for key in keys]
+    out.kept = kept_variables(functions, resources, _paths(loaded), out.const_bytes, measure)
+    for key, fn in zip(keys, functions):
+        meta = meta_graph_pb2.MetaGraphDef()
+        inputs, outputs, tables, read = _freeze_one(path, key, fn, resources, out.kept,
+                                                    meta.graph_def)
         variables |= read
-        data = graph_def.SerializeToString(deterministic=True)
-        if data not in seen:
-            seen[data] = len(out.meta_graphs)
-            out.meta_graphs.append(meta_graph_pb2.MetaGraphDef(graph_def=graph_def))
-        index = seen[data]
+        digest = _digest(meta.graph_def)
+        if digest not in seen:
+            seen[digest] = len(out.meta_graphs)
+            out.meta_graphs.append(meta)
+        del meta
+        index = seen[digest]
         out.meta_graphs[index].signature_def[key].CopyFrom(_signature_def(fn, inputs, outputs))
         out.signatures.append(Signature(key, index, dict(fn.structured_input_signature[1]),
                                         dict(fn.structured_outputs), tables))
         for handle in tables.values():
             if not any(resources[id(handle)] is t for t in out.tables):
                 out.tables.append(resources[id(handle)])
-    out.variables = len(variables)
+    out.variables = len(variables - {id(k.variable) for k in out.kept})
     out.methods, out.dropped = _methods(loaded, out.signatures)
     return out
+
+
+def check_freezable(path: str | os.PathLike, meta_graphs) -> None:
+    """Refuse (:class:`UnsupportedGraphError`) a SavedModel --freeze cannot take, by its parsed
+    MetaGraphDefs: more than one MetaGraph, or no serving signature; each says what to do."""
+    if len(meta_graphs) != 1:
+        tags = "; ".join(",".join(m.meta_info_def.tags) for m in meta_graphs)
+        raise UnsupportedGraphError(f"{path}: --freeze takes a SavedModel with one MetaGraph, "
+                                    f"this one has {len(meta_graphs)} ({tags}); convert "
+                                    "without --freeze, or export the serving MetaGraph alone")
+    if not serving_keys(meta_graphs[0]):
+        raise UnsupportedGraphError(f"{path}: --freeze freezes a SavedModel's signatures, and "
+                                    "it has none; export the model with a serving signature, "
+                                    "or convert without --freeze")
+
+
+def _digest(graph_def) -> bytes:
+    """A digest of ``graph_def``'s deterministic bytes, a node at a time (not all at once)."""
+    h = hashlib.sha256()
+    for field, value in graph_def.ListFields():
+        if field.name != "node":
+            h.update(field.name.encode() + value.SerializeToString(deterministic=True))
+    for node in graph_def.node:
+        h.update(node.SerializeToString(deterministic=True))
+    return h.digest()
+
+
+def kept_variables(functions, resources: dict, paths: dict, const_bytes: int,
+                   measure: bool = False) -> list[KeptVariable]:
+    """The variables the signatures' ``functions`` read that stay variables: made Consts
+    smallest first (by bytes, then attribute path: ``paths``), each counted once for every
+    signature that reads it, while their total stays within ``const_bytes``; all the larger
+    ones are kept, in that order. ``measure``: each kept one's largest finite magnitude, in
+    slices (no copy of it)."""
+    reads: dict[int, int] = {}
+    found: dict[int, tf.Variable] = {}
+    for fn in functions:
+        for external, _ in fn.graph.captures:
+            owner = resources.get(id(external))
+            if isinstance(owner, tf.Variable):
+                found[id(owner)] = owner
+                reads[id(owner)] = reads.get(id(owner), 0) + 1
+    order = sorted(found.values(), key=lambda v: (_bytes(v), paths.get(id(v), v.name)))
+    total, kept = 0, []
+    for var in order:
+        total += _bytes(var) * reads[id(var)]
+        if total > const_bytes or kept:
+            spec = StandIn(len(kept), var.dtype.as_datatype_enum, tuple(var.shape.as_list()),
+                           _largest(var) if measure else -1.0)
+            kept.append(KeptVariable(var, paths.get(id(var), var.name.split(":")[0]), spec))
+    return kept
+
+
+def _bytes(var) -> int:
+    return int(np.prod(var.shape.as_list())) * var.dtype.size
+
+
+#: the bytes of a slice :func:`_largest` reads at once
+_SLICE_BYTES = 64 << 20
+
+
+def _largest(var) -> float:
+    """The largest finite magnitude ``var`` holds (0 for no float), a slice at a time."""
+    if not var.dtype.is_floating:
+        return 0.0
+    shape = var.shape.as_list()
+    if not shape:
+        values = [var.read_value()]
+    else:
+        rows = max(1, _SLICE_BYTES // max(1, _bytes(var) // max(1, shape[0])))
+        values = (var[i:i + rows] for i in range(0, shape[0], rows))
+    largest = 0.0
+    for chunk in values:
+        finite = tf.where(tf.math.is_finite(chunk), tf.abs(chunk), tf.zeros_like(chunk))
+        largest = max(largest, float(tf.reduce_max(finite)) if tf.size(chunk) else 0.0)
+    return largest
 
 
 def _methods(loaded, signatures: list[Signature]) -> tuple[list[Method], list[str]]:
@@ -227,36 +373,42 @@ def _load(path: Path):
                          f"{_first_line(exc)}") from None
 
 
-def _freeze_one(path: Path, key: str, fn, resources: dict):
-    """``fn`` (signature ``key``) frozen: its GraphDef, its data input and output tensors (in
-    the order of the flattened structured inputs and outputs), the placeholders fed a lookup
-    table (node -> the loaded handle) and the ids of the variables made Consts."""
+def _freeze_one(path: Path, key: str, fn, resources: dict, kept: list[KeptVariable], out):
+    """``fn`` (signature ``key``) frozen into the GraphDef ``out``, the variables ``kept``
+    left as stand-ins: its data input and output tensors (in the order of the flattened
+    structured inputs and outputs), the placeholders fed a lookup table (node -> the loaded
+    handle) and the ids of the variables it reads."""
     args, kwargs = fn.structured_input_signature
     if args:
         raise UnsupportedGraphError(f"{path}: signature {key!r} takes positional inputs; a "
                                     "signature takes its inputs by name")
     captured = {internal.name: external for external, internal in fn.graph.captures}
-    variables = {id(external) for external, _ in fn.graph.captures
+    variables = {id(resources[id(external)]) for external, _ in fn.graph.captures
                  if isinstance(resources.get(id(external)), tf.Variable)}
+    by_id = {id(k.variable): k for k in kept}
+    stand_ins = {internal.name.split(":")[0]: by_id[id(resources[id(external)])].stand_in
+                 for external, internal in fn.graph.captures
+                 if id(resources.get(id(external))) in by_id}
     try:
-        frozen = convert_variables_to_constants_v2(fn)
+        frozen_inputs, frozen_outputs = freeze_function(fn, stand_ins, out)
     except (ValueError, KeyError, tf.errors.OpError) as exc:
-        # convert_variables_to_constants_v2's refusal of the signature's graph (ValueError,
-        # a KeyError for what it cannot find, grappler's status errors); its RuntimeError
-        # and NotImplementedError mean it was misused: ours (exit 70)
+        # the refusal of the signature's graph by TensorFlow's freezing (ValueError, a
+        # KeyError for what it cannot find, grappler's status errors, the import's); its
+        # RuntimeError and NotImplementedError mean it was misused: ours (exit 70)
         raise UnsupportedGraphError(f"{path}: signature {key!r} cannot be frozen: "
-                                    f"{_first_line(exc)}") from None
+                                    f"{_first_line(exc)}; convert without --freeze (or with "
+                                    "--no-freeze: the variables kept)") from None
     data = len(fn.inputs) - len(fn.captured_inputs)
     names = {t.name for t in fn.inputs[:data]}
-    inputs = [t.name for t in frozen.inputs if t.name in names]
+    inputs = [name for name in frozen_inputs if name in names]
     tables = {}
-    for t in frozen.inputs:
-        if t.name in names:
+    for name in frozen_inputs:
+        if name in names or name.split(":")[0] in stand_ins:
             continue
-        external = captured.get(t.name)
+        external = captured.get(name)
         if external is None or external.dtype != tf.resource:
             raise UnsupportedGraphError(f"{path}: signature {key!r}: freezing left input "
-                                        f"{t.name} unfed")
+                                        f"{name} unfed")
         owner = resources.get(id(external))
         if isinstance(owner, tf.Variable):
             raise UnsupportedGraphError(
@@ -266,13 +418,12 @@ def _freeze_one(path: Path, key: str, fn, resources: dict):
         if owner is None:
             raise UnsupportedGraphError(
                 f"{path}: signature {key!r} reads a resource the SavedModel does not track as "
-                f"a variable or table ({t.name}); --freeze cannot keep it: convert without "
+                f"a variable or table ({name}); --freeze cannot keep it: convert without "
                 "--freeze")
-        tables[t.name.split(":")[0]] = external
+        tables[name.split(":")[0]] = external
     if len(inputs) != data:
         raise UnsupportedGraphError(f"{path}: signature {key!r}: an input was lost in freezing")
-    outputs = [t.name for t in frozen.outputs]
-    return frozen.graph.as_graph_def(), inputs, outputs, tables, variables
+    return inputs, list(frozen_outputs), tables, variables
 
 
 def _signature_def(fn, inputs: list[str], outputs: list[str]) -> meta_graph_pb2.SignatureDef:
@@ -291,6 +442,17 @@ def _info(name: str, spec) -> meta_graph_pb2.TensorInfo:
     info = meta_graph_pb2.TensorInfo(name=name, dtype=spec.dtype.as_datatype_enum)
     info.tensor_shape.CopyFrom(tf.TensorShape(spec.shape).as_proto())
     return info
+
+
+def _paths(root) -> dict[int, str]:
+    """Each object under ``root`` by id: its first attribute path, breadth first (``w/0``)."""
+    paths, queue = {id(root): ""}, [root]
+    for obj in queue:
+        for name, child in sorted(obj._trackable_children().items()):
+            if id(child) not in paths:
+                paths[id(child)] = f"{paths[id(obj)]}/{name}".lstrip("/")
+                queue.append(child)
+    return paths
 
 
 def _resources(loaded) -> dict[int, object]:
@@ -323,12 +485,13 @@ def _handle(obj):
 def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     """Write the converted frozen graphs ``meta_graphs`` (in :attr:`Frozen.meta_graphs`'
     order) as a SavedModel in the new, empty ``folder``: each signature of ``frozen`` with its
-    keys, dtypes and shapes, its lookup tables tracked (with their initializers and assets).
-    Signatures that run the same graph on the same tensors share its function, so its weights
-    are written once."""
+    keys, dtypes and shapes, its lookup tables tracked (with their initializers and assets),
+    each kept variable a variable of the dtype its stand-in was painted (its value cast once,
+    here), written by TensorFlow's saver into ``variables/``. Signatures that run the same
+    graph on the same tensors share its function, so its weights are written once."""
     module = tf.Module()
     module.amp_lookup_tables = list(frozen.tables)
-    functions, signatures = {}, {}
+    functions, signatures, stored = {}, {}, {}
     for sig in frozen.signatures:
         meta = meta_graphs[sig.graph]
         sd = meta.signature_def[sig.key]
@@ -336,10 +499,13 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
         tensors = (tuple(sd.inputs[k].name for k in in_keys),
                    tuple(sd.outputs[k].name for k in out_keys))
         if (sig.graph, tensors) not in functions:
-            functions[sig.graph, tensors] = wrap_function.function_from_graph_def(
-                _serving_graph(meta.graph_def), list(tensors[0]), list(tensors[1]),
-                dict(sig.tables))
+            graph_def, handles, values = _serving_graph(meta.graph_def, frozen.kept, stored)
+            functions[sig.graph, tensors] = _function(graph_def, tensors, {**sig.tables, **handles},
+                                                      values)
+            del graph_def, values
+            gc.collect()   # the graph imported whole, before pruning
         signatures[sig.key] = _serving_function(sig, functions[sig.graph, tensors])
+    module.amp_variables = [stored[k] for k in sorted(stored)]
     for method in frozen.methods:
         setattr(module, method.name, _method_function(method, signatures[method.key]))
     # a frozen graph serves: no custom gradient is saved (nor any gradient function traced)
@@ -347,15 +513,75 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     tf.saved_model.save(module, str(folder), signatures=signatures, options=options)
 
 
-def _serving_graph(graph_def):
-    """``graph_def`` without the custom-gradient marks its nodes carry (Keras' swish): a frozen
-    graph serves, and a loader would warn that their gradients were not saved."""
-    out = type(graph_def)()
-    out.CopyFrom(graph_def)
+def _function(graph_def, tensors: tuple, captures: dict, values: dict):
+    """The concrete function of ``graph_def`` from its input tensors to its outputs
+    (``tensors``), as ``wrap_function.function_from_graph_def`` makes it (the graph imported
+    whole, its placeholders ``captures`` fed the tensors given, then pruned), with the large
+    Consts' values (``values``, Const name -> its node) set once imported, before pruning
+    copies them into the function (:func:`~amp_rewrite.io.freezing.hollowed`)."""
+    def imports():
+        importer.import_graph_def(graph_def, name="")
+        graph = tf.compat.v1.get_default_graph()
+        for name, tensor in captures.items():
+            graph.add_capture(tensor, graph.get_tensor_by_name(f"{name}:0"))
+
+    whole = wrap_function.wrap_function(imports, [])
+    graph = whole.graph
+    for name, node in values.items():
+        op = graph.get_operation_by_name(name)
+        op._set_attr("value", node.attr["value"])   # pylint: disable=protected-access
+    return whole.prune([graph.as_graph_element(t) for t in tensors[0]],
+                       [graph.as_graph_element(t) for t in tensors[1]])
+
+
+def _serving_graph(graph_def, kept: list[KeptVariable], stored: dict):
+    """``graph_def`` as it is served, without its large Consts' values
+    (:func:`~amp_rewrite.io.freezing.hollowed`: the Consts by name, returned too): without
+    the custom-gradient marks its nodes carry (Keras' swish: a frozen graph serves, and a
+    loader would warn that their gradients were not saved), and each stand-in a
+    ``ReadVariableOp`` of its name and dtype reading a new resource placeholder; returns it,
+    the handles those placeholders capture (placeholder -> the handle of the variable in
+    ``stored``, (index, dtype) -> variable, made here) and the Consts."""
+    out, values = hollowed(graph_def)
     for nodes in [out.node] + [f.node_def for f in out.library.function]:
         for node in nodes:
             if _CUSTOM_GRADIENT in node.attr:
                 del node.attr[_CUSTOM_GRADIENT]
+    names = {n.name for n in out.node}
+    handles = {}
+    for node in [n for n in out.node if n.op == "Placeholder" and STORED_VARIABLE in n.attr]:
+        index, dtype = int(node.attr[KEPT_INDEX].i), node.attr["dtype"].type
+        if (index, dtype) not in stored:
+            stored[index, dtype] = _stored_variable(kept[index], dtype)
+        handle = _unique(f"{node.name}/amp_variable", names)
+        placeholder = out.node.add(name=handle, op="Placeholder")
+        placeholder.attr["dtype"].type = tf.resource.as_datatype_enum
+        placeholder.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
+        placeholder.attr["_handle_dtypes"].list.type.append(dtype)
+        placeholder.attr["_handle_shapes"].list.shape.add().CopyFrom(node.attr["shape"].shape)
+        node.op = "ReadVariableOp"
+        node.input.append(handle)
+        for attr in (STORED_VARIABLE, KEPT_INDEX, "shape"):
+            del node.attr[attr]
+        handles[handle] = stored[index, dtype].handle
+    return out, handles, values
+
+
+def _stored_variable(kept: KeptVariable, dtype: int):
+    """The variable of ``dtype`` holding ``kept``'s value: the loaded one, or a new one of its
+    value cast once (not trained: a frozen graph serves)."""
+    if kept.variable.dtype.as_datatype_enum == dtype:
+        return kept.variable
+    return tf.Variable(tf.cast(kept.variable, tf.as_dtype(dtype)), trainable=False,
+                       name=kept.name)
+
+
+def _unique(name: str, names: set[str]) -> str:
+    out, n = name, 0
+    while out in names:
+        n += 1
+        out = f"{name}_{n}"
+    names.add(out)
     return out
 
 

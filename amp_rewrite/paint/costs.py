@@ -33,7 +33,7 @@ import numpy as np
 
 from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
-from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS
+from ..core.ops import ENTER_OPS, MATRIX_OPS, STORED_VARIABLE, VARIABLE_OPS
 from ..rules.cost_table import CostTable, shipped
 from ..schema.consts import is_all_ones
 from ..schema.opdefs import is_variable_write
@@ -118,7 +118,7 @@ def _stored_shape(graph: Graph, name: str) -> list[int] | None:
     if node.op == "Const":
         dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
         return dims if all(d >= 0 for d in dims) else None
-    if node.op == "Placeholder":   # a function's variable
+    if node.op == "Placeholder" and STORED_VARIABLE not in node.attr:   # a function's variable
         shapes = node.attr["_handle_shapes"].list.shape
         dims = [d.size for d in shapes[0].dim] if len(shapes) == 1 else []
     else:
@@ -509,7 +509,7 @@ def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:
             else graph.inputs(node.name) if node.op in ("MatMul", "Einsum") else [])
     for ref in refs:
         src = _stored_source(graph, ref.node)
-        if src is not None and src.op != "Const":
+        if _cast_a_run(src):
             shape = _stored_shape(graph, src.name)
             if shape is not None:
                 return src.name, math.prod(shape)
@@ -518,12 +518,20 @@ def _variable_weight(graph: Graph, node: Node) -> tuple[str, int]:
 
 def _stored_source(graph: Graph, name: str) -> Node | None:
     """The Const or variable whose value reaches ``name`` unchanged (through pass-through ops,
-    :meth:`~amp_rewrite.core.ir.Graph.origin`), or None."""
+    :meth:`~amp_rewrite.core.ir.Graph.origin`), or None. A variable --freeze keeps is its
+    stand-in (:data:`~amp_rewrite.core.ops.STORED_VARIABLE`)."""
     node = graph.node(graph.origin(name, _PASS_THROUGH))
     if node.op in ("Const", "VarHandleOp", "VariableV2", "Variable") or (
-            node.op == "Placeholder" and "_handle_shapes" in node.attr):
+            node.op == "Placeholder" and ("_handle_shapes" in node.attr
+                                          or STORED_VARIABLE in node.attr)):
         return node
     return None
+
+
+def _cast_a_run(src: Node | None) -> bool:
+    """Whether the stored value ``src`` is cast on every run a 16-bit op reads it: a variable,
+    but not a Const nor a variable --freeze keeps, which are stored in the dtype painted."""
+    return src is not None and src.op != "Const" and STORED_VARIABLE not in src.attr
 
 
 def _conv_flops(graph: Graph, shapes: Shapes, node: Node) -> float | None:
@@ -794,8 +802,7 @@ def _reads_variable(graph: Graph, ref: TensorRef) -> bool:
 
     reached = graph.ancestors([ref.node], control=False, depth=VARIABLE_HOPS,
                               past=lambda node: source(node) is None)
-    return any(src is not None and src.op != "Const"
-               for src in (source(graph.node(name)) for name in reached))
+    return any(_cast_a_run(src) for src in (source(graph.node(name)) for name in reached))
 
 
 def _fuses_frozen(graph: Graph, act: Node, island: set[str]) -> bool:

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from ..core.dtypes import FLOAT, RESOURCE, TARGET_NAMES, dtype_name
 from ..core.ir import Graph, Node
-from ..core.ops import PLACEHOLDER_OPS, VARIABLE_OPS
+from ..core.ops import PLACEHOLDER_OPS, STORED_VARIABLE, VARIABLE_OPS
 from ..rules.cost_table import CostTable, shipped
 from ..rules.loader import RuleSet
 from ..schema.opdefs import device_type, get_dtype, kernel_supports, node_types, output_dtype
@@ -135,7 +135,8 @@ def interface_names(graph: Graph, keep: Mapping[str, tuple[str, str]],
     for node in graph.nodes():
         if node.name in out:
             continue
-        if node.op in PLACEHOLDER_OPS:
+        if node.op in PLACEHOLDER_OPS and STORED_VARIABLE not in node.attr:
+            # (a stand-in for a variable --freeze keeps is a stored weight, not an input)
             out[node.name] = ("interface", "graph input (Placeholder)")
         elif not graph.is_read(node.name, data=True):
             types = node_types(node)
