@@ -232,4 +232,86 @@ def test_a_train_step_of_a_savedmodel_is_not_counted(tmp_path):
     both = convert_file(_module_conv_bn(tmp_path / "both", True), tmp_path / "b",
                         target="bfloat16", device="cpu")
     assert serving.extra["freezing"]["islands"] >= 1
-    assert both.extra["freezing"] == serving.extra["freezing"]
+    estimate = {k: v for k, v in both.extra["freezing"].items() if k != "summary"}
+    assert estimate == {k: v for k, v in serving.extra["freezing"].items() if k != "summary"}
+    # ... and where --freeze refuses the SavedModel (its train signature), the hint does not
+    # name it as the thing to do: it says the refusal, which says what to do (issue 42 item 3)
+    assert serving.extra["freezing"]["summary"].startswith("convert with --freeze")
+    hint = both.extra["freezing"]["summary"]
+    assert hint.startswith("freezing the variables would gain") and not hint.startswith(
+        "convert with --freeze")
+    assert "--freeze refuses" in hint and "signature 'train' trains" in hint
+    assert "convert without --freeze" in hint
+
+
+def _hint(report) -> str:
+    return report.extra.get("freezing", {}).get("summary", "")
+
+
+def _refused_by_freeze(src, tmp_path, capsys) -> str:
+    """--freeze's refusal of ``src``: exit 2, one line, nothing written; its message."""
+    from refusals import run_cli
+    code, _, err = run_cli(capsys, [src, "-o", tmp_path / "refused", "--freeze", "--target",
+                                    "bfloat16", "--device", "cpu"])
+    assert code == 2 and not (tmp_path / "refused").exists(), err
+    return err
+
+
+def test_the_hint_never_names_freeze_where_freeze_refuses(tmp_path, capsys):
+    """Issue 42, item 3: where --freeze refuses the SavedModel, the freezing hint says what
+    freezing would gain and the refusal (its reason and what to do), never "convert with
+    --freeze"; --freeze then refuses with that reason. A refusal found before freezing (two
+    MetaGraphs), and one TensorFlow's freezing finds (a signature reading a variable's shape
+    from its handle, which no Const has)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    two = _module_conv_bn(tmp_path / "two", False)
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((two / "saved_model.pb").read_bytes())
+    extra = saved.meta_graphs.add()
+    extra.CopyFrom(saved.meta_graphs[0])
+    extra.meta_info_def.tags.append("gpu")
+    (two / "saved_model.pb").write_bytes(saved.SerializeToString())
+
+    rng = np.random.default_rng(1)
+    m = tf.Module()
+    m.w = tf.Variable(rng.uniform(-0.1, 0.1, (3, 3, 16, 64)).astype(np.float32))
+    m.bn = [tf.Variable(rng.uniform(0.5, 1.5, 64).astype(np.float32)) for _ in range(4)]
+
+    def serve(x):
+        gamma, beta, mean, variance = m.bn
+        scale = gamma * tf.math.rsqrt(variance + 1e-3)
+        h = tf.nn.relu6(tf.nn.conv2d(x, m.w, 1, "SAME") * scale + (beta - mean * scale))
+        channels = tf.cast(tf.raw_ops.VariableShape(input=m.w.handle)[3], tf.float32)
+        return {"y": tf.reduce_mean(h) * channels}
+
+    m.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, 16, 16, 16], tf.float32)])
+    shape = tmp_path / "shape"
+    tf.saved_model.save(m, str(shape), signatures={"serving_default": m.serve})
+
+    for src, reason in ((two, "--freeze takes a SavedModel with one MetaGraph"),
+                        (shape, "cannot be frozen: Input 0 of node")):
+        report = convert_file(src, tmp_path / f"{src.name}_out", target="bfloat16", device="cpu")
+        assert report.extra["freeze"]["frozen"] is False
+        hint = _hint(report)
+        assert hint.startswith("freezing the variables would gain about"), hint
+        assert "convert with --freeze" not in hint and reason in hint and "convert without --freeze" in hint
+        assert hint in report.warnings
+        err = _refused_by_freeze(src, tmp_path, capsys)
+        assert reason in err and "convert without --freeze" in err, err
+
+
+def test_the_hint_drops_an_option_freeze_refuses(tmp_path):
+    """With --calibration (tensor names freezing renames) the hint says to convert with
+    --freeze without it, and the report's next command does so, one the CLI takes."""
+    from amp_rewrite.cli.run import parse
+    from amp_rewrite.report.steps import Given, after_convert
+    src = _module_conv_bn(tmp_path / "serve", False)
+    report = convert_file(src, tmp_path / "out", target="bfloat16", device="cpu", calibration={})
+    assert _hint(report).startswith("convert with --freeze, without --calibration"), _hint(report)
+    (first, *_) = after_convert(report.to_dict(), Given(str(src), str(tmp_path / "out"),
+                                                        inputs=("calib.npz",)))
+    assert "--freeze" in first.argv and "--calibration" not in first.argv, first.argv
+    command, args = parse(list(first.argv))
+    assert command == "convert" and args.freeze
+    again = convert_file(src, tmp_path / "frozen", target="bfloat16", device="cpu", freeze=True)
+    assert again.extra["freeze"]["signatures"] == ["serving_default"]

@@ -288,4 +288,7 @@ def merge_report(report: Report, prefix: str, sub: Report, exclude=()) -> None:
         if key in sub.extra:                # estimate: summed over the bodies
             total = report.extra.setdefault(key, {})
             for name, value in sub.extra[key].items():
-                total[name] = round(total.get(name, 0) + value, 3)
+                if isinstance(value, str):   # a second MetaGraph's hint: one is said
+                    total.setdefault(name, value)
+                else:
+                    total[name] = round(total.get(name, 0) + value, 3)

@@ -29,7 +29,7 @@ from ..io.files import (
     refuse_graph_file_options,
     same_file,
 )
-from ..io.frozen import freeze, serving_keys
+from ..io.frozen import check_freezable, freeze, serving_keys
 from ..io.keras_files import saved_models
 from ..io.load import Model, load
 from ..io.save import save
@@ -124,7 +124,7 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     options.check()
     if options.freeze:
         return _convert_frozen(model, options)
-    kept_variables = None
+    kept_variables = refused = None   # refused: why --freeze refuses the model, once known
     if options.freeze is False and options.weighed() and model.kind == "savedmodel":
         kept_variables = f"asked ({option('--no-freeze', 'freeze=False')})"
     elif options.freeze is None and options.may_freeze() and model.kind == "savedmodel":
@@ -133,7 +133,7 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
             try:
                 return _convert_frozen(model, options, by_default=True)
             except _NotFrozen as exc:
-                kept_variables = str(exc)
+                kept_variables, refused = str(exc), exc.refused
             log.info("kept the variables: %s", kept_variables)
     rules = options.rule_set()
     saved = model.kind == "savedmodel"
@@ -170,7 +170,44 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     if kept_variables is not None:
         report.extra["freeze"] = {"frozen": False, "reason": kept_variables,
                                   "summary": f"not frozen, the variables kept: {kept_variables}"}
+    if saved:
+        _hint_only_what_freezes(model, options, report, refused)
     return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
+
+
+def _hint_only_what_freezes(model: Model, options: Options, report: Report,
+                            refused: str | None) -> None:
+    """The freezing hint (``convert with --freeze``, where the cost model estimates freezing
+    gains) names only what --freeze does: where it refuses the SavedModel (``refused``, or
+    what it refuses before freezing), the hint says the gain and the refusal, which names
+    what to do; where an option given names what freezing changes, it says to drop it."""
+    gain = report.extra.get("freezing")
+    if not gain or not gain.get("summary", "").startswith("convert with --freeze"):
+        return
+    reason = refused or _freeze_refusal(model)
+    if reason is not None:
+        text = (f"freezing the variables would gain about {gain['gain_us']:.0f} µs a sample by "
+                f"the cost model, but --freeze refuses this SavedModel: {reason}")
+    else:
+        given = [flag for flag, on in (("--lowp-io", options.lowp_io),
+                                       ("--calibration", options.calibration is not None)) if on]
+        if not given:
+            return
+        text = gain["summary"].replace(
+            "convert with --freeze", f"convert with --freeze, without {' and '.join(given)} "
+            "(freezing renames the tensors and keeps the signatures' dtypes)", 1)
+    report.warnings[:] = [text if w == gain["summary"] else w for w in report.warnings]
+    gain["summary"] = text
+
+
+def _freeze_refusal(model: Model) -> str | None:
+    """What --freeze refuses the SavedModel ``model`` for before it freezes anything, or None."""
+    try:
+        check_freezable(model.path, model.meta_graphs)
+        _refuse_freezing_training(model)
+    except UnsupportedGraphError as exc:
+        return str(exc)
+    return None
 
 
 def _warn_low_precision_input(report: Report) -> None:
@@ -186,7 +223,12 @@ def _warn_low_precision_input(report: Report) -> None:
 
 
 class _NotFrozen(Exception):
-    """Why a SavedModel the conversion would freeze by default keeps its variables."""
+    """Why a SavedModel the conversion would freeze by default keeps its variables, and
+    ``refused``: why --freeze refuses it, where it does."""
+
+    def __init__(self, why: str, refused: str | None = None):
+        super().__init__(why)
+        self.refused = refused
 
 
 # The variables' bytes past which a SavedModel is not frozen by default: a Const holds at most
@@ -243,7 +285,7 @@ def _convert_frozen(model: Model, options: Options,
         try:
             frozen = freeze(model.path, model.meta_graphs, measure=measure)
         except (UnsupportedGraphError, InputError) as exc:
-            raise _NotFrozen(f"freezing it failed ({exc})") from None
+            raise _NotFrozen(f"freezing it failed ({exc})", refused=str(exc)) from None
         if frozen.dropped:
             raise _NotFrozen(f"frozen, the output would not carry its method"
                              f"{'s' * (len(frozen.dropped) > 1)} {', '.join(frozen.dropped)} "

@@ -71,7 +71,7 @@ def after_convert(report: dict, given: Given) -> list[Step]:
         return [Step("the cost model estimates that freezing the weights gains: convert again "
                      "with --freeze, which writes a SavedModel serving the same signatures "
                      "(add any --keep you converted with)",
-                     (*_again(report, given), "--freeze", "--force"))]
+                     (*_again(report, given, freeze=True), "--force"))]
     if s["matrix_total"] and not matrix_in_16_bits(s):
         cost = s["kept_float32_by_reason"].get("cost", 0)
         if cost and "measured" not in report:
@@ -88,14 +88,15 @@ def after_convert(report: dict, given: Given) -> list[Step]:
             _bench(given, "then time both on this machine")]
 
 
-def _again(report: dict, given: Given) -> tuple[str, ...]:
+def _again(report: dict, given: Given, freeze: bool = False) -> tuple[str, ...]:
     """The conversion as it ran, from what the report and ``given`` hold (not ``--keep``,
-    which the report does not record as a flag)."""
+    which the report does not record as a flag); ``freeze``: with ``--freeze`` instead of
+    what it refuses (``--calibration``, which names tensors freezing renames)."""
     kept = report.get("freeze", {}).get("frozen") is False   # (frozen by default otherwise)
     return (given.original, "-o", given.converted, "--target", report["target"],
             "--device", report["device"].lower(), *_rule_flags(report),
-            *(["--no-freeze"] if kept else []),
-            *[f for path in given.inputs for f in ("--calibration", path)],
+            *(["--freeze"] if freeze else ["--no-freeze"] if kept else []),
+            *[f for path in given.inputs if not freeze for f in ("--calibration", path)],
             *given.shape_flags())
 
 
