@@ -126,6 +126,42 @@ def test_what_freezing_would_lose_keeps_the_variables(tmp_path):
     assert hasattr(loaded, "serve") and not hasattr(loaded, "double")
 
 
+def test_freeze_names_every_method_it_does_not_carry(tmp_path, capsys):
+    """Issue 42, item 4: --freeze writes the signatures and the methods that serve them, and its
+    summary names every other function the SavedModel holds: a train method, a method on an
+    object below the root, one in a list, and a concrete function held bare (which the
+    summary once left out); by default, such a SavedModel keeps its variables and says why."""
+    from refusals import run_cli
+    m = _Served()
+    m.train = tf.function(lambda x: m.w.assign_sub(0.1 * tf.reduce_mean(x) * tf.ones_like(m.w)),
+                          input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+    m.bare = tf.function(lambda x: 2.0 * tf.matmul(x, m.w)).get_concrete_function(
+        tf.TensorSpec([None, 64], tf.float32))
+    m.sub = tf.Module()
+    m.sub.scale = tf.function(lambda x: 3.0 * x, input_signature=[tf.TensorSpec([None], tf.float32)])
+    m.fns = [tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([None], tf.float32)])]
+    tf.saved_model.save(m, str(tmp_path / "src"), signatures={"serving_default": m.serve})
+    code, stdout, err = run_cli(capsys, [tmp_path / "src", "-o", tmp_path / "out", "--freeze",
+                                         "--target", "bfloat16", "--device", "cpu",
+                                         "--report", tmp_path / "r.json"])
+    assert code == 0, err
+    frozen = json.loads((tmp_path / "r.json").read_text())["freeze"]
+    assert frozen["methods"] == ["serve"]
+    assert frozen["dropped"] == ["bare", "fns.0", "sub.scale", "train"]
+    assert "NOT carried into the output: methods bare, fns.0, sub.scale, train" in stdout
+    loaded = tf.saved_model.load(str(tmp_path / "out"))
+    assert hasattr(loaded, "serve") and not any(hasattr(loaded, n) for n in ("bare", "sub", "fns", "train"))
+    # by default nothing is dropped: the concrete function alone keeps the variables
+    bare = _Served()
+    bare.double = tf.function(lambda x: 2.0 * tf.matmul(x, bare.w)).get_concrete_function(
+        tf.TensorSpec([None, 64], tf.float32))
+    tf.saved_model.save(bare, str(tmp_path / "bare"), signatures={"serving_default": bare.serve})
+    by_default = convert_file(tmp_path / "bare", tmp_path / "kept", **BF16)
+    assert by_default.extra["freeze"]["frozen"] is False
+    assert "would not carry its method double" in by_default.extra["freeze"]["reason"]
+    assert hasattr(tf.saved_model.load(str(tmp_path / "kept")), "double")
+
+
 def test_variables_too_big_to_freeze_by_default_are_kept(export, tmp_path, monkeypatch):
     src, _, _ = export
     monkeypatch.setattr(pipeline, "FREEZE_BY_DEFAULT_BYTES", 1000)

@@ -312,13 +312,15 @@ def _methods(loaded, signatures: list[Signature]) -> tuple[list[Method], list[st
                 callees.setdefault(nd.attr["f"].func.name, sig)
     carried, dropped = [], []
     for path, fn in _functions(loaded):
-        method = _serving_method(path, fn, callees) if "." not in path else None
+        method = (_serving_method(path, fn, callees)
+                  if "." not in path and isinstance(fn, def_function.Function) else None)
         (carried.append(method) if method is not None else dropped.append(path))
     return carried, dropped
 
 
 def _functions(root) -> list[tuple[str, object]]:
-    """Every ``tf.function`` the object graph under ``root`` holds, by its attribute path."""
+    """Every ``tf.function`` the object graph under ``root`` holds, by its attribute path, and
+    every concrete function it holds bare (``m.f = fn.get_concrete_function(...)``)."""
     found, seen, stack = [], {id(root)}, [("", root)]
     while stack:
         prefix, obj = stack.pop()
@@ -327,7 +329,7 @@ def _functions(root) -> list[tuple[str, object]]:
                 continue
             seen.add(id(child))
             path = f"{prefix}{name}"
-            if isinstance(child, def_function.Function):
+            if isinstance(child, (def_function.Function, tf.types.experimental.ConcreteFunction)):
                 found.append((path, child))
             elif not isinstance(child, (tf.Variable, trackable_resource.CapturableResource)):
                 stack.append((path + ".", child))
