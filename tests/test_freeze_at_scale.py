@@ -113,13 +113,13 @@ def _logits(folder: Path, ids: np.ndarray, key="serving_default", out="logits") 
 
 def test_variables_past_the_bound_stay_variables_stored_as_painted(model, tmp_path, capsys,
                                                                    monkeypatch):
-    """With room for the biases, the first kernel and the head as Consts, the two square
-    kernels and the table stay variables: the kernels, which only bfloat16 MatMuls read,
+    """With room for the biases, the head and the first two kernels as Consts, the last
+    kernel and the table stay variables: the kernel, which only a bfloat16 MatMul reads,
     stored in bfloat16 (nothing cast per run), the table, which a float32 Gather reads, in
     float32; the output restores them from its own variables/, serves the same signature and
     gives FP32's logits to bfloat16's precision."""
     src, feeds, ids = model
-    monkeypatch.setattr(frozen, "CONST_BYTES", _kernel_bytes() + 64 * 1024)
+    monkeypatch.setattr(frozen, "CONST_BYTES", 2 * _kernel_bytes() + 64 * 1024)
     out = tmp_path / "out"
     code, stdout, err = run_cli(capsys, [src, "-o", out, "--freeze", *BF16, "--min-matrix-intensity",
                                          "0", "--report", tmp_path / "r.json"])
@@ -127,29 +127,44 @@ def test_variables_past_the_bound_stay_variables_stored_as_painted(model, tmp_pa
     report = json.loads((tmp_path / "r.json").read_text())
     kept = {k["name"]: k for k in report["freeze"]["kept"]}
     assert {name: k["stored"] for name, k in kept.items()} == {
-        "kernels/1": ["bfloat16"], "kernels/2": ["bfloat16"], "table": ["float32"]}
-    assert report["freeze"]["variables"] == 5   # 3 biases, the first kernel, the head: Consts
-    assert "3 variables (1.7 MiB) kept as variables" in stdout and "2 in bfloat16, 1 in float32" in stdout
+        "kernels/2": ["bfloat16"], "table": ["float32"]}
+    assert report["freeze"]["variables"] == 6   # 3 biases, 2 kernels, the head: Consts
+    assert "2 variables (1.5 MiB) kept as variables" in stdout and "1 in bfloat16, 1 in float32" in stdout
     # painting weighed and stored them as it stores Consts, each with its reason
     codes = {n["code"] for n in report["nodes"] if n["op"] == "Placeholder" and n["name"] != "ids"}
     assert codes == {"variable_stored", "variable"}
     assert report["summary"]["matrix_converted"] == report["summary"]["matrix_total"] == 4
     # written by TensorFlow's saver, in the dtypes painted
-    assert _checkpoint_dtypes(out) == {(WIDTH, WIDTH): ["bfloat16", "bfloat16"],
-                                       (ROWS, DIM): ["float32"]}
-    # nothing cast per run: two MatMuls read bfloat16 variables as they are (through
-    # Identity only), the other two bfloat16 Consts; the Gather reads the float32 table
+    assert _checkpoint_dtypes(out) == {(WIDTH, WIDTH): ["bfloat16"], (ROWS, DIM): ["float32"]}
+    # nothing cast per run: one MatMul reads a bfloat16 variable as it is (through Identity
+    # only), the other three bfloat16 Consts; the Gather reads the float32 table
     nodes = {n.name: n for n in _served_nodes(out)}
     reads = sorted(tf.as_dtype(n.attr["dtype"].type).name for n in nodes.values()
                    if n.op == "ReadVariableOp")
-    assert reads == ["bfloat16", "bfloat16", "float32"]
+    assert reads == ["bfloat16", "float32"]
     weights = [_origin(nodes, n.input[1]) for n in nodes.values() if n.op == "MatMul"]
     assert sorted((w.op, tf.as_dtype(w.attr["dtype"].type).name) for w in weights) == [
-        ("Const", "bfloat16"), ("Const", "bfloat16"), ("ReadVariableOp", "bfloat16"),
+        ("Const", "bfloat16"), ("Const", "bfloat16"), ("Const", "bfloat16"),
         ("ReadVariableOp", "bfloat16")]
     (gather,) = [n for n in nodes.values() if n.op == "GatherV2"]
     table = _origin(nodes, gather.input[0])
     assert (table.op, table.attr["dtype"].type) == ("ReadVariableOp", tf.float32.as_datatype_enum)
+    # the SavedModel holds each large Const once, written after TensorFlow's save, and a
+    # fingerprint of the saved_model.pb that stands
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((out / "saved_model.pb").read_bytes())
+    library = saved.meta_graphs[0].graph_def.library.function
+    consts = [n for f in library for n in f.node_def
+              if n.op == "Const" and len(n.attr["value"].tensor.tensor_content) >= 1 << 16]
+    assert sorted(tuple(d.size for d in n.attr["value"].tensor.tensor_shape.dim) for n in consts) == [
+        (WIDTH, WIDTH)]
+    assert not [n for f in library for n in f.node_def if "_amp_hollow" in n.attr]
+    from tensorflow.core.protobuf import fingerprint_pb2
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+    written, again = fingerprint_pb2.FingerprintDef(), fingerprint_pb2.FingerprintDef()
+    written.ParseFromString((out / "fingerprint.pb").read_bytes())
+    again.ParseFromString(fingerprinting.CreateFingerprintDef(str(out)))
+    assert written.saved_model_checksum == again.saved_model_checksum != 0
     # it serves the same signature, restoring its own variables, with FP32's logits
     served = tf.saved_model.load(str(out))
     assert {v.dtype.name for v in served.amp_variables} == {"bfloat16", "float32"}

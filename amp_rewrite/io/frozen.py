@@ -31,13 +31,12 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow.python.eager import def_function, wrap_function
-from tensorflow.python.framework import importer
 from tensorflow.python.trackable import resource as trackable_resource
 from tensorflow.python.util import nest
 
-from ..core.errors import InputError, UnsupportedGraphError
+from ..core.errors import InputError, IRError, UnsupportedGraphError
 from ..core.ops import STORED_VARIABLE
 from .freezing import KEPT_INDEX, StandIn, freeze_function, hollowed
 
@@ -220,6 +219,10 @@ def freeze(path: str | os.PathLike, meta_graphs, *, measure: bool = False,
                 out.tables.append(resources[id(handle)])
     out.variables = len(variables - {id(k.variable) for k in out.kept})
     out.methods, out.dropped = _methods(loaded, out.signatures)
+    if not out.tables:   # the values made Consts, read: the loaded model's copy goes
+        out.loaded = None
+        del loaded, resources, functions, fn
+        gc.collect()
     return out
 
 
@@ -490,10 +493,17 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     keys, dtypes and shapes, its lookup tables tracked (with their initializers and assets),
     each kept variable a variable of the dtype its stand-in was painted (its value cast once,
     here), written by TensorFlow's saver into ``variables/``. Signatures that run the same
-    graph on the same tensors share its function, so its weights are written once."""
+    graph on the same tensors share its function, so its weights are written once.
+
+    TensorFlow holds a function's Consts once for each graph that calls it, and four or five
+    times more as it saves (thirteen times their bytes in all, on a frozen model's weights):
+    the SavedModel is written with its large Consts' values left out
+    (:func:`~amp_rewrite.io.freezing.hollowed`), and ``saved_model.pb`` then written again
+    with them, once (:func:`_fill`); its ``fingerprint.pb`` goes, to be written again for the
+    bytes that stand (:func:`amp_rewrite.io.save` does)."""
     module = tf.Module()
     module.amp_lookup_tables = list(frozen.tables)
-    functions, signatures, stored = {}, {}, {}
+    functions, signatures, stored, values = {}, {}, {}, []
     for sig in frozen.signatures:
         meta = meta_graphs[sig.graph]
         sd = meta.signature_def[sig.key]
@@ -501,11 +511,9 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
         tensors = (tuple(sd.inputs[k].name for k in in_keys),
                    tuple(sd.outputs[k].name for k in out_keys))
         if (sig.graph, tensors) not in functions:
-            graph_def, handles, values = _serving_graph(meta.graph_def, frozen.kept, stored)
-            functions[sig.graph, tensors] = _function(graph_def, tensors, {**sig.tables, **handles},
-                                                      values)
-            del graph_def, values
-            gc.collect()   # the graph imported whole, before pruning
+            graph_def, handles = _serving_graph(meta.graph_def, frozen.kept, stored, values)
+            functions[sig.graph, tensors] = wrap_function.function_from_graph_def(
+                graph_def, list(tensors[0]), list(tensors[1]), {**sig.tables, **handles})
         signatures[sig.key] = _serving_function(sig, functions[sig.graph, tensors])
     module.amp_variables = [stored[k] for k in sorted(stored)]
     for method in frozen.methods:
@@ -513,38 +521,52 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     # a frozen graph serves: no custom gradient is saved (nor any gradient function traced)
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
     tf.saved_model.save(module, str(folder), signatures=signatures, options=options)
+    del functions, signatures, module
+    _fill(Path(folder), values)
 
 
-def _function(graph_def, tensors: tuple, captures: dict, values: dict):
-    """The concrete function of ``graph_def`` from its input tensors to its outputs
-    (``tensors``), as ``wrap_function.function_from_graph_def`` makes it (the graph imported
-    whole, its placeholders ``captures`` fed the tensors given, then pruned), with the large
-    Consts' values (``values``, Const name -> its node) set once imported, before pruning
-    copies them into the function (:func:`~amp_rewrite.io.freezing.hollowed`)."""
-    def imports():
-        importer.import_graph_def(graph_def, name="")
-        graph = tf.compat.v1.get_default_graph()
-        for name, tensor in captures.items():
-            graph.add_capture(tensor, graph.get_tensor_by_name(f"{name}:0"))
+def _fill(folder: Path, values: list) -> None:
+    """Put the large Consts' values (``values``: each Const's node, by the index its hollow
+    copy carries in :data:`_HOLLOW`) into the SavedModel written at ``folder``, once each."""
+    path = folder / "saved_model.pb"
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString(path.read_bytes())
+    filled = set()
+    for meta in saved.meta_graphs:
+        for nodes in [meta.graph_def.node] + [f.node_def for f in meta.graph_def.library.function]:
+            for node in nodes:
+                if _HOLLOW in node.attr:
+                    index = node.attr[_HOLLOW].i
+                    node.attr["value"].tensor.CopyFrom(values[index].attr["value"].tensor)
+                    del node.attr[_HOLLOW]
+                    filled.add(index)
+    if len(filled) != len(values):   # a Const TensorFlow did not write: ours to know
+        raise IRError(f"{len(values) - len(filled)} of the frozen graphs' {len(values)} large "
+                      "Consts are not in the SavedModel TensorFlow wrote")
+    data = saved.SerializeToString(deterministic=True)
+    del saved
+    path.write_bytes(data)
+    (folder / "fingerprint.pb").unlink(missing_ok=True)   # the hollow graph's
 
-    whole = wrap_function.wrap_function(imports, [])
-    graph = whole.graph
-    for name, node in values.items():
-        op = graph.get_operation_by_name(name)
-        op._set_attr("value", node.attr["value"])   # pylint: disable=protected-access
-    return whole.prune([graph.as_graph_element(t) for t in tensors[0]],
-                       [graph.as_graph_element(t) for t in tensors[1]])
+
+#: the attr of a large Const written without its values: the index of its node in the list
+#: :func:`_fill` puts them back from
+_HOLLOW = "_amp_hollow"
 
 
-def _serving_graph(graph_def, kept: list[KeptVariable], stored: dict):
+def _serving_graph(graph_def, kept: list[KeptVariable], stored: dict, values: list):
     """``graph_def`` as it is served, without its large Consts' values
-    (:func:`~amp_rewrite.io.freezing.hollowed`: the Consts by name, returned too): without
-    the custom-gradient marks its nodes carry (Keras' swish: a frozen graph serves, and a
-    loader would warn that their gradients were not saved), and each stand-in a
-    ``ReadVariableOp`` of its name and dtype reading a new resource placeholder; returns it,
-    the handles those placeholders capture (placeholder -> the handle of the variable in
-    ``stored``, (index, dtype) -> variable, made here) and the Consts."""
-    out, values = hollowed(graph_def)
+    (:func:`~amp_rewrite.io.freezing.hollowed`: each marked :data:`_HOLLOW` with its index in
+    ``values``, where its node is added): without the custom-gradient marks its nodes carry
+    (Keras' swish: a frozen graph serves, and a loader would warn that their gradients were
+    not saved), and each stand-in a ``ReadVariableOp`` of its name and dtype reading a new
+    resource placeholder; returns it and the handles those placeholders capture (placeholder
+    -> the handle of the variable in ``stored``, (index, dtype) -> variable, made here)."""
+    out, held = hollowed(graph_def)
+    for node in out.node:
+        if node.name in held:
+            node.attr[_HOLLOW].i = len(values)
+            values.append(held[node.name])
     for nodes in [out.node] + [f.node_def for f in out.library.function]:
         for node in nodes:
             if _CUSTOM_GRADIENT in node.attr:
@@ -566,7 +588,7 @@ def _serving_graph(graph_def, kept: list[KeptVariable], stored: dict):
         for attr in (STORED_VARIABLE, KEPT_INDEX, "shape"):
             del node.attr[attr]
         handles[handle] = stored[index, dtype].handle
-    return out, handles, values
+    return out, handles
 
 
 def _stored_variable(kept: KeptVariable, dtype: int):

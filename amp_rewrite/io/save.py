@@ -135,6 +135,7 @@ def _stage_saved_model(model: Model, out_path: Path, outputs: OutputSet, force: 
         shutil.copymode(model.path, tmp)  # mkdtemp's 0700 would hide the model from others
         if model.kind == "frozen":
             write_frozen(model.frozen, model.meta_graphs, tmp)
+            _write_fingerprint(tmp)   # of the saved_model.pb written last
         else:
             _write_tree(model, tmp)
     except OSError as exc:
