@@ -74,7 +74,7 @@ class Node:
     them millions of times on large graphs; change the op with :meth:`set_op` only.
     """
 
-    __slots__ = ("proto", "meta", "name", "op", "attr")
+    __slots__ = ("proto", "meta", "name", "op", "attr", "_edits")
 
     def __init__(self, proto: node_def_pb2.NodeDef):
         self.proto = proto
@@ -82,9 +82,15 @@ class Node:
         self.name: str = proto.name
         self.op: str = proto.op
         self.attr = proto.attr   # the message's own map: edits through it edit the NodeDef
+        # the edit count of the graph holding the node (Graph.version), shared, not the graph
+        # itself: a node pointing at its graph would make every graph a reference cycle
+        self._edits: list[int] | None = None
 
     def set_op(self, op: str) -> None:
+        """Change the op: an edit of the graph holding the node (its version moves on)."""
         self.proto.op = self.op = op
+        if self._edits is not None:
+            self._edits[0] += 1
 
     @property
     def device(self) -> str:
@@ -140,6 +146,9 @@ class Graph:
         self._nodes: dict[str, Node] = {}   # the same Node objects networkx holds, by name
         # Every NodeDef ever inserted, at its id; a removed node's stays, unreachable.
         self._store = graph_pb2.GraphDef()
+        # edits so far (see version), in a list its nodes share, so Node.set_op counts too
+        self._edits = [0]
+        self._memo: dict[object, tuple[int, object]] = {}
 
     # ----------------------------------------------------------------- import / export
     @classmethod
@@ -211,6 +220,7 @@ class Graph:
     # multigraph: _succ[u][v] and _pred[v][u] are the same {key: data} dict): its add/remove
     # methods and view objects cost more than the edit, on every edge of a large graph.
     def _link(self, src: str, dst: str, key: tuple, data: dict) -> None:
+        self._edits[0] += 1
         self._inputs.pop(dst, None)
         keyed = self._g._succ[src].get(dst)
         if keyed is None:
@@ -218,6 +228,7 @@ class Graph:
         keyed[key] = data
 
     def _unlink(self, src: str, dst: str, key: tuple) -> None:
+        self._edits[0] += 1
         self._inputs.pop(dst, None)
         keyed = self._g._succ[src][dst]
         del keyed[key]
@@ -225,6 +236,8 @@ class Graph:
             del self._g._succ[src][dst], self._g._pred[dst][src]
 
     def _insert(self, node: Node, after: str | None) -> None:
+        self._edits[0] += 1
+        node._edits = self._edits
         ident = len(self._name_of)
         self._name_of.append(node.name)
         self._ids[node.name] = ident
@@ -264,6 +277,25 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    @property
+    def version(self) -> int:
+        """A count that moves on with every edit by a primitive (a node added or removed, an
+        edge made or dropped, an op changed by :meth:`Node.set_op`): what is worked out from
+        the graph's nodes, ops and edges holds while it stays the same. Attrs edited in place
+        (dtypes set through ``Node.attr``) do not move it."""
+        return self._edits[0]
+
+    def memo(self, key: object, compute: Callable[["Graph"], object]) -> object:
+        """``compute(self)``, remembered under ``key`` until :attr:`version` moves on: for
+        what follows from the graph's nodes, ops and edges (not from attrs edited in place),
+        worked out by several steps of one conversion."""
+        held = self._memo.get(key)
+        if held is not None and held[0] == self._edits[0]:
+            return held[1]
+        value = compute(self)
+        self._memo[key] = (self._edits[0], value)
+        return value
 
     def node(self, name: str) -> Node:
         try:
@@ -370,13 +402,40 @@ class Graph:
     def _reach(self, roots: Iterable[str], adjacency: dict, control: bool,
                stop: Collection[str], past: Callable[[Node], bool] | None,
                depth: int | None) -> set[str]:
-        """The one graph walk: breadth first over ``adjacency`` (networkx's successor or
-        predecessor dicts), without recursion, each node once, at the fewest edges from a
-        root (so ``depth`` bounds every path the walk could take)."""
-        seen: set[str] = set()
-        frontier = list(roots)
-        for name in frontier:
+        """The one graph walk over ``adjacency`` (networkx's successor or predecessor dicts),
+        without recursion, each node once. With ``depth``, breadth first, so each node is
+        reached at the fewest edges from a root and ``depth`` bounds every path the walk could
+        take; else depth first, which reaches the same set for less."""
+        roots = list(roots)
+        for name in roots:
             self._require(name, f"cannot walk from missing node {name!r}")
+        if depth is not None:
+            return self._reach_levels(roots, adjacency, control, stop, past, depth)
+        nodes, seen = self._nodes, set()
+        stack, pop, push, add = roots, roots.pop, roots.append, seen.add
+        while stack:
+            name = pop()
+            if name in seen:
+                continue
+            add(name)
+            if (stop and name in stop) or (past is not None and not past(nodes[name])):
+                continue
+            if control:
+                stack.extend(adjacency[name])
+                continue
+            for other, keyed in adjacency[name].items():
+                if other not in seen:
+                    for key in keyed:   # a data edge among the pair's (a loop, not any(): per edge)
+                        if key[0] == _DATA:
+                            push(other)
+                            break
+        return seen
+
+    def _reach_levels(self, frontier: list[str], adjacency: dict, control: bool,
+                      stop: Collection[str], past: Callable[[Node], bool] | None,
+                      depth: int) -> set[str]:
+        """:meth:`_reach` breadth first, level by level up to ``depth`` edges from a root."""
+        seen: set[str] = set()
         nodes, level = self._nodes, 0
         while frontier:
             ahead = []
@@ -442,6 +501,11 @@ class Graph:
             for name in among:
                 self._require(name, f"cannot order missing node {name!r}")
             return self._sorted(sorted(among, key=rank.__getitem__), rank, set(among))
+        # several steps of a conversion ask for it: worked out once per version of the graph
+        return list(self.memo(Graph.topological_order, Graph._whole_order))
+
+    def _whole_order(self) -> list[str]:
+        """Every node in :meth:`topological_order`'s order."""
         names = self.names()
         rank = self._ranks()
         if self._listed_in_order(names, rank):
@@ -566,9 +630,11 @@ class Graph:
         self._inputs.pop(name, None)
         for src in self._g._pred.pop(name):
             del self._g._succ[src][name]
+        self._nodes[name]._edits = None
         del self._g._succ[name], self._g._node[name], self._nodes[name]
         self._name_of[self._ids.pop(name)] = None
         self._listing = None
+        self._edits[0] += 1
 
     def copy(self) -> "Graph":
         """An independent copy: nodes (their NodeDefs and meta), edges and listing order."""
@@ -582,6 +648,7 @@ class Graph:
         for name, ident in self._ids.items():
             node = Node(protos[ident])
             node.meta = dict(self._nodes[name].meta)
+            node._edits = new._edits
             new._g._node[name] = {"node": node}
             new._nodes[name] = node
             new._g._succ[name] = {}
