@@ -41,8 +41,9 @@ def record(s: PaintState) -> Painting:
 def record_flops(s: PaintState, result: Painting) -> None:
     """Each matrix op's FLOPs into ``result`` (what the report shows matrix work by, decided
     by nothing) and, where the cost model weighed islands, its estimate for the whole graph."""
-    result.flops = {name: matrix_flops(s.graph, s.shapes, node)
-                    for name, node in s.nodes.items() if node.op in MATRIX_OPS}
+    matrix = [name for name, node in s.nodes.items() if node.op in MATRIX_OPS]
+    s.shapes.work_out(matrix)   # every shape they read, in one walk rather than one per op
+    result.flops = {name: matrix_flops(s.graph, s.shapes, s.nodes[name]) for name in matrix}
     if s.weighed is not None:
         lowp = {name for name, _ in result.lowp}
         result.estimate = graph_estimate(result.flops, lowp, s.weighed, s.costs)

@@ -22,7 +22,7 @@ good only against another count of the same rows (:meth:`Shapes.guessed` tells w
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 from tensorflow.python.framework import tensor_util
@@ -34,6 +34,7 @@ Shape = tuple[int, ...]
 # from it (an open batch is -1)
 ROWS = -2
 
+_UNSET = object()   # not worked out yet (None is a shape not known)
 # ops whose output 0 has the shape of input 0
 _SAME = frozenset({
     "Identity", "Snapshot", "StopGradient", "Cast", "CheckNumerics", "PreventGradient",
@@ -69,8 +70,8 @@ _SIZED = {"Conv2DBackpropInput": 0, "DepthwiseConv2dNativeBackpropInput": 0,
 
 
 class Shapes:
-    """Shapes of one graph's tensors, worked out on demand and remembered (the graph must not
-    change while this is in use)."""
+    """Shapes of one graph's tensors, worked out on demand and remembered while the graph is
+    not edited (an edit, :attr:`Graph.version`, makes it start over)."""
 
     def __init__(self, graph: Graph, given: Mapping[str, Shape] | None = None):
         """``given``: placeholder name -> the shape it is fed with (``convert --shape``),
@@ -79,6 +80,9 @@ class Shapes:
         self.given = dict(given or {})
         self._known: dict[TensorRef, Shape | None] = {}
         self._journal: list[TensorRef] | None = None   # what a walk round a loop worked out
+        # each node's place in the graph's topological order, and the version it is of
+        self._rank: dict[str, int] | None = None
+        self._version = graph.version
 
     def elements(self, ref: TensorRef) -> int | None:
         """Elements of ``ref`` per sample (an open first dimension counts as 1), or None."""
@@ -94,35 +98,57 @@ class Shapes:
 
     def shape(self, ref: TensorRef) -> Shape | None:
         """The static shape of ``ref``, or None where it is not known."""
-        if ref not in self._known:
-            for top in self._producers_first(ref):
-                if top in self._known:
-                    continue
-                try:
-                    self._remember(top, _rule(self, top))
-                except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
-                    self._remember(top, None)   # attrs or values a rule did not expect: unknown
-        return self._known[ref]
+        known = self._known.get(ref, _UNSET)
+        if known is _UNSET or self._version != self.graph.version:
+            self._work_out([ref])
+            known = self._known[ref]
+        return known
 
-    def _producers_first(self, ref: TensorRef) -> list[TensorRef]:
-        """``ref`` and the tensors it is computed from, producers first: the IR's walk up the
-        data edges from ``ref``'s node, not past a node whose shape is known, in the IR's
-        topological order of the nodes it walked past (a loop's back edge does not order: a
-        Merge comes before its body, and its rule walks round the loop itself); of each,
+    def work_out(self, names: Iterable[str]) -> None:
+        """Work out the shapes of output 0 of each node of ``names`` and of what they are
+        computed from, in one walk and one order, where most will be asked for (the FLOPs of
+        every matrix op): what asking :meth:`shape` of each would, for one walk instead of one
+        per node."""
+        self._work_out([TensorRef(name, 0) for name in names])
+
+    def _work_out(self, refs: list[TensorRef]) -> None:
+        if self._version != self.graph.version:   # edited: what was worked out may not hold
+            self._known.clear()
+            self._rank, self._version = None, self.graph.version
+        missing = [ref for ref in refs if ref not in self._known]
+        if not missing:
+            return
+        for top in self._producers_first(missing):
+            if top in self._known:
+                continue
+            try:
+                self._remember(top, _rule(self, top))
+            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
+                self._remember(top, None)   # attrs or values a rule did not expect: unknown
+
+    def _producers_first(self, refs: list[TensorRef]) -> list[TensorRef]:
+        """``refs`` and the tensors they are computed from, producers first: the IR's walk up
+        the data edges from their nodes, not past a node whose shape is known, in the graph's
+        topological order (worked out once, not per walk: a loop's back edge does not order,
+        so a Merge comes before its body, and its rule walks round the loop itself); of each,
         output 0 and, where each output has a rule (:data:`_PORTS`), the outputs the others
         read. Another output a rule asks for is worked out then. Without recursion: chains of
         thousands of nodes are common."""
         graph, known = self.graph, self._known
-        reached = graph.ancestors([ref.node], control=False,
+        reached = graph.ancestors([ref.node for ref in refs], control=False,
                                   past=lambda node: TensorRef(node.name, 0) not in known)
-        todo = {name for name in reached if TensorRef(name, 0) not in known}
+        if self._rank is None:
+            self._rank = {name: i for i, name in enumerate(graph.topological_order())}
+        todo = [name for name in reached if TensorRef(name, 0) not in known]
+        todo.sort(key=self._rank.__getitem__)
         order = []
-        for name in graph.topological_order(among=todo):
-            ports = {0}
-            if graph.node(name).op in _PORTS:
-                ports |= {port for port, reader, _ in graph.out_edges(name) if reader in reached}
+        for name in todo:
+            if graph.node(name).op not in _PORTS:
+                order.append(TensorRef(name, 0))
+                continue
+            ports = {0} | {port for port, reader, _ in graph.out_edges(name) if reader in reached}
             order.extend(TensorRef(name, port) for port in sorted(ports))
-        return order + [ref]
+        return order + refs
 
     def _remember(self, ref: TensorRef, shape: Shape | None) -> None:
         if self._journal is not None and ref not in self._known:
@@ -227,9 +253,12 @@ def _measured(graph: Graph, ref: TensorRef) -> TensorRef | None:
 
 
 def _const_shape(shapes: Shapes, ref: TensorRef) -> Shape | None:
-    node = shapes.graph.node(ref.node)
-    if node.op == "Const":
-        return tuple(d.size for d in node.attr["value"].tensor.tensor_shape.dim)
+    """The shape of ``ref``, read off the value where it is a Const's not worked out yet (no
+    walk for a weight)."""
+    if ref not in shapes._known:
+        node = shapes.graph.node(ref.node)
+        if node.op == "Const":
+            return tuple(d.size for d in node.attr["value"].tensor.tensor_shape.dim)
     return shapes.shape(ref)
 
 
