@@ -90,10 +90,11 @@ def update_region(graph: Graph) -> UpdateRegion:
 
 def _update_region(graph: Graph) -> UpdateRegion:
     names = graph.names()
-    scoped = [n for n in names if backprop_scope(n)]
+    # backprop_scope's test, its pattern looked for only in names that can hold it
+    scoped = [n for n in names if "gradient" in n and _BACKPROP_SCOPE.search(n)]
     if not scoped:
         return UpdateRegion()
-    sinks = [n for n in names if writes(graph, graph.node(n))]
+    sinks = [node.name for node in graph.nodes() if writes(graph, node)]
     if not sinks:
         return UpdateRegion()
     after = graph.descendants(scoped)
