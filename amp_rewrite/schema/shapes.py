@@ -135,11 +135,13 @@ class Shapes:
         read. Another output a rule asks for is worked out then. Without recursion: chains of
         thousands of nodes are common."""
         graph, known = self.graph, self._known
-        reached = graph.ancestors([ref.node for ref in refs], control=False,
-                                  past=lambda node: TensorRef(node.name, 0) not in known)
+        # (nothing known yet, as when work_out starts: nothing to stop at)
+        past = (lambda node: TensorRef(node.name, 0) not in known) if known else None
+        reached = graph.ancestors([ref.node for ref in refs], control=False, past=past)
         if self._rank is None:
             self._rank = {name: i for i, name in enumerate(graph.topological_order())}
-        todo = [name for name in reached if TensorRef(name, 0) not in known]
+        todo = [name for name in reached if TensorRef(name, 0) not in known] if known \
+            else list(reached)
         todo.sort(key=self._rank.__getitem__)
         order = []
         for name in todo:
