@@ -3,7 +3,11 @@
 networkx is an implementation detail of this module: passes speak only the :class:`Graph` /
 :class:`Node` / :class:`TensorRef` vocabulary below. All edits go through a few checked
 primitives (:meth:`Graph.add_node`, :meth:`Graph.set_input`, :meth:`Graph.remove_node` ...) and
-all new names come from :meth:`Graph.unique_name`, so a conversion is deterministic.
+all new names come from :meth:`Graph.unique_name`, so a conversion is deterministic. Each
+primitive moves the graph's :attr:`Graph.version` on, and what several steps of a conversion
+work out from the whole graph (its topological order, the update region) is remembered under
+that version (:meth:`Graph.memo`): asked again of an unedited graph it costs nothing, and an
+edit drops it.
 
 Two kinds of failure: a GraphDef that TensorFlow would not import (a name used twice, an input
 naming a missing node) is the user's, an :class:`InputError` from :meth:`Graph.from_graph_def`;
