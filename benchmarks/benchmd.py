@@ -10,6 +10,7 @@ import datetime
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,6 +56,15 @@ def provenance(argv: list[str] | None = None, prefix: str = "", shared: bool = T
     return (f"Measured {datetime.date.today().isoformat()} on {cpu()}, {where}; TensorFlow "
             f"{tf.__version__}, Python {platform.python_version()}. Written by "
             f"`{command(argv, prefix)}`.")
+
+
+def commit() -> str:
+    """The checkout's commit (short), and whether its working tree differs from it."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return head + (" with uncommitted changes" if dirty else "")
 
 
 def write_section(text: str, path: Path = BENCHMARKS) -> None:

@@ -36,7 +36,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import commit, provenance, publish  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
@@ -213,8 +213,11 @@ def fit(xs, ys) -> tuple[float, float]:
     return float(b), float(np.exp(log_a))
 
 
-def table(rows: list[dict], runs: int) -> str:
+def table(rows: list[dict], runs: int, measured: str = "") -> str:
+    """The section: ``measured`` (benchmd.provenance, taken as the run started), the commit,
+    what was timed and how, the table and the fits."""
     lines = [f"{SECTION}\n",
+             f"{measured or provenance()} Commit {commit()}.\n",
              f"`benchmarks/scaling.py`: in-process `amp_rewrite.convert(gd, target=\"bfloat16\", "
              f"device=\"cpu\")` against grappler's `auto_mixed_precision_onednn_bfloat16` pass "
              f"alone on the same GraphDef (`tf_optimizer.OptimizeGraph`), median of {runs} runs "
@@ -256,6 +259,7 @@ def main() -> int:
     p.add_argument("--cli-graph", default="mlp:100000", help="kind:nodes for the CLI end to end")
     p.add_argument("--write", action="store_true")
     args = p.parse_args()
+    measured = provenance()   # the load as the run starts
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}   # each graph built once (a 300k-node training graph takes a minute)
@@ -271,7 +275,7 @@ def main() -> int:
         cli = measure_cli(path, args.runs)
         print(json.dumps(cli), flush=True)
         extra = cli_lines(f"the {kind} graph of about {nodes} nodes", cli)
-    text = table(rows, args.runs) + "\n".join(extra) + "\n"
+    text = table(rows, args.runs, measured) + "\n".join(extra) + "\n"
     return publish(text, args.write)
 
 
