@@ -2,8 +2,9 @@
 
 Builds the ``benchmarks/scaling.py`` graphs once, then converts each in fresh processes of two
 checkouts of this repository, alternating (before, after, before, after ...), so drift in the
-machine's speed falls on both; medians of ``--runs``. ``--before`` is a revision (checked out in
-a temporary git worktree), ``--after`` a revision or, by default, this working tree.
+machine's speed falls on both; medians of ``--runs`` of each conversion's CPU time.
+``--before`` is a revision (checked out in a temporary git worktree), ``--after`` a revision
+or, by default, this working tree.
 ``--write LABEL`` adds a row per graph to the "Conversion speed, change by change" section of
 BENCHMARKS.md (earlier rows are kept: the section is the change history).
 
@@ -48,7 +49,7 @@ def compare(paths: dict[str, Path], graphs: dict[str, Path], runs: int) -> list[
                 got[side].append(scaling.convert_in_child(file, who, cwd=paths[side]))
         row = {"graph": graph, "bytes": file.stat().st_size}
         for side, results in got.items():
-            row[side + "_s"] = statistics.median(r["seconds"] for r in results)
+            row[side + "_s"] = statistics.median(r["cpu_seconds"] for r in results)
             row[side + "_mb"] = statistics.median(r["peak_kib"] - r["base_kib"] for r in results) / 1024
         rows.append(row)
         print(row, flush=True)
@@ -89,7 +90,10 @@ def write(new_lines: list[str], label: str, measured: str) -> None:
             f"speed\"). Measured on {platform.machine()}, {os.cpu_count()} cores "
             f"({scaling.hardware.describe()}), TensorFlow {scaling.tf.__version__}. The machine's "
             "speed drifts by a fifth between minutes: read single rows' seconds with that in "
-            "mind; peak memory does not drift.\n",
+            "mind; peak memory does not drift. Seconds are the conversion's wall time up to the "
+            "rows of issue 41 item 5, its CPU time (`time.process_time`) from them on: on a "
+            "machine other jobs share, its wall time moved by a third between two runs of the "
+            "same rows.\n",
             "| change | graph | seconds before -> after | peak MB before -> after | before = | runs |",
             "| --- | --- | --- | --- | --- | --- |"]
     said = f'Rows "{label}": {measured} After = {commit()}.'

@@ -134,10 +134,11 @@ CHILD = ("import gc, json, os, sys, time\n"
          "    run = lambda: scaling.grappler_amp(gd, sys.argv[2])\n"
          "gc.collect(); open('/proc/self/clear_refs', 'w').write('5')\n"
          "base = status('VmRSS:')\n"
-         "start = time.perf_counter()\n"
+         "start, cpu = time.perf_counter(), time.process_time()\n"
          "run()\n"
-         "seconds = time.perf_counter() - start\n"
-         "print(json.dumps({'base_kib': base, 'peak_kib': status('VmHWM:'), 'seconds': seconds}))\n")
+         "seconds, cpu = time.perf_counter() - start, time.process_time() - cpu\n"
+         "print(json.dumps({'base_kib': base, 'peak_kib': status('VmHWM:'), 'seconds': seconds,\n"
+         "                  'cpu_seconds': cpu}))\n")
 
 
 def convert_in_child(path: Path, who: str = "ours", cwd: Path = ROOT) -> dict:
@@ -145,7 +146,8 @@ def convert_in_child(path: Path, who: str = "ours", cwd: Path = ROOT) -> dict:
     amp-rewrite (``who="ours"``; ``"ours-painted"`` with ``min_matrix_intensity=0``, so the
     small layers of these graphs are painted and cast too) or grappler's pass (``who``: the
     node to fetch): resident
-    memory before converting (KiB), the peak while converting, and the seconds it took. The
+    memory before converting (KiB), the peak while converting, and the seconds it took (wall
+    and, as ``cpu_seconds``, the process's CPU time, which other jobs disturb less). The
     peak is reset first (``/proc/self/clear_refs``), so TensorFlow's import, whose own peak is
     higher than many conversions, does not hide it."""
     env = dict(os.environ, PYTHONPATH=str(cwd))
