@@ -241,9 +241,11 @@ def _hint_freezing(timed: Timed, found: Measured, report: Report) -> None:
     ran at least :data:`FREEZE_HINT_SHARE` faster, say so in the report's ``freezing``
     entry, naming --freeze: a measurement that it gains, where the estimate may not see it
     (docs/savedmodels.md "When freezing gains")."""
+    written = "float32" if found.estimate_is_input and found.chosen == "estimated" else \
+        found.chosen   # an estimate that changed nothing was timed as the float32 model
     found.frozen_ms = timed.timing("frozen").median_ms
     found.frozen_ratio = found.times_ms[found.chosen] / found.frozen_ms
-    ratios = timed.round_ratios(found.chosen, "frozen")
+    ratios = timed.round_ratios(written, "frozen")
     found.frozen_range = spread(ratios)
     if found.frozen_ratio < 1 + FREEZE_HINT_SHARE:
         return
