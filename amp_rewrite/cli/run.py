@@ -162,9 +162,11 @@ def _convert_parser() -> argparse.ArgumentParser:
     _batch_flag(p)
     _costs_flag(p)
     p.add_argument("--measure", action="store_true",
-                   help="bfloat16 on cpu: where the cost model kept nodes float32, time its "
-                        "conversion against the one painted whole on this machine (inputs "
-                        "as bench feeds them, --shape for open dimensions) and write the faster")
+                   help="bfloat16 on cpu: time the float32 input, the cost model's conversion "
+                        "and, where it kept nodes float32, the one painted whole on this "
+                        "machine, each in its own process as bench times (inputs as bench "
+                        "feeds them, --shape for open dimensions), and write the fastest (the "
+                        "input unconverted where float32 ran fastest)")
     _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true",

@@ -33,7 +33,13 @@ from ..paint.costs import DEFAULT_BATCH
 from ..rules import cost_table
 from ..rules.loader import RuleSet, load_rules
 from ..schema.functiondef import check_call_types, reachable, saver_functions
-from ..schema.inputs import fitting_shape, input_keys, match_inputs, meta_graph_inputs
+from ..schema.inputs import (
+    component_shapes,
+    fitting_shape,
+    input_keys,
+    match_inputs,
+    meta_graph_inputs,
+)
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
@@ -210,6 +216,9 @@ def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
     shape that does not fit the input's stated one, is an InputError."""
     resolved = []
     specs = meta_graph_inputs(meta, graph)
+    # a RaggedTensor's or SparseTensor's shape as a whole (by the argument's name) fixes only
+    # what it fixes of its components (a RaggedTensor's rows: its row splits' length)
+    shapes = component_shapes(shapes, specs)
     for name in match_inputs(shapes, specs, "--shape"):
         # a signature's input key names that input of every signature that has it (a Keras
         # export's serve and serving_default)
@@ -323,7 +332,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = dataclasses.replace(options.painting_target(),
-                                 input_shapes=input_shapes(options.shapes or {}, graph, meta))
+                                 input_shapes=input_shapes(options.shapes or {}, graph, meta_graph))
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if options.weighed():   # the batch an open first dimension is weighed at, here and in bodies

@@ -279,7 +279,7 @@ def _speed_figure(report: dict | None, bench: dict | None) -> str:
     if bench:
         return _figure("speed", f"{bench['speedup']:.2f}×",
                        f"the float32 model's speed, measured here (median of {bench['runs']} "
-                       f"interleaved runs each, batch {bench['batch']})")
+                       f"runs each, {bench['method']}, batch {bench['batch']})")
     measured = (report or {}).get("measured")
     if measured:
         return _figure("speed", "measured", escape(f"here, --measure: {measured['summary']}"))
@@ -618,7 +618,7 @@ def _bench(b: dict) -> str:
     rows = [(name, b[name]["median_ms"], b[name]["p10_ms"], b[name]["p90_ms"], b[name]["throughput"])
             for name in ("original", "converted")]
     return (f"<h2>Bench: {b['speedup']:.2f}× speed-up</h2>"
-            f"<p>{b['runs']} timed runs each after {b['warmup']} warm-up, interleaved, "
+            f"<p>{b['runs']} timed runs each after {b['warmup']} warm-up, {b['method']}, "
             f"batch {b['batch']}; the ratio within single rounds ran from {b['speedup_p10']:.2f}× "
             f"(p10) to {b['speedup_p90']:.2f}× (p90).</p>"
             + _table(("model", "median (ms)", "p10 (ms)", "p90 (ms)", "samples/s"), rows, "bench"))
