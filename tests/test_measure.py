@@ -173,3 +173,32 @@ def test_an_estimate_that_changed_nothing_is_the_float32_model_timed_once(tmp_pa
     assert "the cost model's conversion is the float32 model (it changed no node)" in found.summary()
     assert model.graph_def == load(src).graph_def
     assert "cost" in {n.code for n in report.nodes} and "measured" not in {n.code for n in report.nodes}
+
+
+def test_cost_aware_on_a_cpu_with_a_bfloat16_unit_times_the_conversion_against_float32(
+        tmp_path, monkeypatch):
+    """--cost-aware promises a model never slower than float32 here: on a CPU with a bfloat16
+    unit the estimate cannot say it, so the command converts as --measure does (float32 among
+    the candidates, the tests above; here the call is recorded, not timed), and on one without
+    a unit it keeps every island float32 without timing anything (test_costs.py)."""
+    from amp_rewrite.core import hardware
+    from amp_rewrite.tools import measured as measured_mod
+    calls = []
+    real = measured_mod.measured_conversion
+
+    def recorded(input_path, output_name, options, **kw):
+        calls.append(options.cost_aware)
+        return real(input_path, output_name, options,
+                    timer=lambda models, **_: _timed({n: 1.0 for n in models}), **kw)
+
+    monkeypatch.setattr(measured_mod, "measured_conversion", recorded)
+    src = tmp_path / "block.pb"
+    src.write_bytes(inverted_residual("random", batch=8).SerializeToString())
+    for unit, measured in (("avx512_bf16", [True]), (None, [])):
+        monkeypatch.setattr(hardware, "bf16_matrix_unit", lambda unit=unit: unit)
+        calls.clear()
+        assert main([str(src), "-o", str(tmp_path / "m.pb"), *FLAGS, "--cost-aware", "-q",
+                     "--force", "--report", str(tmp_path / "m.json")]) == 0
+        assert calls == measured, unit
+        report = json.loads((tmp_path / "m.json").read_text())
+        assert ("measured" in report) == bool(measured)

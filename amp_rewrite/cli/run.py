@@ -156,9 +156,11 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "numbers without a GPU (a SavedModel's function bodies included)")
     _folding_flags(p)
     p.add_argument("--cost-aware", action="store_true",
-                   help="never slower than float32 on this machine: for --device cpu --target "
-                        "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
-                        "island float32 (code cost)")
+                   help="never slower than float32 on this machine, for --device cpu --target "
+                        "bfloat16: on a CPU with no bfloat16 matrix unit (AVX2 only) every "
+                        "island stays float32 (code cost), whatever --costs says; on one with a "
+                        "unit the conversion is timed against float32 as --measure times it, "
+                        "and the fastest written")
     _batch_flag(p)
     _costs_flag(p)
     p.add_argument("--measure", action="store_true",

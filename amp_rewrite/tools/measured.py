@@ -155,7 +155,8 @@ def measured_conversion(input_path, output_name: str, options: Options, *,
         with _held(logs["painted"]):
             conversions["painted"] = convert_path(
                 input_path, dataclasses.replace(options, min_matrix_intensity=0))
-    frozen = _frozen(input_path, conversions["float32"][0], options)
+    frozen = (None if conversions["estimated"][0].kind == "frozen"   # (frozen by default)
+              else _frozen(input_path, conversions["float32"][0], options))
     models = {name: model for name, (model, _) in conversions.items()}
     same = _same(models["float32"], models["estimated"])
     timed = _timed({**{k: m for k, m in models.items() if not (same and k == "estimated")},
