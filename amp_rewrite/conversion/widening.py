@@ -19,11 +19,12 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..check import lint
 from ..core.dtypes import FLOAT, LOW_PRECISION, TARGET_NAMES, TARGETS, dtype_name
-from ..core.errors import LintError
+from ..core.errors import LintError, UnsupportedGraphError
 from ..core.ir import Graph
-from ..core.ops import MATRIX_OPS
+from ..core.ops import MATRIX_OPS, is_variable_write
 from ..paint.decisions import Decision
 from ..report.decisions import NodeReport, Report, computes_in
+from ..schema.backprop import trains
 from ..schema.functiondef import (
     check_call_types,
     function_to_graph,
@@ -75,6 +76,8 @@ def widen_meta_graph(meta_graph: meta_graph_pb2.MetaGraphDef, dtypes: Collection
     (their arguments and results, and the ``--keep`` names of their nodes ``user_keep``,
     kept), each graph linted against what it was; the input is not changed."""
     source = meta_graph.graph_def
+    for owner, nodes in _bodies(meta_graph, named=True):
+        _refuse_trained_16bit_variables(nodes, dtypes, owner)
     out = graph_pb2.GraphDef()
     out.CopyFrom(source)
     widened = Widened(frozenset(dtypes))
@@ -184,15 +187,34 @@ def _summary(widened: Widened, target: str) -> dict:
             "summary": text}
 
 
-def _bodies(meta_graph: meta_graph_pb2.MetaGraphDef):
+def _bodies(meta_graph: meta_graph_pb2.MetaGraphDef, named: bool = False):
     """The graph's own nodes, then each function body it reaches (its object graph's concrete
-    functions included)."""
+    functions included); ``named``: each as ``(function name or None, nodes)``."""
     graph_def = meta_graph.graph_def
     by_name = {f.signature.name: f for f in graph_def.library.function}
-    yield graph_def.node
+    yield (None, graph_def.node) if named else graph_def.node
     for name in reachable(graph_def.node, graph_def.library,
                           meta_graph.object_graph_def.concrete_functions):
-        yield by_name[name].node_def
+        yield (name, by_name[name].node_def) if named else by_name[name].node_def
+
+
+def _refuse_trained_16bit_variables(nodes, dtypes: Collection[int], owner: str | None) -> None:
+    """Refuse a graph (or function body) that trains variables stored in a dtype to widen:
+    widening keeps each variable's stored dtype (a checkpoint holds it), so the updates it
+    computes in float32 would be rounded back to 16 bits at every write, a model neither
+    float32 nor the one trained."""
+    if not trains(nodes):
+        return
+    writes = [nd for nd in nodes if is_variable_write(nd.op) and _held(nd) & set(dtypes)]
+    if writes:   # named by an update rather than an initializer's plain assignment
+        write = min(writes, key=lambda nd: nd.op in ("Assign", "AssignVariableOp"))
+        name = " and ".join(sorted(TARGET_NAMES[d] for d in _held(write) & set(dtypes)))
+        where = f"function {owner!r}" if owner else "the graph"
+        raise UnsupportedGraphError(
+            f"{where} trains variables stored in {name} ({write.op} {write.name!r} writes one): "
+            f"a conversion keeps each variable's stored dtype, so their updates would be "
+            f"rounded to {name} at every step; convert it for {name} as it is, or store its "
+            "variables in float32 (Keras: the mixed_float16 policy, not float16)")
 
 
 def _held(nd) -> set[int]:
