@@ -21,14 +21,17 @@ from ..check import lint
 from ..core.dtypes import FLOAT, LOW_PRECISION, TARGET_NAMES, TARGETS, dtype_name
 from ..core.errors import LintError, UnsupportedGraphError
 from ..core.ir import Graph
-from ..core.ops import MATRIX_OPS, is_variable_write
+from ..core.ops import FUNCTIONAL_OPS, MATRIX_OPS, is_variable_write
 from ..paint.decisions import Decision
 from ..report.decisions import NodeReport, Report, computes_in
 from ..schema.backprop import trains
 from ..schema.functiondef import (
+    called_functions,
     check_call_types,
     function_to_graph,
+    gradient_linked,
     graph_to_function,
+    is_concrete,
     reachable,
 )
 from ..schema.opdefs import (
@@ -72,25 +75,28 @@ def widen_meta_graph(meta_graph: meta_graph_pb2.MetaGraphDef, dtypes: Collection
                      keep: dict[str, tuple[str, str]], user_keep: Collection[str],
                      device: str) -> tuple[graph_pb2.GraphDef, Widened]:
     """``meta_graph``'s GraphDef with ``dtypes`` widened to float32 in the graph's own nodes
-    (``keep``: those whose dtypes must not change, with why) and in every function it reaches
+    (``keep``: those whose dtypes must not change, with why), in every function it reaches
     (their arguments and results, and the ``--keep`` names of their nodes ``user_keep``,
-    kept), each graph linted against what it was; the input is not changed."""
+    kept) and at the boundaries between them (:func:`widen_boundaries`), each graph linted
+    against what it was; the input is not changed."""
     source = meta_graph.graph_def
     for owner, nodes in _bodies(meta_graph, named=True):
         _refuse_trained_16bit_variables(nodes, dtypes, owner)
+    roots = set(meta_graph.object_graph_def.concrete_functions)
+    names = reachable(source.node, source.library, roots)
     out = graph_pb2.GraphDef()
     out.CopyFrom(source)
+    sites = widen_boundaries(out, dtypes, names, roots | gradient_linked(source.library))
     widened = Widened(frozenset(dtypes))
-    graph, added = graph_with_defaults(source)
-    widened.graphs[""] = _widen_checked(graph, dtypes, keep, device)
-    graph.to_graph_def(source, into=out)
-    strip_graph_defaults(out, added)
-    signatures = {f.signature.name: f.signature for f in source.library.function}
-    by_name = {f.signature.name: f for f in out.library.function}
-    for name in reachable(source.node, source.library,
-                          meta_graph.object_graph_def.concrete_functions):
+    signatures = {f.signature.name: f.signature for f in out.library.function}
+    graph, added = graph_with_defaults(out)
+    widened.graphs[""] = _widen_checked(graph, dtypes, keep, device, signatures, sites.get(None))
+    main = graph.to_graph_def(out)
+    strip_graph_defaults(main, added)
+    by_name = {f.signature.name: f for f in main.library.function}
+    for name in names:
         fdef = by_name[name]
-        if not any(_held(nd) & set(dtypes) for nd in fdef.node_def):
+        if name not in sites and not any(_held(nd) & set(dtypes) for nd in fdef.node_def):
             continue
         fg = function_to_graph(fdef, signatures)
         body_keep = kept(boundary=fg.boundary(),
@@ -98,23 +104,84 @@ def widen_meta_graph(meta_graph: meta_graph_pb2.MetaGraphDef, dtypes: Collection
         for control in fdef.control_ret.values():   # named by the FunctionDef: never removed
             body_keep.setdefault(control, ("interface", "a control output of its function"))
         widened.graphs[f"{name}/"] = _widen_checked(fg.graph, dtypes, body_keep, device,
-                                                    signatures)
+                                                    signatures, sites.get(name))
         fdef.CopyFrom(graph_to_function(fg, signatures))
-    problems = check_call_types(out)
+    problems = check_call_types(main)
     if problems:
         raise LintError(problems)
-    return out, widened
+    return main, widened
 
 
-def _widen_checked(graph: Graph, dtypes, keep, device: str, signatures=None) -> Widening:
-    """:func:`widen` on ``graph``, then the lint of what it changed against what it was."""
+def _widen_checked(graph: Graph, dtypes, keep, device: str, signatures,
+                   retyped: dict | None) -> Widening:
+    """:func:`widen` on ``graph`` (``retyped``: its calls and loops whose types
+    :func:`widen_boundaries` widened), then the lint of what it changed against what it was."""
     for node in graph.nodes():
-        if signatures and node.op in signatures:
+        if node.op in signatures:   # a direct call: typed by its callee's signature
             set_call_signature(node, signatures[node.op])
     before = Before(graph)
-    result = widen(graph, dtypes, keep=keep, device=device)
+    result = widen(graph, dtypes, keep=keep, device=device, retyped=retyped or {})
     lint.lint(graph, original=before)
     return result
+
+
+def widen_boundaries(graph_def: graph_pb2.GraphDef, dtypes: Collection[int],
+                     names: Collection[str], pinned: Collection[str]
+                     ) -> dict[str | None, dict[str, dict[TypeAttr, int]]]:
+    """Widen, in place, the arguments and results of ``dtypes`` of the functions ``names``
+    (those the graph reaches) and the types of every call, loop and branch that calls them, so
+    a value that crossed a boundary in 16 bits crosses it in float32. A function keeps its
+    signature where one of those that share a call with it (a loop's condition and body, an
+    If's branches) is ``pinned`` (a SavedModel restores it, a gradient table names it), is
+    polymorphic, or is named by an op that is no call (a tf.data function). Returns, per
+    owner (None: the graph's own nodes), the call sites retyped: node -> type attribute ->
+    the dtype it held (a direct call, typed by the signature, with none)."""
+    by_name = {f.signature.name: f for f in graph_def.library.function}
+    wanted = set(dtypes)
+    group = {name: name for name in names}   # union-find: functions one call ties together
+    blocked = {n for n in names if n in pinned or not is_concrete(by_name[n])}
+    calls = []
+    for owner, nodes in [(None, graph_def.node)] + [(n, by_name[n].node_def) for n in names]:
+        for nd in nodes:
+            callees = [c for c in called_functions(nd, set(by_name)) if c in group]
+            if callees and (nd.op in FUNCTIONAL_OPS or nd.op in by_name):
+                calls.append((owner, nd, callees))
+                for other in callees[1:]:
+                    group[_root(group, other)] = _root(group, callees[0])
+            else:
+                blocked.update(callees)
+    stays = {_root(group, n) for n in blocked}
+    raised = {n for n in names if _root(group, n) not in stays}
+    for name in raised:
+        for arg in list(by_name[name].signature.input_arg) + list(by_name[name].signature.output_arg):
+            if arg.type in wanted:
+                arg.type = FLOAT
+    sites: dict[str | None, dict[str, dict[TypeAttr, int]]] = {}
+    for owner, nd, callees in calls:
+        if callees[0] in raised:
+            sites.setdefault(owner, {})[nd.name] = _widen_call(nd, wanted)
+    return sites
+
+
+def _root(group: dict[str, str], name: str) -> str:
+    while group[name] != name:
+        group[name] = group[group[name]]
+        name = group[name]
+    return name
+
+
+def _widen_call(nd, wanted: set[int]) -> dict[TypeAttr, int]:
+    """A call's, loop's or branch's type lists of ``wanted`` dtypes to float32, in place
+    (its callees' signatures widened with them); returns the attributes it changed."""
+    changed = {}
+    for key in ("T", "Tin", "Tout"):
+        if key in nd.attr and nd.op in FUNCTIONAL_OPS:
+            types = nd.attr[key].list.type
+            for i, dtype in enumerate(types):
+                if dtype in wanted:
+                    changed[TypeAttr(key, i)] = dtype
+                    types[i] = FLOAT
+    return changed
 
 
 def note_widening(report: Report, widened: Widened, target: str) -> None:

@@ -12,8 +12,12 @@ Promises of :func:`widen`:
   is not the graph's to change, each recorded with why (:attr:`Widening.kept`): the interface
   (placeholders, outputs nothing reads, signature tensors, function arguments and results,
   ``--keep`` names), variable ops and whatever holds state, calls and loops (their callees'
-  signatures fix their dtypes), a TensorList's element dtype, ops that reinterpret bytes, ops
+  signatures fix their dtypes; the caller widens those of functions it may change:
+  :func:`~amp_rewrite.conversion.widening.widen_boundaries`), ops that reinterpret bytes, ops
   TensorFlow has no float32 kernel or does not register;
+* TensorList ops widen like any other: every one of the model that holds a widened element
+  dtype does, in every graph and function, so the ops of one list, whose handle may cross
+  calls and loops, agree again;
 * a Cast the model put between float32 and the widened dtype casts nothing once both its ends
   are float32: its readers read its input, so a float32 variable's value reaches them unrounded,
   and it is removed (kept, casting float32 to float32, only where a control edge leaves it);
@@ -31,7 +35,7 @@ from typing import Collection, Mapping
 
 from ..core.dtypes import FLOAT
 from ..core.ir import Graph, TensorRef
-from ..core.ops import FUNCTIONAL_OPS, is_tensorlist_op
+from ..core.ops import FUNCTIONAL_OPS
 from ..paint.state import holds_state, interface_names
 from ..schema import consts
 from ..schema.opdefs import (
@@ -68,15 +72,18 @@ class Widening:
 
 
 def widen(graph: Graph, dtypes: Collection[int], *, keep: Mapping[str, tuple[str, str]],
-          device: str) -> Widening:
+          device: str, retyped: Mapping[str, Mapping[TypeAttr, int]] = {}) -> Widening:
     """Move ``graph``'s type attributes that hold one of ``dtypes`` to float32, in place (see
     the module doc); ``keep`` maps the nodes whose dtypes must not change to ``(code,
     reason)``, as painting takes it, and ``device`` is the device type unplaced nodes run on
-    (which kernels exist). The caller lints the result against the graph it was."""
+    (which kernels exist). ``retyped``: the calls and loops whose types the caller widened
+    with their callees' signatures (type attribute -> the dtype it held; empty for a direct
+    call), recorded with the rest, their edges cast where they now disagree. The caller lints
+    the result against the graph it was."""
     before = Before(graph)
     result = Widening()
-    plan = _plan(graph, frozenset(dtypes), keep, device, result)
-    stats = CastStats()
+    plan = _plan(graph, frozenset(dtypes), keep, device, result, retyped)
+    stats = CastStats(touched=set(retyped))
     for name, attrs in plan.items():
         node = graph.node(name)
         for attr in attrs:
@@ -93,12 +100,13 @@ def widen(graph: Graph, dtypes: Collection[int], *, keep: Mapping[str, tuple[str
 
 
 def _plan(graph: Graph, dtypes: frozenset[int], keep: Mapping[str, tuple[str, str]],
-          device: str, result: Widening) -> dict[str, dict[TypeAttr, int]]:
-    """Which type attributes go to float32, node by node, with the dtype each held; those that
-    hold a widened dtype and stay are recorded in ``result.kept``. Casts are decided last: a
-    Cast's destination once its readers are, its source once what feeds it is."""
+          device: str, result: Widening, retyped) -> dict[str, dict[TypeAttr, int]]:
+    """Which type attributes go to float32, node by node, with the dtype each held (the calls
+    ``retyped`` already did, with theirs); those that hold a widened dtype and stay are
+    recorded in ``result.kept``. Casts are decided last: a Cast's destination once its readers
+    are, its source once what feeds it is."""
     interface = interface_names(graph, keep, lowp_io=False)
-    plan: dict[str, dict[TypeAttr, int]] = {}
+    plan = {name: dict(attrs) for name, attrs in retyped.items() if attrs}
     casts = []
     for node in graph.nodes():
         types = node_types(node)
@@ -136,8 +144,6 @@ def _fixed(node, interface, device: str, held) -> str | None:
         return "state"
     if node.op in FUNCTIONAL_OPS:
         return "calls and loops"   # their callees' signatures fix their dtypes
-    if is_tensorlist_op(node.op):
-        return "TensorLists"   # the element dtype is the list's, which calls may share
     if node.op in REINTERPRETING_OPS:
         return "bytes read as 16 bits"   # in float32 they would read other values
     if not kernel_supports(node, {a: FLOAT for a in held}, device_type(node, device)):
@@ -147,22 +153,26 @@ def _fixed(node, interface, device: str, held) -> str | None:
 
 def _widens(graph: Graph, plan, reader: str, port: int) -> bool:
     """Whether input ``port`` of ``reader`` reads float32 once the plan is applied: its type
-    attribute is planned, or it is a Cast's source (which follows what feeds it)."""
+    attribute is planned, it is a Cast's source (which follows what feeds it), or a fixed
+    float32 port (a direct call whose callee's signature was widened)."""
     node = graph.node(reader)
     types = node_types(node)
-    if types is None or port >= len(types.inputs) or types.inputs[port].attr is None:
+    if types is None or port >= len(types.inputs):
         return False
     attr = types.inputs[port].attr
+    if attr is None:
+        return types.inputs[port].fixed == FLOAT
     return attr in plan.get(reader, {}) or (node.op == "Cast" and attr == _SRC)
 
 
 def _widened_output(graph: Graph, plan, ref: TensorRef) -> bool:
-    """Whether output ``ref`` is float32 once the plan is applied."""
+    """Whether output ``ref`` is float32 once the plan is applied: its type attribute is
+    planned, or it is a fixed float32 port (a direct call's, its callee widened)."""
     types = node_types(graph.node(ref.node))
     if types is None or ref.port >= len(types.outputs):
         return False
     attr = types.outputs[ref.port].attr
-    return attr is not None and attr in plan.get(ref.node, {})
+    return types.outputs[ref.port].fixed == FLOAT if attr is None else attr in plan.get(ref.node, {})
 
 
 def _bypass_identity_casts(graph: Graph, plan, before: Before, result: Widening,
