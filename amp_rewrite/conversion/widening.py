@@ -196,6 +196,11 @@ def note_widening(report: Report, widened: Widened, target: str) -> None:
             node = by_name.get(prefix + name)
             if node is not None:
                 _decide(node, _lifted(node, attrs, target))
+        for name, why in done.kept.items():
+            node = by_name.get(prefix + name)
+            if node is not None:
+                held = " and ".join(sorted({_name(d) for d in _sixteen(node)}))
+                node.reason = f"keeps {held} ({why}): {node.reason}"
         for name, attrs in done.removed.items():
             node = NodeReport(prefix + name, "Cast", "float32", "", "",
                               attrs={str(a): "float" for a in attrs})
@@ -225,6 +230,11 @@ def _removed_reason(attrs) -> str:
     return (f"the input's Cast from {src} to {dst}: once its neighbours were widened it cast "
             "float32 to float32, so its readers read its input (a float32 value, not rounded to "
             "16 bits first) and it is removed")
+
+
+def _sixteen(node: NodeReport) -> set[int]:
+    """The 16-bit dtypes a reported node holds."""
+    return {d for d in TARGET_NAMES if dtype_name(d) in node.attrs.values()}
 
 
 def _decide(node: NodeReport, decision: Decision) -> None:

@@ -10,8 +10,8 @@ Promises of :func:`widen`:
 
 * every (node, type attribute) holding a widened dtype goes to float32, but those whose dtype
   is not the graph's to change, each recorded with why (:attr:`Widening.kept`): the interface
-  (placeholders, outputs nothing reads, signature tensors, function arguments and results,
-  ``--keep`` names), variable ops and whatever holds state, calls and loops (their callees'
+  (placeholders, signature tensors, function arguments and results, ``--keep`` names; a node
+  nothing reads is a float32 output once widened, and painting keeps it so), variable ops and whatever holds state, calls and loops (their callees'
   signatures fix their dtypes; the caller widens those of functions it may change:
   :func:`~amp_rewrite.conversion.widening.widen_boundaries`), ops that reinterpret bytes, ops
   TensorFlow has no float32 kernel or does not register;
