@@ -195,7 +195,7 @@ def note_widening(report: Report, widened: Widened, target: str) -> None:
         for name, attrs in done.lifted.items():
             node = by_name.get(prefix + name)
             if node is not None:
-                _decide(node, _lifted(node, attrs, target))
+                _note_lifted(node, attrs, target)
         for name, why in done.kept.items():
             node = by_name.get(prefix + name)
             if node is not None:
@@ -213,16 +213,20 @@ def note_widening(report: Report, widened: Widened, target: str) -> None:
     report.extra["widening"] = _summary(widened, target)
 
 
-def _lifted(node: NodeReport, attrs, target: str) -> Decision:
-    """The decision of a node widening moved to float32 (``attrs``: the dtypes it held), once
-    painting decided where it ends (``node``'s code and reason)."""
+def _note_lifted(node: NodeReport, attrs, target: str) -> None:
+    """What a node widening moved to float32 (``attrs``: the dtypes it held) says, once
+    painting decided where it ends (``node``'s code and reason): for ``float32``, code
+    ``target_float32``; in the target now, code ``retyped``, the painting's reason after what it
+    was; float32 now, the painting's code and reason after what it was."""
     was = " and ".join(sorted({_name(d) for d in attrs.values()}))
     if target == "float32":
-        return Decision(False, "target_float32", f"{was} in the input, float32 now: the target "
-                                                 "is float32")
-    if computes_in(node) == target:
-        return Decision(True, "retyped", f"{was} in the input, {target} now: {node.reason}")
-    return Decision(False, node.code, f"{was} in the input, float32 now: {node.reason}")
+        _decide(node, Decision(False, "target_float32", f"{was} in the input, float32 now: the "
+                                                         "target is float32"))
+    elif computes_in(node) == target:
+        _decide(node, Decision(True, "retyped", f"{was} in the input, {target} now: "
+                                                f"{node.reason}"))
+    else:   # painting kept it float32, and its code says why
+        node.reason = f"{was} in the input, float32 now: {node.reason}"
 
 
 def _removed_reason(attrs) -> str:
