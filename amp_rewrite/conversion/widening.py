@@ -96,8 +96,9 @@ def widen_meta_graph(meta_graph: meta_graph_pb2.MetaGraphDef, dtypes: Collection
     by_name = {f.signature.name: f for f in main.library.function}
     for name in names:
         fdef = by_name[name]
-        if name not in sites and not any(_held(nd) & set(dtypes) for nd in fdef.node_def):
-            continue
+        if not is_concrete(fdef) or (name not in sites and not any(
+                _held(nd) & set(dtypes) for nd in fdef.node_def)):
+            continue   # (a polymorphic body is left as it is, as painting leaves it)
         fg = function_to_graph(fdef, signatures)
         body_keep = kept(boundary=fg.boundary(),
                          user=[k[len(name) + 1:] for k in user_keep if k.startswith(name + "/")])
@@ -121,7 +122,8 @@ def _widen_checked(graph: Graph, dtypes, keep, device: str, signatures,
             set_call_signature(node, signatures[node.op])
     before = Before(graph)
     result = widen(graph, dtypes, keep=keep, device=device, retyped=retyped or {})
-    lint.lint(graph, original=before)
+    # what widening changed: the rest is the input's, which rewrite() checks as the user's
+    lint.lint(graph, original=before, only=result.touched)
     return result
 
 

@@ -59,16 +59,15 @@ class Widening:
     """What :func:`widen` did to one graph: which (node, type attribute) it moved to float32
     and from which dtype, the input's Casts it removed (with the dtypes they held), the Consts
     whose values were stored in 16 bits, the nodes it left in 16 bits with what they are (the
-    interface, state ...), and the Casts it added."""
+    interface, state ...), the Casts it added, and what a lint of the result looks at."""
 
     lifted: dict[str, dict[TypeAttr, int]] = field(default_factory=dict)
     removed: dict[str, dict[TypeAttr, int]] = field(default_factory=dict)
     consts: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
     casts_added: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.lifted or self.kept)
+    # the nodes retyped, added or rewired, and their readers: what the lint looks at
+    touched: set[str] = field(default_factory=set)
 
 
 def widen(graph: Graph, dtypes: Collection[int], *, keep: Mapping[str, tuple[str, str]],
@@ -79,7 +78,7 @@ def widen(graph: Graph, dtypes: Collection[int], *, keep: Mapping[str, tuple[str
     (which kernels exist). ``retyped``: the calls and loops whose types the caller widened
     with their callees' signatures (type attribute -> the dtype it held; empty for a direct
     call), recorded with the rest, their edges cast where they now disagree. The caller lints
-    the result against the graph it was."""
+    the result (:attr:`Widening.touched`) against the graph it was."""
     before = Before(graph)
     result = Widening()
     plan = _plan(graph, frozenset(dtypes), keep, device, result, retyped)
@@ -96,6 +95,7 @@ def widen(graph: Graph, dtypes: Collection[int], *, keep: Mapping[str, tuple[str
     _bypass_identity_casts(graph, plan, before, result, stats)
     cast_edges(graph, before, set(), stats)
     result.casts_added = list(stats.added)
+    result.touched = stats.touched_and_readers(graph)
     return result
 
 
