@@ -107,8 +107,10 @@ def _tflite(path: Path) -> str:
     try:
         return f"{len(tf.lite.TFLiteConverter.from_saved_model(str(path)).convert()) / 1024:.0f} KiB"
     except Exception as exc:  # noqa: BLE001 - a refusal is a cell of the table
-        why = re.search(r"'(tfl\.\w+)' op ([^\n]+)", str(exc))
-        return f"fails: {why.group(1)} {why.group(2)[:70]}" if why else (
+        ops = sorted(set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex op",
+                                    str(exc))))
+        return (f"fails: no TFLite op for float16 {', '.join(ops[:3])}"
+                + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")) if ops else (
             f"fails: {type(exc).__name__}")
 
 
