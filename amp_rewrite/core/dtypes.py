@@ -31,6 +31,9 @@ FLOATING = (FLOAT, HALF, BFLOAT16, DOUBLE)
 #: the user's name of each target
 TARGETS = {"float16": HALF, "bfloat16": BFLOAT16}
 TARGET_NAMES = {dtype: name for name, dtype in TARGETS.items()}
+#: what a conversion can be for: a 16-bit target, or float32 (a model that computes in 16 bits
+#: moved back whole: docs/convert.md "Converting a converted model")
+CONVERSION_TARGETS = (*TARGETS, "float32")
 
 _REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100 in types.proto
 

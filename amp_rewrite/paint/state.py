@@ -91,28 +91,29 @@ class PaintState:
     def node_of(self, idx: int) -> Node:
         return self.nodes[self.items[idx][0]]
 
-    def block_fixed(self) -> None:
+    def block_fixed(self, by_device: bool = True) -> None:
         """Block what no rule may paint: state, nodes placed on another device type than the
-        conversion's (grappler processes only nodes on its target device), non-float32 types,
-        user keeps, the interface."""
+        conversion's (grappler processes only nodes on its target device; not with
+        ``by_device`` False: a float32 target moves no node to 16 bits on any device),
+        non-float32 types, user keeps, the interface."""
         # whether a node holds state depends on its op and port layout alone, and nodes of
         # one layout share one NodeTypes (signatures): asked once per layout
         of_layout: dict[tuple[str, int], bool] = {}
-        holds_state = {}
+        stateful = {}
         for name, node in self.nodes.items():
             key = (node.op, id(node_types(node)))
             if key not in of_layout:
-                of_layout[key] = _holds_state(node)
-            holds_state[name] = of_layout[key]
+                of_layout[key] = holds_state(node)
+            stateful[name] = of_layout[key]
         for idx, (name, attr) in enumerate(self.items):
             node = self.nodes[name]
             rule = self.rules.node_rule(name)
             placed = device_type(node, self.device)
-            if self.device not in placed:   # XLA_CPU counts as CPU, as in grappler
+            if by_device and self.device not in placed:   # XLA_CPU counts as CPU, as grappler
                 self.blocked[idx] = Decision(False, "other_device", f"placed on {node.device}, "
                                              f"not on the {self.device} the conversion is for: "
                                              "left as it is")
-            elif holds_state[name]:
+            elif stateful[name]:
                 self.blocked[idx] = Decision(False, "variable", "variable op: master weights stay float32")
             elif get_dtype(node, attr) != FLOAT:
                 self.blocked[idx] = Decision(False, "not_float32", f"type {attr} is "
@@ -153,7 +154,9 @@ def _reads_ref(graph: Graph, node: Node) -> bool:
     return False
 
 
-def _holds_state(node: Node) -> bool:
+def holds_state(node: Node) -> bool:
+    """Whether ``node`` holds or moves state (a variable op, or a ref or resource port): its
+    dtypes are the stored ones, which no conversion changes."""
     if node.op in VARIABLE_OPS:
         return True
     types = node_types(node)
