@@ -21,7 +21,8 @@ from ..check import lint
 from ..core.dtypes import FLOAT, LOW_PRECISION, TARGET_NAMES, TARGETS, dtype_name
 from ..core.errors import LintError, UnsupportedGraphError
 from ..core.ir import Graph
-from ..core.ops import FUNCTIONAL_OPS, MATRIX_OPS, is_variable_write
+from ..core.ops import FUNCTIONAL_OPS, MATRIX_OPS
+from ..schema.opdefs import is_variable_write
 from ..paint.decisions import Decision
 from ..report.decisions import NodeReport, Report, computes_in
 from ..schema.backprop import trains
