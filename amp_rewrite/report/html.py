@@ -302,23 +302,25 @@ def _no_estimate(report: dict | None) -> str:
 
 
 def _estimate_figure(est: dict, costs: dict | None) -> str:
-    """The cost model's estimate: what the 16-bit matrix work saves, net of what its islands
-    lose, beside the matrix work's float32 time, and the CPU whose rates it weighed with
-    (``costs``: the report's cost table); not known where it left bfloat16 matrix ops out (a
-    part would read as the whole)."""
+    """The cost model's weighing, said as what it is: what it decided with, not the model's
+    speed. Its rates are single ops'; a whole model's speed also holds what TensorFlow fuses,
+    reorders and runs in parallel, and freezing's gain, which it does not count (BENCHMARKS.md
+    "The default conversion on this CPU" has it beside the measurement)."""
     if est["unknown"]:
-        return _figure("speed", "not known", f"the cost model could not weigh {est['unknown']} "
-                       "of the bfloat16 matrix ops (their FLOPs, or their island's shapes, are "
-                       "not known); bench measures it", "muted")
+        return _figure("speed", "not predicted", f"the cost model could not weigh "
+                       f"{est['unknown']} of the bfloat16 matrix ops (their FLOPs, or their "
+                       "island's shapes, are not known); bench measures the speed", "muted")
     if not est["saved_us"]:
         return _figure("speed", "as float32", "nothing runs in bfloat16: the cost model expects "
                        "the float32 model's speed; bench measures it", "muted")
     net, us = est["saved_us"] - est["lost_us"], microseconds
-    return _figure("speed", f"{'saves' if net >= 0 else 'loses'} {us(abs(net))} µs",
-                   f"a run (a sample if the batch is open), by the cost model: the bfloat16 "
-                   f"matrix work saves {us(est['saved_us'])} µs, its islands lose "
-                   f"{us(est['lost_us'])}, of {us(est['fp32_us'])} µs in float32 "
-                   f"({escape(_rates_from(costs))}); bench measures it")
+    return _figure("speed", "not predicted",
+                   f"the cost model weighed the bfloat16 matrix work to decide what to paint: it "
+                   f"{'saves' if net >= 0 else 'loses'} {us(abs(net))} µs a run (a sample if the "
+                   f"batch is open; {us(est['saved_us'])} µs saved, {us(est['lost_us'])} lost, "
+                   f"of {us(est['fp32_us'])} µs in float32, {escape(_rates_from(costs))}); that "
+                   "is not the model's speed, which holds what TensorFlow fuses and reorders "
+                   "too: bench measures it", "muted")
 
 
 def _rates_from(costs: dict | None) -> str:
