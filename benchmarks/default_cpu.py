@@ -84,22 +84,11 @@ def resnet_biased(size):
     return build
 
 
-def bert(seq=128, vocab=8000, layers=4, width=256, heads=4):
-    def build():
-        import keras
-        L, ops = keras.layers, keras.ops
-        ids = keras.Input((seq,), dtype="int32", name="tokens")
-        mask = ops.expand_dims(ops.not_equal(ids, 0), 1)
-        h = L.Embedding(vocab, width)(ids) + L.Embedding(seq, width)(ops.arange(seq))
-        h = L.LayerNormalization()(h)
-        for _ in range(layers):
-            a = L.MultiHeadAttention(heads, width // heads)(h, h, attention_mask=mask)
-            h = L.LayerNormalization()(h + a)
-            f = L.Dense(width)(L.Dense(4 * width, activation="gelu")(h))
-            h = L.LayerNormalization()(h + f)
-        pooled = L.Dense(width, activation="tanh")(h[:, 0])
-        return keras.Model(ids, L.Dense(2)(pooled))
-    return build
+def bert():
+    """The BERT-style encoder of BENCHMARKS.md "Serving SavedModels" (4 post-norm blocks 256
+    wide, 4 heads, the padding mask, GELU feed-forward 1024, 128 token ids)."""
+    from serving import bert as encoder
+    return encoder
 
 
 def vit(size=224, patch=16, layers=4, width=256, heads=4):

@@ -18,7 +18,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..check import lint
-from ..core.dtypes import FLOAT, LOW_PRECISION, TARGET_NAMES, TARGETS, dtype_name
+from ..core.dtypes import FLOAT, LOW_PRECISION, TARGET_NAMES, TARGETS, dtype_name, held
 from ..core.errors import LintError, UnsupportedGraphError
 from ..core.ir import Graph
 from ..core.ops import FUNCTIONAL_OPS, MATRIX_OPS
@@ -68,7 +68,7 @@ def dtypes_to_widen(meta_graph: meta_graph_pb2.MetaGraphDef, target: str) -> fro
     for nodes in _bodies(meta_graph):
         for nd in nodes:
             if target == "float32" or nd.op in MATRIX_OPS:
-                found.update(_held(nd) & wanted)
+                found.update(held(nd) & wanted)
     return frozenset(found)
 
 
@@ -98,7 +98,7 @@ def widen_meta_graph(meta_graph: meta_graph_pb2.MetaGraphDef, dtypes: Collection
     for name in names:
         fdef = by_name[name]
         if not is_concrete(fdef) or (name not in sites and not any(
-                _held(nd) & set(dtypes) for nd in fdef.node_def)):
+                held(nd) & set(dtypes) for nd in fdef.node_def)):
             continue   # (a polymorphic body is left as it is, as painting leaves it)
         fg = function_to_graph(fdef, signatures)
         body_keep = kept(boundary=fg.boundary(),
@@ -289,28 +289,16 @@ def _refuse_trained_16bit_variables(nodes, dtypes: Collection[int], owner: str |
     float32 nor the one trained."""
     if not trains(nodes):
         return
-    writes = [nd for nd in nodes if is_variable_write(nd.op) and _held(nd) & set(dtypes)]
+    writes = [nd for nd in nodes if is_variable_write(nd.op) and held(nd) & set(dtypes)]
     if writes:   # named by an update rather than an initializer's plain assignment
         write = min(writes, key=lambda nd: nd.op in ("Assign", "AssignVariableOp"))
-        name = " and ".join(sorted(TARGET_NAMES[d] for d in _held(write) & set(dtypes)))
+        name = " and ".join(sorted(TARGET_NAMES[d] for d in held(write) & set(dtypes)))
         where = f"function {owner!r}" if owner else "the graph"
         raise UnsupportedGraphError(
             f"{where} trains variables stored in {name} ({write.op} {write.name!r} writes one): "
             f"a conversion keeps each variable's stored dtype, so their updates would be "
             f"rounded to {name} at every step; convert it for {name} as it is, or store its "
             "variables in float32 (Keras: the mixed_float16 policy, not float16)")
-
-
-def _held(nd) -> set[int]:
-    """The dtypes ``nd``'s type attributes hold."""
-    out = set()
-    for value in nd.attr.values():
-        kind = value.WhichOneof("value")
-        if kind == "type":
-            out.add(value.type)
-        elif kind == "list":
-            out.update(value.list.type)
-    return out
 
 
 def _name(dtype: int) -> str:

@@ -75,3 +75,16 @@ SMALLEST_NORMAL = {HALF: 2.0 ** -14, BFLOAT16: 2.0 ** -126}
 #: the smallest positive subnormal of each 16-bit target: a magnitude at or below half of it
 #: rounds to zero there (float16 2**-25, bfloat16 2**-134; TensorFlow's casts keep subnormals)
 SMALLEST_SUBNORMAL = {HALF: 2.0 ** -24, BFLOAT16: 2.0 ** -133}
+
+
+def held(node_def) -> set[int]:
+    """The dtypes a NodeDef's attrs hold: its type attrs and type-list attrs, whatever their
+    names (``T``, ``DstT``, ``Tin`` ...)."""
+    out: set[int] = set()
+    for value in node_def.attr.values():
+        kind = value.WhichOneof("value")
+        if kind == "type":
+            out.add(value.type)
+        elif kind == "list":
+            out.update(value.list.type)
+    return out
