@@ -36,8 +36,11 @@ checks that it serves the input's signatures with the same keys, dtypes and shap
 Done-when conditions of issue 36 item 4 are checked and printed.
 
 Run: ``.venv/bin/python benchmarks/serving.py [--rounds 15] [--rounds-1 60] [--only NAME]
-[--json FILE] [--write]`` (17-23 minutes on 2 shared cores); ``--render FILE --write`` prints
-(and writes) the section again from a ``--json`` file without running anything.
+[--json FILE] [--write]`` (17-23 minutes on 2 shared cores); ``--write`` also keeps the
+measurements (every round's times, the commit it ran at) in ``benchmarks/results/serving.json``,
+from which tests/test_docs.py renders the section again and holds BENCHMARKS.md to it;
+``--render FILE --write`` prints (and writes) the section again from such a file without
+running anything.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import commit, publish, save_results  # noqa: E402
 from keras_models import set_batch_norms  # noqa: E402
 from train_step import session_config, time_round_robin  # noqa: E402
 
@@ -386,7 +389,9 @@ def table(result: dict) -> str:
     lines = [SECTION, "",
              f"`benchmarks/serving.py` (issue 36 item 4), {result['date']}, on {result['cpu']}, "
              "TensorFlow "
-             f"{result['tf']}, Python {result['python']}; command `{result['command']}`. "
+             f"{result['tf']}, Python {result['python']}; command `{result['command']}`"
+             + (f" at commit `{result['commit']}` (its measurements: "
+                "`benchmarks/results/serving.json`)" if "commit" in result else "") + ". "
              "**The machine was shared**: other engineers' test suites ran on the same 2 cores "
              f"during the run (1-minute load average {min(result['load']):.1f} to "
              f"{max(result['load']):.1f}, sampled as each model started and at the end), so "
@@ -541,7 +546,8 @@ def run(rounds: dict, only=(), command: str = "") -> dict:
             rows.append({"name": name,
                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
         print(f"{name}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
-    return {"rows": rows, "rounds": rounds, "command": command, "date": time.strftime("%Y-%m-%d"),
+    return {"rows": rows, "rounds": rounds, "command": command, "commit": commit(),
+            "date": time.strftime("%Y-%m-%d"),
             "load": load + [os.getloadavg()[0]], "cpu": cpu_line(), "tf": tf.__version__,
             "python": platform.python_version()}
 
@@ -562,6 +568,8 @@ def main() -> int:
         result = run({1: args.rounds_1, 32: args.rounds}, args.only, command.strip())
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))
+        if args.write:   # the section's source, kept beside it (tests/test_docs.py renders it)
+            save_results("serving", result)
     return publish(table(result), args.write)
 
 

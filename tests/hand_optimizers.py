@@ -19,6 +19,8 @@ import tensorflow as tf
 
 WRITES = ("Assign", "ResourceApply", "ApplyGradient", "ApplyMomentum", "ApplyAdam", "Scatter",
           "ResourceScatter")
+#: named like a write, but stateless: they compute a new tensor (ScatterNd is top_k's gradient)
+NOT_WRITES = ("ScatterNd", "ScatterNdNonAliasingAdd")
 SIXTEEN_BITS = (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)
 SIGNATURE = [tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int64)]
 
@@ -89,10 +91,13 @@ def _writes(nodes, library) -> set[str]:
     writes)."""
     bodies = {f.signature.name: f for f in library.function} if library is not None else {}
     out = set()
+    def writes(op: str) -> bool:
+        return op.startswith(WRITES) and op not in NOT_WRITES
+
     for n in nodes:
-        if n.op.startswith(WRITES):
+        if writes(n.op):
             out.add(n.name)
-        elif n.op == "If" and any(m.op.startswith(WRITES)
+        elif n.op == "If" and any(writes(m.op)
                                   for m in bodies[n.attr["then_branch"].func.name].node_def):
             out.add(n.name)
     return out

@@ -116,6 +116,66 @@ class LSTM(_Base):
         return tf.matmul(self.lstm(tf.reshape(x, [-1, 8, 8])), self.params[-2]) + self.params[-1]
 
 
+class _Routed(_Base):
+    """A Mixture-of-Experts block: 64 -> 128 (ReLU) -> a gate over 4 experts, each token sent to
+    the 2 experts of largest gate logit (``tf.math.top_k``) and their outputs (each expert
+    128 -> 10) summed weighted by the softmax of those two logits. ``top_k``'s gradient is a
+    ``ScatterNd``, a stateless op that writes no variable. The subclasses route alike and
+    differ in how the tokens reach their experts (:meth:`combine`)."""
+    lr = 3e-3
+    EXPERTS, CHOSEN = 4, 2
+
+    def __init__(self, seed):
+        super().__init__()
+        r = np.random.default_rng(seed)
+        self.params = [_var(r, (64, 128), 0.12, "w1"), _var(r, (128,), 0, "b1"),
+                       _var(r, (128, self.EXPERTS), 0.09, "gate"),
+                       _var(r, (self.EXPERTS, 128, 10), 0.09, "experts"),
+                       _var(r, (self.EXPERTS, 10), 0, "expert_bias")]
+        self._finish()
+
+    def logits(self, x, training):
+        w1, b1, gate = self.params[:3]
+        h = tf.nn.relu(tf.matmul(x, w1) + b1)
+        top = tf.math.top_k(tf.matmul(h, gate), k=self.CHOSEN)
+        return self.combine(h, top.indices, tf.nn.softmax(top.values))   # [B, 10]
+
+
+class RoutedGather(_Routed):
+    """Each token's two experts' weights gathered by index (``tf.gather`` of the expert
+    variable, whose gradient is sparse) and applied with a batched einsum."""
+
+    def combine(self, h, chosen, weights):
+        experts, bias = self.params[3:]
+        out = tf.einsum("bh,bkhc->bkc", h, tf.gather(experts, chosen)) + tf.gather(bias, chosen)
+        return tf.reduce_sum(out * weights[:, :, None], axis=1)
+
+
+class RoutedSegmentSum(_Routed):
+    """Dispatch by assignment: each (token, choice) pair gathers its token and its expert's
+    weights, and ``tf.math.unsorted_segment_sum`` adds the weighted outputs back per token."""
+
+    def combine(self, h, chosen, weights):
+        experts, bias = self.params[3:]
+        tokens = tf.shape(h)[0]
+        expert = tf.reshape(chosen, [-1])                                   # [B * 2]
+        token = tf.repeat(tf.range(tokens), self.CHOSEN)
+        inputs = tf.gather(h, token)                                        # [B * 2, 128]
+        out = tf.einsum("nh,nhc->nc", inputs, tf.gather(experts, expert)) + tf.gather(bias, expert)
+        return tf.math.unsorted_segment_sum(out * tf.reshape(weights, [-1, 1]), token, tokens)
+
+
+class RoutedEinsum(_Routed):
+    """Dense dispatch as GShard and Switch write it: every expert runs on every token (one
+    einsum), and a one-hot combine tensor of the gate's weights picks and weighs the two."""
+
+    def combine(self, h, chosen, weights):
+        experts, bias = self.params[3:]
+        combine = tf.einsum("bk,bke->be", weights, tf.one_hot(chosen, self.EXPERTS))
+        out = tf.einsum("bh,ehc->bec", h, experts) + bias
+        return tf.einsum("be,bec->bc", combine, out)
+
+
 class Transformer(tf.Module):
     """A decoder-only Transformer language model as Keras users write one: token and position
     ``Embedding`` layers, ``layers`` blocks of ``MultiHeadAttention`` (causal and padding mask
@@ -192,6 +252,9 @@ def save_transformer(module: Transformer, path: Path) -> None:
 
 
 MODELS = {"MLP": MLP, "CNN": CNN, "LSTM": LSTM}
+#: Mixture-of-Experts blocks, one per way of sending tokens to their experts (tests/test_routed_steps.py)
+ROUTED = {"routed_gather": RoutedGather, "routed_segment_sum": RoutedSegmentSum,
+          "routed_einsum": RoutedEinsum}
 
 
 @dataclass
@@ -239,11 +302,17 @@ def float16_matrix_ops(saved_model: Path, functions: list[str]) -> int:
                for n in f.node_def)
 
 
-def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None) -> Run:
+def compare(name: str, seed: int, steps: int = 300, folder: Path | None = None,
+            as_signature: bool = True) -> Run:
+    """Train model ``name`` (of :data:`MODELS` or :data:`ROUTED`) from ``seed`` in FP32 and
+    converted to float16, its train step saved as the ``train`` signature or, with
+    ``as_signature=False``, only as the module's method (``loaded.train_step``)."""
     folder = Path(folder or tempfile.mkdtemp(prefix=f"amp_{name}_{seed}_"))
-    module = MODELS[name](seed)
-    tf.saved_model.save(module, str(folder / "fp32"), signatures={"serving_default": module.serve,
-                                                                  "train": module.train_step})
+    module = {**MODELS, **ROUTED}[name](seed)
+    signatures = {"serving_default": module.serve}
+    if as_signature:
+        signatures["train"] = module.train_step
+    tf.saved_model.save(module, str(folder / "fp32"), signatures=signatures)
     report = convert_file(folder / "fp32", folder / "f16", target="float16", force=True)
     train_functions = report.to_dict()["loss_scaling"]["functions"]
     x, y = digits()

@@ -16,7 +16,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from amp_rewrite.conversion.pipeline import convert_file
 from amp_rewrite.core.errors import InputError
 from amp_rewrite.core.ir import Graph
-from amp_rewrite.core.ops import is_variable_write
+from amp_rewrite.schema.opdefs import is_variable_write
 from amp_rewrite.io.load import Model, load
 from amp_rewrite.tools.analysis import Analysis, own_variables
 from amp_rewrite.tools.traces import TensorInfo, upstream

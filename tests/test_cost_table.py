@@ -231,12 +231,15 @@ def test_the_cost_model_page_states_the_shipped_rates_and_where_each_comes_from(
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 5 and cells[0].startswith("`"):
             listed[cells[0].strip("`")] = cells[1:]
-    assert set(listed) == set(RATES) | {UNFUSED}
+    assert set(listed) == set(RATES) | {UNFUSED, cost_table.SAVED_BY_OP}
     table = shipped()
     for name, (unit, *_) in RATES.items():
         assert listed[name][0] == unit and float(listed[name][1]) == getattr(table, name), name
     assert listed[UNFUSED][1] == ", ".join(f"{op} {v:g}" for op, v in SHIPPED_UNFUSED.items())
+    assert listed[cost_table.SAVED_BY_OP][1] == ", ".join(
+        f"{kind} {v:g}" for kind, v in table.saved_ps_per_flop_by_op.items())
     bench = _op_costs_rows()
+    assert bench["DepthwiseConv2dNative 3x3"][2] == "saves 1.80 ps per FLOP"
     for op, rate in SHIPPED_UNFUSED.items():
         assert bench[op][2] == f"costs {rate} ps per element", op
     n = 8 * 56 * 56 * 144
@@ -267,3 +270,50 @@ def test_the_python_api_takes_a_table_too(tmp_path):
     assert report.extra["cost_model"]["costs"]["path"] == str(table)
     _, report = convert(inverted_residual(), target="bfloat16", device="cpu")
     assert report.node("expand").code == "cost"
+
+
+# ----------------------------------------------------------------- the measured rates' units
+@pytest.mark.fast
+def test_the_rates_are_picoseconds_of_the_seconds_timed():
+    """The arithmetic of costs measure on timings made up to give round rates: 2 ms in float32
+    and 1 ms in bfloat16 over 1e9 FLOPs is 2 and 1 ps per FLOP (a saving of 1 ps); 1 ms over a
+    million elements is 1000 ps per element."""
+    from amp_rewrite.tools.op_costs import CAST, FOLDED_OPS, SAVING_OPS, Measurement
+    found = Measurement(shape=(10, 100, 1000), rounds=1, quick=False)
+    assert found.elements == 10 ** 6
+    for name in SAVING_OPS:
+        found.matrix[name] = ({"float32": 2e-3, "bfloat16": 1e-3}, 10 ** 9)
+    for name in FOLDED_OPS:
+        found.elementwise[name] = {"float32": 1e-3, "bfloat16": 3e-3}
+    found.elementwise[CAST] = {"float32": 0.5e-3, "bfloat16": 0.0}
+    for name in UNFUSED_OPS:
+        found.elementwise[name] = {"float32": 1e-3, "bfloat16": 1.25e-3}
+    assert found.rates() == pytest.approx({"saved_ps_per_flop": 1.0, "fp32_ps_per_flop": 2.0,
+                                           "cast_ps_per_element": 500.0,
+                                           "folded_ps_per_element": 1000.0})
+    assert found.unfused() == pytest.approx({op: 250.0 for op in UNFUSED_OPS})
+
+
+def test_a_measured_matmul_rate_agrees_with_a_matmul_timed_apart():
+    """time_op's float32 MatMul, in ps per FLOP, against numpy's float32 matmul of the same
+    FLOPs timed here: the same order of magnitude (a unit slip is a factor of 1000)."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    from amp_rewrite.tools.op_costs import matrix_ops, time_op
+    shape = (8, 32, 32, 128)
+    fn, flops = matrix_ops(shape)["MatMul"]
+    ps_per_flop = time_op(fn, 5, shape)["float32"] / flops * 1e12
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(8 * 32 * 32, 128)).astype(np.float32)
+    b = rng.normal(size=(128, 4 * 128)).astype(np.float32)
+    assert 2 * a.shape[0] * a.shape[1] * b.shape[1] == flops
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    apart = statistics.median(times) / flops * 1e12
+    assert apart / 10 < ps_per_flop < apart * 10, (ps_per_flop, apart)

@@ -325,17 +325,18 @@ def test_what_counts_as_fused_is_what_grappler_fuses_on_a_cpu():
 
 def test_a_frozen_graph_kept_float32_for_unfused_activations_hints_at_folding(tmp_path, capsys):
     from amp_rewrite.cli.run import main
-    _, report = convert(inverted_residual(), target="bfloat16", device="cpu")
+    _, report = convert(inverted_residual(), target="bfloat16", device="cpu", fold_constants=False)
     assert report.extra["unfused_kept"] == 2   # the expansion and the depthwise convolution
     assert any("--fold-constants may" in w for w in report.warnings)
     # not where folding was asked for, and not where nothing was kept for that reason
     _, folded = convert(inverted_residual(), target="bfloat16", device="cpu", fold_constants=True)
-    _, fused = convert(inverted_residual("random"), target="bfloat16", device="cpu")
+    _, fused = convert(inverted_residual("random"), target="bfloat16", device="cpu",
+                       fold_constants=False)
     assert not any("--fold-constants may" in w for w in folded.warnings + fused.warnings)
     src = tmp_path / "block.pb"
     src.write_bytes(inverted_residual().SerializeToString())
     assert main([str(src), "-o", str(tmp_path / "out.pb"), "--target", "bfloat16",
-                 "--device", "cpu"]) == 0
+                 "--device", "cpu", "--no-fold-constants"]) == 0
     assert "--fold-constants may" in capsys.readouterr().err
 
 
@@ -397,15 +398,15 @@ def test_casting_variable_weights_every_run_is_weighed_against_the_batch(tmp_pat
     eighty times what the MatMul saves: float32, and the reason says so. With 4096 samples a run
     (a batch the signature states) the cast is paid once for all of them: bfloat16."""
     small = convert_file(_variable_matmul(tmp_path / "open", None), tmp_path / "a",
-                         target="bfloat16", device="cpu")
+                         target="bfloat16", device="cpu", freeze=False)
     mm = next(n for n in small.nodes if n.op == "MatMul")
     assert (mm.precision, mm.code) == ("float32", "cost") and "variable weights" in mm.reason
     big = convert_file(_variable_matmul(tmp_path / "big", 4096), tmp_path / "b",
-                       target="bfloat16", device="cpu")
+                       target="bfloat16", device="cpu", freeze=False)
     assert next(n for n in big.nodes if n.op == "MatMul").precision == "bfloat16"
     # a stated batch is the run's: 64 samples save 7.5 µs, under the 9.8 µs of the cast
     mid = convert_file(_variable_matmul(tmp_path / "mid", 64), tmp_path / "c",
-                       target="bfloat16", device="cpu")
+                       target="bfloat16", device="cpu", freeze=False)
     assert next(n for n in mid.nodes if n.op == "MatMul").code == "cost"
     # a Const weight is stored in bfloat16 once: the frozen twin stays bfloat16
     _, frozen = convert(chain([256, 256, 256]), target="bfloat16", device="cpu")
@@ -419,20 +420,20 @@ def test_the_batch_shape_gives_decides_what_an_open_batch_stands_for(tmp_path):
     one), the summary says from which batch it would gain and how to say so, and that batch
     is where the decision turns."""
     model = _variable_matmul(tmp_path / "open", None)
-    default = convert_file(model, tmp_path / "d", target="bfloat16", device="cpu")
+    default = convert_file(model, tmp_path / "d", target="bfloat16", device="cpu", freeze=False)
     hint = [w for w in default.warnings if "--shape" in w]
     assert len(hint) == 1 and "for a batch of 1; from a batch of 92 on" in hint[0], hint
     assert hint[0].endswith("convert with --shape x=92,256")
     assert f"batch: {hint[0]}" in default.format_summary().splitlines()   # the CLI prints it
     for batch, precision in ((91, "float32"), (92, "bfloat16")):
         report = convert_file(model, tmp_path / f"t{batch}", target="bfloat16", device="cpu",
-                              shapes={"x": (batch, 256)})
+                              shapes={"x": (batch, 256)}, freeze=False)
         assert next(n for n in report.nodes if n.op == "MatMul").precision == precision, batch
     big = convert_file(model, tmp_path / "a", target="bfloat16", device="cpu",
-                       shapes={"x": (4096, 256)})
+                       shapes={"x": (4096, 256)}, freeze=False)
     assert next(n for n in big.nodes if n.op == "MatMul").precision == "bfloat16"
     small = convert_file(model, tmp_path / "b", target="bfloat16", device="cpu",
-                         shapes={"x": (64, 256)})
+                         shapes={"x": (64, 256)}, freeze=False)
     mm = next(n for n in small.nodes if n.op == "MatMul")
     # --shape reaches the function body the signature calls: weighed per sample, its weight
     # casts shared by the 64 of a run, and says so; so does the report

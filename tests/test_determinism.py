@@ -52,7 +52,10 @@ def _commands(inputs, out):
         for target, device in (("float16", "gpu"), ("bfloat16", "cpu")):
             stem = f"{src.stem}.{target}"
             dst = out / (stem if src.is_dir() else stem + src.suffix)
-            cmds.append([src, "-o", dst, "--target", target, "--device", device,
+            # (a SavedModel keeps its variables: the function bodies' order is what this
+            # checks; frozen, bfloat16's default on a CPU, it has none)
+            keep = ["--no-freeze"] if src.is_dir() and target == "bfloat16" else []
+            cmds.append([src, "-o", dst, "--target", target, "--device", device, *keep,
                          "--report", out / f"{stem}.json", "-q"])
     return cmds
 

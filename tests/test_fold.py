@@ -32,7 +32,8 @@ def _bn_net():
 def test_folding_removes_the_casts_of_constant_islands():
     gd, feeds = _bn_net()
     ref = graphs.run(gd, feeds, ["out:0"])[0]
-    plain, plain_report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0)
+    plain, plain_report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0,
+                                  fold_constants=False)   # (on by default for bfloat16 on cpu)
     folded, report = convert(gd, target="bfloat16", device="cpu", min_matrix_intensity=0, fold_constants=True)
     assert report.summary()["casts_added"] < plain_report.summary()["casts_added"] - 4
     assert not [n for n in folded.node if n.op == "Rsqrt"]        # computed offline, in float32
@@ -65,7 +66,7 @@ def test_cli_flag(tmp_path, capsys):
     src = tmp_path / "bn.pb"
     src.write_bytes(gd.SerializeToString())
     assert main([str(src), "-o", str(tmp_path / "plain.pb"), "--target", "bfloat16", "--device", "cpu",
-                 "--min-matrix-intensity", "0"]) == 0
+                 "--min-matrix-intensity", "0", "--no-fold-constants"]) == 0
     plain = capsys.readouterr().out
     assert main([str(src), "-o", str(tmp_path / "folded.pb"), "--target", "bfloat16", "--device",
                  "cpu", "--fold-constants"]) == 0
@@ -73,3 +74,17 @@ def test_cli_flag(tmp_path, capsys):
     casts = lambda text: int(text.split("casts added: ")[1].split()[0].rstrip(","))  # noqa: E731
     assert casts(folded) < casts(plain)
     assert (tmp_path / "folded.pb").stat().st_size < (tmp_path / "plain.pb").stat().st_size
+
+
+def test_folding_leaves_no_orphan_consts_behind():
+    """A Fill of Consts folds into one Const; the value it was filled from, read by nothing
+    after folding, goes too: left, it would count as a graph output kept float32 by name."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
+        w = tf.fill([16, 16], tf.constant(0.5, name="half"), name="filled")
+        tf.identity(tf.matmul(x, w), name="out")
+    folded, report = convert(g.as_graph_def(), target="bfloat16", device="cpu",
+                             min_matrix_intensity=0, fold_constants=True)
+    assert "half" not in {n.name for n in folded.node}
+    assert [n.name for n in report.nodes if n.code == "interface"] == ["x", "out"]

@@ -323,7 +323,7 @@ def test_the_freezing_hint_names_freeze_and_freeze_paints_what_it_said(models, t
     variables, so the ReLU6 would run unfused) and says --freeze would gain; --freeze paints
     them."""
     src = models["cnn"]
-    code, stdout, _ = run_cli(capsys, [src, "-o", tmp_path / "as_is", *BF16,
+    code, stdout, _ = run_cli(capsys, [src, "-o", tmp_path / "as_is", *BF16, "--no-freeze",
                                        "--report", tmp_path / "as_is.json"])
     assert code == 0
     hint = [line for line in stdout.splitlines() if line.startswith("freezing: ")]
@@ -345,7 +345,7 @@ def test_measure_times_the_frozen_conversion_and_hints_where_it_ran_faster(model
     from amp_rewrite.conversion.graph import FREEZE_HINT_SHARE
     from amp_rewrite.tools import measured as measured_mod
     code, stdout, err = run_cli(capsys, [models["cnn"], "-o", tmp_path / "m", *BF16, "--measure",
-                                         "--shape", "digits=64,8,8,1",
+                                         "--no-freeze", "--shape", "digits=64,8,8,1",
                                          "--report", tmp_path / "m.json"])
     assert code == 0, err
     report = json.loads((tmp_path / "m.json").read_text())
@@ -360,7 +360,7 @@ def test_measure_times_the_frozen_conversion_and_hints_where_it_ran_faster(model
     # the measurement names nothing
     monkeypatch.setattr(measured_mod, "FREEZE_HINT_SHARE", 1e9)
     code, _, err = run_cli(capsys, [models["cnn"], "-o", tmp_path / "m2", *BF16, "--measure",
-                                    "--report", tmp_path / "m2.json"])
+                                    "--no-freeze", "--report", tmp_path / "m2.json"])
     assert code == 0, err
     report = json.loads((tmp_path / "m2.json").read_text())
     assert report["measured"]["frozen_ratio"] > 0

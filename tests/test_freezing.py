@@ -68,7 +68,8 @@ def _suggests(report) -> bool:
 
 
 def test_batch_norms_on_variables_suggest_freezing(exported, tmp_path):
-    report = convert_file(exported["cnn"], tmp_path / "out", target="bfloat16", device="cpu")
+    report = convert_file(exported["cnn"], tmp_path / "out", target="bfloat16", device="cpu",
+                          freeze=False)
     gain = report.extra["freezing"]
     convs = [n for n in report.nodes if n.op in MATRIX_OPS and "Conv" in n.op]
     # as it is, the unfused ReLU6s keep the convolutions float32; frozen they would fuse
@@ -93,9 +94,10 @@ def test_batch_norms_on_reshaped_vectors_suggest_freezing_as_much(exported, tmp_
     """Keras' batch norm with axis=3 (EfficientNetV2's, ResNet50's) reshapes its variables to
     [1, 1, 1, C]; frozen, constant folding takes the reshape with them and the batch norm
     folds into the convolution all the same: the estimate counts what it does for axis=-1."""
-    plain = convert_file(exported["cnn"], tmp_path / "plain", target="bfloat16", device="cpu")
+    plain = convert_file(exported["cnn"], tmp_path / "plain", target="bfloat16", device="cpu",
+                         freeze=False)
     axis3 = convert_file(exported["cnn_axis3"], tmp_path / "axis3", target="bfloat16",
-                         device="cpu")
+                         device="cpu", freeze=False)
     assert _suggests(axis3)
     assert axis3.extra["freezing"]["gain_us"] == pytest.approx(
         plain.extra["freezing"]["gain_us"], rel=1e-6)
@@ -107,7 +109,8 @@ def test_the_report_suggests_the_freeze_command_next(exported, tmp_path):
     from amp_rewrite.cli.run import parse
     from amp_rewrite.report.steps import Given, after_convert
     for name, hinted in (("cnn", True), ("gru", False)):
-        report = convert_file(exported[name], tmp_path / name, target="bfloat16", device="cpu")
+        report = convert_file(exported[name], tmp_path / name, target="bfloat16", device="cpu",
+                              freeze=False)
         (first, *_) = after_convert(report.to_dict(), Given(str(exported[name]), str(tmp_path / name)))
         assert ("--freeze" in first.argv) == hinted, first.argv
         command, args = parse(list(first.argv))
@@ -115,7 +118,8 @@ def test_the_report_suggests_the_freeze_command_next(exported, tmp_path):
 
 
 def test_a_recurrent_classifier_gains_too_little_to_suggest_freezing(exported, tmp_path):
-    report = convert_file(exported["gru"], tmp_path / "out", target="bfloat16", device="cpu")
+    report = convert_file(exported["gru"], tmp_path / "out", target="bfloat16", device="cpu",
+                          freeze=False)
     gain = report.extra["freezing"]
     assert not _suggests(report) and "summary" not in gain
     # the estimate would paint its matrix ops frozen, but weighs one loop step: under 1 µs
@@ -125,7 +129,7 @@ def test_a_recurrent_classifier_gains_too_little_to_suggest_freezing(exported, t
 def test_the_cli_prints_the_suggestion_once_in_its_summary(exported, tmp_path, capsys):
     from amp_rewrite.cli.run import main
     assert main([str(exported["cnn"]), "-o", str(tmp_path / "out"), "--target", "bfloat16",
-                 "--device", "cpu"]) == 0
+                 "--device", "cpu", "--no-freeze"]) == 0
     out = capsys.readouterr()
     lines = [line for line in out.out.splitlines() if line.startswith("freezing: ")]
     assert len(lines) == 1 and "--freeze" in lines[0] and "µs a sample" in lines[0]
@@ -224,7 +228,7 @@ def _module_conv_bn(path, train: bool):
 
 def test_a_train_step_of_a_savedmodel_is_not_counted(tmp_path):
     serving = convert_file(_module_conv_bn(tmp_path / "serve", False), tmp_path / "a",
-                           target="bfloat16", device="cpu")
+                           target="bfloat16", device="cpu", freeze=False)
     both = convert_file(_module_conv_bn(tmp_path / "both", True), tmp_path / "b",
                         target="bfloat16", device="cpu")
     assert serving.extra["freezing"]["islands"] >= 1

@@ -157,3 +157,99 @@ def test_graphs_with_variables_are_not_rewritten():
     _, report = convert(g.as_graph_def(), fold_constants=True)
     assert "fusion" not in report.extra
     assert report.node("conv_bn").op == "AddV2"
+
+
+def _biased_block(norm, seed=4, depthwise=False):
+    """A trained convolution: conv -> BiasAdd (a non-zero bias) -> ``norm`` -> relu, as a frozen
+    Keras ``Conv2D(use_bias=True)`` before its batch norm (ResNet50's) leaves it; with
+    ``depthwise`` a depthwise convolution (multiplier 2) instead."""
+    r = np.random.default_rng(seed)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [2, 8, 8, 4], name="x")
+        if depthwise:
+            k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 2)).astype(np.float32))
+            y, channels = tf.nn.depthwise_conv2d(x, k, [1, 1, 1, 1], "SAME", name="conv"), 8
+        else:
+            k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 6)).astype(np.float32))
+            y, channels = tf.nn.conv2d(x, k, 1, "SAME", name="conv"), 6
+        y = tf.nn.bias_add(y, tf.constant(r.normal(0, 0.5, channels).astype(np.float32)),
+                           name="bias")
+        tf.identity(tf.nn.relu(norm(y, r, channels, "bn")), name="out")
+    return g.as_graph_def(), {"x:0": r.normal(0, 1, (2, 8, 8, 4)).astype(np.float32)}
+
+
+def _fused(y, r, channels, name, training=False):
+    """A batch norm as tf.keras and frozen TF1 graphs write it: FusedBatchNormV3 of four Consts."""
+    const = lambda v: tf.constant(v.astype(np.float32))   # noqa: E731
+    out = tf.raw_ops.FusedBatchNormV3(
+        x=y, scale=const(r.uniform(0.5, 1.5, channels)), offset=const(r.normal(0, 0.2, channels)),
+        mean=const(r.normal(0, 0.1, channels)), variance=const(r.uniform(0.5, 2.0, channels)),
+        epsilon=1e-3, is_training=training, name=name)
+    return out.y
+
+
+def _fold_alone(gd):
+    graph = Graph.from_graph_def(gd)
+    done = fold_batch_norms(graph, set())
+    return done, graph.to_graph_def(gd)
+
+
+def test_trained_biases_fold_into_the_filter_and_one_bias():
+    """Conv2D -> BiasAdd -> Mul -> AddV2 (a trained bias before a Keras batch norm, folded or
+    not by constant folding) and Conv2D -> BiasAdd -> FusedBatchNormV3 each become one
+    convolution and one BiasAdd, computing what they did; a depthwise convolution too."""
+    cases = [(_biased_block(_folded), (1, 1, 0)), (_biased_block(_broadcast, 5), (1, 1, 0)),
+             (_biased_block(_fused, 6), (0, 0, 1)),
+             (_biased_block(_folded, 7, depthwise=True), (1, 1, 0)),
+             (_biased_block(_fused, 8, depthwise=True), (0, 0, 1))]
+    for (gd, feeds), counts in cases:
+        done, out = _fold_alone(gd)
+        assert (done.scales_folded, done.bias_adds, done.batch_norms) == counts
+        ops = _ops(out)
+        assert not {"Mul", "AddV2", "FusedBatchNormV3"} & set(ops), ops
+        assert ops.count("BiasAdd") == 1
+        (bias,) = [n for n in out.node if n.op == "BiasAdd"]
+        assert {n.name: n for n in out.node}[bias.input[0]].op in ("Conv2D", "DepthwiseConv2dNative")
+        ref = graphs.run(gd, feeds, ["out:0"])[0]
+        np.testing.assert_allclose(graphs.run(out, feeds, ["out:0"])[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_batch_norms_without_a_bias_fold_too():
+    """Conv2D -> FusedBatchNormV3 (``use_bias=False``, tf.keras's frozen graphs) becomes the
+    convolution and a BiasAdd, through convert's --fold-constants too."""
+    r = np.random.default_rng(9)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [2, 8, 8, 4], name="x")
+        k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 6)).astype(np.float32))
+        y = _fused(tf.nn.conv2d(x, k, 1, "SAME", name="conv"), r, 6, "bn")
+        tf.identity(tf.nn.relu6(y), name="out")
+    gd, feeds = g.as_graph_def(), {"x:0": r.normal(0, 1, (2, 8, 8, 4)).astype(np.float32)}
+    out, report = convert(gd, target="bfloat16", device="cpu", fold_constants=True,
+                          min_matrix_intensity=0)
+    assert report.extra["fusion"]["batch_norms"] == 1
+    assert "FusedBatchNormV3" not in _ops(out) and "BiasAdd" in _ops(out)
+    got = graphs.run(out, feeds, ["out:0"])[0]
+    assert graphs.rel_l2(got, graphs.run(gd, feeds, ["out:0"])[0]) < 2e-2   # bfloat16 rounding
+
+
+def test_batch_norms_that_must_stay_are_left():
+    """A FusedBatchNormV3 that trains (``is_training``), one whose batch mean is read, and a
+    BiasAdd read by another op besides the batch norm are not folded."""
+    r = np.random.default_rng(10)
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [2, 8, 8, 4], name="x")
+        k = tf.constant(r.normal(0, 0.4, (3, 3, 4, 6)).astype(np.float32))
+        b = tf.constant(r.normal(0, 0.5, 6).astype(np.float32))
+        training = _fused(tf.nn.conv2d(x, k, 1, "SAME"), r, 6, "train_bn", training=True)
+        stats = tf.raw_ops.FusedBatchNormV3(
+            x=tf.nn.conv2d(x, k, 1, "SAME"), scale=tf.ones([6]), offset=tf.zeros([6]),
+            mean=tf.zeros([6]), variance=tf.ones([6]), is_training=False, name="stats_bn")
+        shared = tf.nn.bias_add(tf.nn.conv2d(x, k, 1, "SAME"), b, name="shared_bias")
+        also = _folded(shared, r, 6, "shared_bn")
+        tf.identity(training + stats.y + also + shared, name="out")
+        tf.identity(stats.batch_mean, name="mean_out")
+    done, _ = _fold_alone(g.as_graph_def())
+    assert (done.scales_folded, done.batch_norms) == (0, 0)

@@ -4,7 +4,7 @@ import pytest
 from test_ir import graph_def
 
 from amp_rewrite.core.errors import IRError
-from amp_rewrite.core.ir import Graph
+from amp_rewrite.core.ir import Graph, postorder
 
 pytestmark = pytest.mark.fast
 
@@ -128,3 +128,23 @@ def test_topological_order_among_some_nodes_orders_the_edges_between_them():
     assert g.topological_order(among=g.names()) == g.topological_order()
     with pytest.raises(IRError):
         g.topological_order(among={"nope"})
+
+
+def test_postorder_finishes_each_name_after_its_inputs_once():
+    inputs = {"d": ["b", "c"], "b": ["a"], "c": ["a"], "a": [], "e": ["d", "a"]}
+    order = postorder(["e"], inputs.__getitem__)
+    assert order == ["a", "b", "c", "d", "e"]
+    assert postorder(["b", "e"], inputs.__getitem__) == ["a", "b", "c", "d", "e"]
+
+
+def test_postorder_does_not_wait_for_a_back_edge():
+    # m reads n, n reads m (a loop's back edge): the name reached first finishes last
+    inputs = {"m": ["x", "n"], "n": ["m"], "x": []}
+    assert postorder(["m"], inputs.__getitem__) == ["x", "n", "m"]
+    assert postorder(["n"], inputs.__getitem__) == ["x", "m", "n"]
+
+
+def test_postorder_walks_a_long_chain_without_recursion():
+    n = 200_000
+    order = postorder([f"t{n}"], lambda name: [f"t{int(name[1:]) - 1}"] if name != "t0" else [])
+    assert order[0] == "t0" and order[-1] == f"t{n}" and len(order) == n + 1

@@ -11,12 +11,16 @@ from machine import needs_bf16_units, needs_onednn
 from tensorflow.core.framework import step_stats_pb2
 
 from amp_rewrite import cli, convert_file
+from amp_rewrite.core import hardware
 from amp_rewrite.core.errors import INPUT_EXIT, INTERNAL_EXIT, AmpRewriteError, InputError
 from amp_rewrite.tools.kernels import (
+    KernelReport,
     classify_gpu_kernels,
+    format_report,
     kernel_report,
     misaligned_dims,
     onednn_kernels,
+    parse_onednn_log,
 )
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cnn_fp32.pb"
@@ -172,3 +176,101 @@ def test_a_failure_of_our_own_child_process_is_an_internal_error(bug, tmp_path, 
     err = capsys.readouterr().err
     assert code == INTERNAL_EXIT and "bug in amp-rewrite" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------- oneDNN's ISA names
+# Each ISA name oneDNN's verbose log can print (src/cpu/x64/cpu_isa_traits.hpp, 2.x and 3.x),
+# with the /proc/cpuinfo flags its mayiuse() needs, and what its kernels do with bf16 and f16
+# source data: "16" multiplied by a 16-bit unit, "32" converted in hardware and multiplied in
+# float32 (get_mac_emu_data_type), None: no instruction for the type (oneDNN emulates it, or
+# has no such kernel). Written out here, not read from the module, so that a wrong entry there
+# fails.
+_AVX512 = {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+_BF16 = _AVX512 | {"avx512_vnni", "avx512_bf16"}
+_FP16 = _BF16 | {"avx512_fp16", "avx_vnni"}
+_AMX = _FP16 | {"amx_tile", "amx_int8", "amx_bf16"}
+ISAS = {
+    "sse41": ({"sse4_1"}, None, None),
+    "avx": ({"avx"}, None, None),
+    "avx2": ({"avx2"}, None, None),
+    "avx2_vnni": ({"avx2", "avx_vnni"}, None, None),
+    "avx2_vnni_2": ({"avx2", "avx_vnni", "avx_vnni_int8", "avx_ne_convert"}, "32", "32"),
+    "avx512_core": (_AVX512, None, None),
+    "avx512_core_vnni": (_AVX512 | {"avx512_vnni"}, None, None),
+    "avx512_core_bf16": (_BF16, "16", None),
+    "avx512_core_bf16_ymm": (_BF16, "16", None),
+    "avx512_core_amx_int8": (_BF16 | {"amx_tile", "amx_int8"}, "16", None),
+    "avx512_core_amx_bf16": (_BF16 | {"amx_tile", "amx_bf16"}, "16", None),
+    "avx512_core_fp16": (_FP16, "16", "32"),
+    "avx10_1_512": (_FP16, "16", "32"),
+    "avx512_core_amx": (_AMX, "16", "32"),
+    "avx10_1_512_amx": (_AMX, "16", "32"),
+    "avx512_core_amx_fp16": (_AMX | {"amx_fp16"}, "16", "16"),
+    "avx10_1_512_amx_fp16": (_AMX | {"amx_fp16"}, "16", "16"),
+    "avx10_2_512": (_FP16 | {"avx_vnni_int8", "avx_ne_convert"}, "16", "16"),
+    "avx10_2": (_FP16 | {"avx_vnni_int8", "avx_ne_convert"}, "16", "16"),
+    "avx10_2_512_amx_2": (_AMX | {"amx_fp16", "avx_vnni_int8", "avx_ne_convert"}, "16", "16"),
+    "avx10_2_amx_2": (_AMX | {"amx_fp16", "avx_vnni_int8", "avx_ne_convert"}, "16", "16"),
+}
+
+
+def _verbose(isa, dt):
+    """Two exec lines as oneDNN v3 prints them: a 1x1 convolution and a matmul on ``isa``."""
+    return "\n".join([
+        "onednn_verbose,v1,info,oneDNN v3.7.3 (commit N/A)",
+        f"onednn_verbose,v1,primitive,exec,cpu,convolution,brgconv_1x1:{isa},forward_inference,"
+        f"src:{dt}::blocked:acdb::f0 wei:{dt}:a:blocked:AcdB16b16a2b::f0 bia:f32::blocked:a::f0 "
+        f"dst:{dt}::blocked:acdb::f0,attr-scratchpad:user,alg:convolution_direct,"
+        "mb1_ic32oc64_ih56oh56kh1sh1dh0ph0_iw56ow56kw1sw1dw0pw0,0.11",
+        f"onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:{isa},undef,"
+        f"src:{dt}::blocked:ab::f0 wei:{dt}:a:blocked:BA16a64b2a::f0 dst:{dt}::blocked:ab::f0,"
+        "attr-scratchpad:user,,1x768:768x3072,0.05"])
+
+
+@pytest.mark.parametrize("isa", sorted(ISAS))
+@pytest.mark.parametrize("dt", ["bf16", "f16", "f32"])
+def test_each_onednn_isa_name_is_read_as_what_it_runs(isa, dt):
+    _, bf16, f16 = ISAS[isa]
+    want = {"bf16": bf16, "f16": f16, "f32": None}[dt]
+    kernels, runtime = parse_onednn_log(_verbose(isa, dt))
+    assert runtime.startswith("oneDNN v3.7.3") and len(kernels) == 2
+    assert [k.implementation for k in kernels] == [f"brgconv_1x1:{isa}", f"brg_matmul:{isa}"]
+    assert sum(k.macs for k in kernels) == 56 * 56 * 32 * 64 + 768 * 3072
+    for k in kernels:
+        assert k.sixteen_bit == (want is not None), (isa, dt)
+        assert k.mac == ("" if want is None else "f32" if want == "32" else dt), (isa, dt)
+    unit = {None: "not on a 16-bit unit", "32": "16-bit unit, float32 math",
+            "16": "16-bit matrix unit"}[want]
+    text = format_report(KernelReport("CPU", runtime, True, kernels))
+    assert all(line.endswith(unit) for line in text.splitlines()[1:3]), text
+    share = "100.0%" if want else "0.0%"
+    assert f"MatMul/Conv work on 16-bit units: {share} (" in text
+    assert ("converts and multiplies in float32" in text) == (want == "32"), text
+
+
+@pytest.mark.parametrize("isa", sorted(ISAS))
+def test_the_kernels_verdict_agrees_with_the_cpu_line(isa):
+    """On the CPU each ISA needs, the CPU line's "<target> runs on ..." and the kernels'
+    16-bit verdict agree: a kernel on a 16-bit unit where the line says the target runs on
+    one, and a 16-bit multiply only where it says so."""
+    flags, bf16, f16 = ISAS[isa]
+    for target, dt, want in (("bfloat16", "bf16", bf16), ("float16", "f16", f16)):
+        runs = hardware.target_note(target, frozenset(flags)).startswith(f"{target} runs on")
+        (kernel, _), _ = parse_onednn_log(_verbose(isa, dt))
+        if runs:
+            assert kernel.sixteen_bit, (isa, target)
+        if kernel.mac == dt:
+            assert runs, (isa, target)
+
+
+def test_float16_on_an_avx512_fp16_cpu_reads_as_running_on_it():
+    """The issue's EfficientNetV2B0 log on a Sapphire Rapids: 69 1x1 convolutions on
+    avx10_1_512 in f16, under a CPU line that says float16 runs on AVX512-FP16."""
+    log = "\n".join(_verbose("avx10_1_512", "f16").splitlines()[:2] * 69)
+    kernels, runtime = parse_onednn_log(log)
+    text = format_report(KernelReport("CPU", runtime, True, kernels))
+    assert " 69 x convolution   brgconv_1x1:avx10_1_512" in text
+    assert "MatMul/Conv work on 16-bit units: 100.0% (69 of 69 kernels)" in text
+    assert "f16 on avx10_1_512" in text
+    line = hardware.machine_line("float16", frozenset(ISAS["avx10_1_512_amx"][0]), "cpu")
+    assert "float16 runs on AVX512-FP16 here (oneDNN)" in line

@@ -33,8 +33,9 @@ def keras_bf16(tmp_path_factory):
     # painted whole (the knob at 0): by default on a CPU its LSTM stays float32, its variable
     # weights cast every step costing more than its MatMuls save (test_costs.py); these tests
     # count what a body holds, so every matrix op is painted
+    # (variables kept: frozen, bfloat16's default on a CPU, the bodies would be inlined)
     report = convert_file(src, folder / "bf16", target="bfloat16", device="cpu",
-                          min_matrix_intensity=0)
+                          min_matrix_intensity=0, freeze=False)
     return src, folder / "bf16", report
 
 
@@ -118,7 +119,7 @@ def test_explain_command_takes_the_short_name_and_says_no_in_one_line(keras_bf16
     full = next(n.name for n in report.nodes if n.op == "MatMul" and "/" in n.name)
     scope = next(s for s in report.functions() if full.startswith(s + "/"))
     short = full[len(scope) + 1:]
-    flags = ["--target", "bfloat16", "--device", "cpu"]
+    flags = ["--target", "bfloat16", "--device", "cpu", "--no-freeze"]
     assert cli.main(["explain", str(src), short, *flags]) == 0
     assert capsys.readouterr().out.startswith(f"{full} (MatMul): ")   # found in its function
     assert cli.main(["explain", str(src), short[:-1], *flags]) == 2

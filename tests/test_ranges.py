@@ -20,7 +20,7 @@ from refusals import assert_refused, run_cli, snapshot
 from amp_rewrite import cli, convert
 from amp_rewrite.cli import run as cli_run
 from amp_rewrite.conversion.pipeline import convert_file
-from amp_rewrite.core.dtypes import HALF, HEADROOM, LARGEST
+from amp_rewrite.core.dtypes import BFLOAT16, HALF, HEADROOM, LARGEST
 from amp_rewrite.io.load import Model
 from amp_rewrite.tools.ranges import calibrate
 from amp_rewrite.tools.verify import format_result, verify
@@ -249,6 +249,31 @@ def test_verify_per_node_names_the_largest_tensors(files):
     assert "in the original (amp-rewrite ranges lists more): loud:0 (MatMul) max |x| 3.62e+03" \
         in format_result(result)
     assert result.to_dict()["ranges"][0]["within_headroom"] is True
+
+
+def test_bfloat16s_range_is_named_for_bfloat16(files, capsys, tmp_path):
+    """ranges --target bfloat16 and verify --per-node of a bfloat16 model measure against
+    bfloat16's largest value (3.39e38), never float16's 65504."""
+    top = LARGEST[BFLOAT16]
+    assert cli.main(["ranges", str(files / "mlp.pb"), "--inputs", str(files / "loud.npz"),
+                     "--target", "bfloat16", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith(
+        f"10 float tensors over 1 sample(s); 0 within the headroom 32 of bfloat16's largest "
+        f"value {top:.6g} ")
+    assert "65504" not in out and "float16's" not in out.replace("bfloat16's", "")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["target"] == "bfloat16" and data["largest"] == top
+    loud = next(t for t in data["tensors"] if t["tensor"] == "loud:0")
+    assert loud["ratio"] == loud["max_abs"] / top and loud["within_headroom"] is False
+    bf16 = tmp_path / "mlp_bf16.pb"
+    convert_file(files / "mlp.pb", bf16, target="bfloat16", device="cpu", min_matrix_intensity=0)
+    text = format_result(verify(files / "mlp.pb", bf16, inputs=str(files / "loud.npz"),
+                                nodes=True))
+    line = next(ln for ln in text.splitlines() if "in the original" in ln)
+    assert line.startswith(f"closest to bfloat16's largest value {top:.6g} in the original "
+                           "(amp-rewrite ranges --target bfloat16 lists more): loud:0"), line
+    assert "65504" not in text
 
 
 def test_bad_calibration_data_is_refused_and_nothing_is_written(files, capsys):

@@ -2,9 +2,10 @@
 ``tf.function`` method of the module (``loaded.train_step``), the way TensorFlow's SavedModel
 guide restores every method (docs/training.md "TF2 train steps in SavedModels").
 
-Three steps, each saved both ways and converted to float16: the example's single-tape step with
-Keras' Adam, a hand-written AdamW (tests/hand_optimizers.py) and the DCGAN tutorial's two-tape
-step (tests/gan_steps.py). ``loaded.train_step(...)`` then runs its matrix ops in float16,
+Six steps, each saved both ways and converted to float16: the example's single-tape step with
+Keras' Adam, a hand-written AdamW (tests/hand_optimizers.py), the DCGAN tutorial's two-tape
+step (tests/gan_steps.py) and three Mixture-of-Experts blocks routing with ``top_k``
+(tests/saved_trainers.py). ``loaded.train_step(...)`` then runs its matrix ops in float16,
 counts its finite steps on the one ``amp_loss_scale`` state, and skips a step whose gradients
 overflow without changing a bit of any variable.
 """
@@ -20,7 +21,7 @@ import pytest
 import tensorflow as tf
 from hand_optimizers import HandAdamW
 from hand_optimizers import save as save_hand
-from saved_trainers import all_variables, digits
+from saved_trainers import ROUTED, all_variables, digits
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.saved_model import loader_impl
 
@@ -47,6 +48,8 @@ MODELS = {
     "hand_adamw": (lambda: HandAdamW(0), save_hand),
     "gan": (lambda: gan_steps.GAN(0),
             lambda m, path, sig: gan_steps.save(m, path, train_signature=sig)),
+    # Mixture-of-Experts blocks routing with top_k, whose gradient (ScatterNd) writes nothing
+    **{name: (lambda cls=cls: cls(0), save_hand) for name, cls in ROUTED.items()},
 }
 
 

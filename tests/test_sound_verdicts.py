@@ -132,6 +132,57 @@ def test_constant_masks_are_past_the_range_by_construction_data_is_not():
     assert {"loud", "scaled_by_data", "signed"} <= past - masks
 
 
+def test_what_only_looks_like_a_mask_on_the_batch_is_data():
+    """Tensors that hold a mask's values on the batch at hand, by the data's doing: infinite
+    in float32 itself though no constant made them so; 1 - x of a float input that happens to
+    hold 0s and 1s; the difference of two 0/1 masks that happens to stay 0/1 here. None is a
+    constant mask: the next batch may give them any sign and magnitude."""
+    def build():
+        x = v1.placeholder(tf.float32, [None, 6], name="x")
+        gate = v1.placeholder(tf.float32, [None, 6], name="gate")         # fed 0s and 1s
+        a, b = (v1.placeholder(tf.bool, [None, 6], name=n) for n in ("a", "b"))
+        tf.exp(x * 100.0, name="overflowed")                 # inf in float32 on this batch
+        tf.add(tf.exp(x * 100.0), x, name="overflowed_plus_x")
+        tf.multiply(1.0 - gate, -1e9, name="one_minus_data")
+        tf.multiply(tf.cast(a, tf.float32) - tf.cast(b, tf.float32), -1e9, name="mask_diff")
+
+    rng = np.random.default_rng(3)
+    a = rng.random((4, 6)) < 0.7
+    feed = {"x": np.abs(rng.normal(size=(4, 6))).astype(np.float32) + 1.0,
+            "gate": (rng.random((4, 6)) < 0.5).astype(np.float32),
+            "a": a, "b": a & (rng.random((4, 6)) < 0.5)}    # b within a: a - b is 0 or 1 here
+    masks, past = _masks_of(build, feed)
+    data = {"overflowed", "overflowed_plus_x", "one_minus_data", "mask_diff"}
+    assert data <= past, "the case is void: a tensor stays within float16's range"
+    assert not data & masks, data & masks
+
+
+def test_the_mask_rule_walks_a_100000_tensor_chain_in_seconds():
+    """AddV2 after AddV2 from a -1e9 constant: every tensor of the chain is a constant mask;
+    the rule walks the chain without recursion (a RecursionError past ~11,000 before)."""
+    import time
+
+    from amp_rewrite.tools.ranges import TensorRange
+    from amp_rewrite.tools.traces import TensorInfo
+    n = 100_000
+    info = {"mask:0": TensorInfo("Const", "float32", set(), 0),
+            "x:0": TensorInfo("Placeholder", "float32", set(), 1)}
+    ranges = {"mask:0": TensorRange("mask:0", "Const", "float32", 0, 1e9, 6, 6, binary=False),
+              "x:0": TensorRange("x:0", "Placeholder", "float32", 1, 3.0, 6, 6, binary=False)}
+    previous = "mask:0"
+    for i in range(n):
+        name = f"add_{i}:0"
+        info[name] = TensorInfo("AddV2", "float32", {previous, "x:0"}, i + 2)
+        ranges[name] = TensorRange(name, "AddV2", "float32", i + 2, 1e9, 6, 6, binary=False)
+        previous = name
+    started = time.perf_counter()
+    found = constant_masks(info, ranges, F16_MAX, [previous])
+    seconds = time.perf_counter() - started
+    assert found == {previous}
+    assert constant_masks(info, ranges, F16_MAX) == set(ranges) - {"x:0"}
+    assert seconds < 10, f"{seconds:.1f} s for a chain of {n}"
+
+
 # ----------------------------------------------------------------- tune on unseen batches
 def test_tuned_model_holds_on_held_out_batches_whose_overflow_sign_differs(tmp_path):
     src = tmp_path / "hot.pb"
@@ -152,6 +203,63 @@ def test_tuned_model_holds_on_held_out_batches_whose_overflow_sign_differs(tmp_p
         np.savez(tmp_path / f"held{i}.npz", **feed)
         r = verify(src, tmp_path / "tuned.pb", inputs=str(tmp_path / f"held{i}.npz"))
         assert r.ok, f"held-out batch {i}"
+
+
+def test_per_node_blames_an_overflow_the_data_drives_though_this_batch_hides_it(tmp_path,
+                                                                                  capsys):
+    """The scores times 40 pass float16's range negative on this batch: -inf, which the
+    softmax turns into the zeros float32 gives, so the outputs agree. They are no constant
+    mask: the next batch's sign may differ (+inf: NaN), so per-node ranks them first, an
+    infinite error, and says why."""
+    src = tmp_path / "hot.pb"
+    src.write_bytes(tune_graphs.sign_flip_softmax().SerializeToString())
+    convert_file(src, tmp_path / "f16.pb", target="float16")
+    np.savez(tmp_path / "cold.npz", **tune_graphs.hot_rows(16, -1.0, seed=1))
+    result = verify(src, tmp_path / "f16.pb", inputs=str(tmp_path / "cold.npz"), nodes=True)
+    assert result.ok, "the case is void: the outputs show the overflow on this batch"
+    first = result.nodes[0]
+    assert first.tensor == "scaled:0" and first.dtype == "float16" and first.beyond_range
+    assert not first.harmless and first.data_driven and not first.differs
+    assert math.isinf(first.added) and math.isinf(first.rel_l2)
+    code, out, _ = run_cli(capsys, ["verify", src, tmp_path / "f16.pb", "--inputs",
+                                    tmp_path / "cold.npz", "--per-node"])
+    assert code == 0
+    line = next(ln for ln in out.splitlines() if "scaled:0" in ln)
+    assert "added inf" in line and "past float16's range as ±inf: the data drives it there" in line
+
+
+def _sigmoid_by_hand(path):
+    """``1 / (1 + exp(-s)) @ V``: Exp is float16's deny list, so the painted graph computes
+    it in float32; where s is about -15 exp(-s) is 3.3e6, past float16's range, and float16's
+    +inf becomes the 0 float32 gives to within 3e-7: the outputs agree on this batch."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(8, 8)).astype(np.float32)
+
+    def build():
+        x = v1.placeholder(tf.float32, [None, 8], name="x")
+        s = tf.matmul(x, tf.constant(w), name="s")
+        e = tf.exp(-s, name="e")
+        gate = tf.math.reciprocal(1.0 + e, name="gate")
+        tf.identity(tf.matmul(gate, tf.constant(rng.normal(size=(8, 4)).astype(np.float32))),
+                    name="y")
+    return _pb(path, build), w.astype(np.float64)
+
+
+def test_tune_relax_forces_no_node_whose_tensor_the_data_drives_past_the_range(tmp_path):
+    """--relax tries the float32 nodes the lists kept (Exp, and what the deny list spread to)
+    in float16; a trial holding exp(-s)'s +inf passes the metric and verify's checks on the
+    batch, but its look inside finds an overflow the data drives: refused, Exp stays float32."""
+    src, w = _sigmoid_by_hand(tmp_path / "sig.pb")
+    rng = np.random.default_rng(6)
+    scores = rng.normal(size=(16, 8))
+    scores[::2, 0] = -15.0                      # exp(15) = 3.3e6 on every other row
+    ref = {"x": (scores @ np.linalg.inv(w)).astype(np.float32)}
+    result = tune(str(src), None, feeds=[ref], target="float16", relax=True)
+    assert result.ok, result.summary()
+    e = next(n for n in result.report.nodes if n.name == "e")
+    assert e.precision == "float32", result.summary()
+    forced_trials = [t for t in result.trial_log if t["why"].startswith("relax")]
+    assert forced_trials and not forced_trials[0]["ok"], result.trial_log
 
 
 def test_tune_refuses_a_trial_that_holds_an_overflow_inside(tmp_path):

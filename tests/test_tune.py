@@ -8,6 +8,7 @@ CNN+LSTM+attention export fed digits scaled to 1e5.
 """
 
 import importlib
+import json
 from pathlib import Path
 
 import graphs
@@ -369,3 +370,45 @@ def test_tune_accepts_only_what_verify_accepts_top1_included(tmp_path):
     assert result.ok and result.before < result.tolerance   # the metric alone passed trial 0
     assert [k.op for k in result.kept] == ["MatMul"]
     assert verify(model, tmp_path / "tuned.pb", inputs=data).ok
+
+
+def test_a_result_tune_kept_all_float32_says_it_is_a_float32_model(tmp_path, capsys):
+    """A tolerance float16 cannot meet on any matrix op: tune keeps them all float32 and
+    passes, but its output is a float32 model. It says so as convert does of such an output,
+    with why (the tolerance), even with -q; the summary, the report and the page are no plain
+    success; the rules file it wrote converts to the same warning."""
+    rng = np.random.default_rng(0)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 64], name="x")
+        h = tf.nn.relu(tf.matmul(x, rng.normal(0, 0.2, (64, 32)).astype(np.float32)), name="h")
+        tf.identity(tf.matmul(h, rng.normal(0, 0.2, (32, 10)).astype(np.float32)), name="y")
+    src = tmp_path / "digits.pb"
+    src.write_bytes(g.as_graph_def().SerializeToString())
+    digits = (load_digits().data / 16).astype(np.float32)
+    np.savez(tmp_path / "a.npz", x=digits[:32])
+    np.savez(tmp_path / "b.npz", x=digits[32:64])
+    out = tmp_path / "tuned.pb"
+    code, stdout, err = run_cli(capsys, [
+        "tune", src, "-o", out, "--inputs", tmp_path / "a.npz", "--holdout", tmp_path / "b.npz",
+        "--tolerance", "1e-9", "--report", tmp_path / "r.json", "--html", tmp_path / "r.html",
+        "-q"])
+    assert code == 0, err
+    said = ("the output is a float32 model: none of its 2 MatMul/Conv-family ops computes in "
+            "float16")
+    (warning,) = [ln for ln in err.splitlines() if said in ln]
+    assert warning.startswith("amp-rewrite: warning: ")
+    assert ("why: the tolerance: tune kept float32 the 2 matrix op(s) the painted graph ran "
+            "in float16 to meet rel_l2 <= 1e-09 on its 1 sample(s)") in warning
+    code, stdout, err = run_cli(capsys, [
+        "tune", src, "-o", out, "--inputs", tmp_path / "a.npz", "--tolerance", "1e-9",
+        "--force"])
+    assert code == 0 and said in err
+    assert stdout.splitlines()[1].startswith(f"tuned to a float32 model, no plain success: {said}")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert any(said in w for w in report["warnings"])
+    page = (tmp_path / "r.html").read_text()
+    assert "a float32 model" in page and "within tolerance" not in page.split("verdict")[1][:200]
+    code, _, err = run_cli(capsys, [src, "-o", tmp_path / "again.pb", "--rules",
+                                    tmp_path / "tuned.pb.tune.toml"])
+    assert code == 0 and said in err

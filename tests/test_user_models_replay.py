@@ -132,9 +132,10 @@ def models(tmp_path_factory):
     vocab.unlink()   # the model must read its own copy, in its assets/
     # painted whole (the knob at 0): these small models' variable weights, cast on every run,
     # would keep them float32 on a CPU by default (test_costs.py); the tests replay bfloat16
+    # function bodies reading variables (kept: a model that only serves is frozen by default)
     for name in ("rec", "tables", "tf1"):
         convert_file(root / name, root / f"{name}_bf16", target="bfloat16", device="cpu",
-                     min_matrix_intensity=0)
+                     min_matrix_intensity=0, freeze=False)
     return root
 
 

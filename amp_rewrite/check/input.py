@@ -511,7 +511,11 @@ def tensorflow_import_error(serialized: bytes, library) -> str | None:
             with graph.as_default():   # so the functions go to it, not to the eager context
                 for fn in tf_function.from_library(library):
                     fn.add_to_graph(graph)
-    except Exception as exc:  # noqa: BLE001 - the importer's refusal, whatever it raises
+    except (tf.errors.OpError, ValueError, TypeError, KeyError) as exc:
+        # the importer's refusal: its C++ half's status errors (OpError), the Python half's
+        # reading of the library (ValueError for a missing or cyclic gradient function, a bad
+        # attr; TypeError, KeyError for a malformed one); anything else is not known to be
+        # the graph's (exit 70)
         return _tidy(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
     finally:
         c_api.TF_DeleteBuffer(buffer)

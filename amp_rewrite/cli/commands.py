@@ -17,7 +17,7 @@ from pathlib import Path
 from ..conversion.graph import Options
 from ..conversion.pipeline import convert_model, convert_path
 from ..core import hardware
-from ..core.dtypes import HEADROOM
+from ..core.dtypes import HEADROOM, TARGETS
 from ..core.errors import InputError
 from ..io.files import OutputSet, atomic_write, is_keras_file
 from ..io.keras_files import saved_models
@@ -80,7 +80,10 @@ def _where(target: str | None) -> str:
 
 def convert(args) -> int:
     options = _options(args)
-    if args.measure:
+    # --cost-aware promises a model never slower than float32 on this machine: where the CPU
+    # has no bfloat16 unit every island stays float32 (painting_target); where it has one,
+    # only a timing can say it, so the conversion is measured against float32 (--measure)
+    if args.measure or (options.cost_aware and options.weighed() and not options.slower_here()):
         model, report, _ = measured_mod.measured_conversion(
             args.input, args.output, options, shapes=parse_shapes(args.shape))
     else:
@@ -144,7 +147,8 @@ def explain(args) -> int:
     options = Options(target=args.target, device=args.device, rules=args.rules, keep=args.keep,
                       lowp_io=args.lowp_io, loss_scale="none",
                       min_matrix_intensity=args.min_matrix_intensity,
-                      shapes=parse_shapes(args.shape), costs=args.costs)
+                      shapes=parse_shapes(args.shape), costs=args.costs,
+                      fold_constants=args.fold_constants, freeze=args.freeze)
     _, report = convert_model(load(args.input), _calibrated(options, args))
     for name in args.node:
         try:
@@ -249,7 +253,10 @@ def tune(args) -> int:
         if not args.quiet:
             print(result.summary())
         return 1
-    if result.mostly_float32:       # tuned, but no clean success: say so even with -q
+    float32 = result.float32_model()
+    if float32 and result.matrix_before.get("lowp"):   # tune's keeps made it so: even with -q
+        print(f"amp-rewrite: warning: {float32}", file=sys.stderr)
+    elif result.mostly_float32:       # tuned, but no clean success: say so even with -q
         m = result.matrix_after
         print(f"amp-rewrite: warning: the tuned model runs {m['lowp']} of {m['total']} matrix "
               f"ops in {result.target}: mostly float32 ({result.start_line()})", file=sys.stderr)
@@ -302,10 +309,12 @@ def ranges(args) -> int:
     found = ranges_mod.calibrate(args.model, args.inputs, signature=args.signature,
                                  checkpoint=args.checkpoint)
     headroom = HEADROOM if args.headroom is None else args.headroom
+    target = TARGETS[args.target]
     if args.json:
-        atomic_write(Path(args.json), _json_bytes(found.to_dict(headroom)), force=args.force)
+        atomic_write(Path(args.json), _json_bytes(found.to_dict(headroom, target)),
+                     force=args.force)
     if not args.quiet:
-        print(ranges_mod.format_ranges(found, args.top, headroom))
+        print(ranges_mod.format_ranges(found, args.top, headroom, target))
     return 0
 
 

@@ -34,6 +34,7 @@ from ..io.files import (
     same_file,
     tune_rules_path,
 )
+from ..core.hardware import CPU_CLASSES
 from ..rules.cost_table import SHIPPED, read_table
 from ..training.config import scale_config
 from ..version import __version__
@@ -85,9 +86,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
 
 
-def _rule_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
-                   help="low-precision dtype (default float16, for Tensor Cores)")
+def _rule_flags(p: argparse.ArgumentParser, float32: bool = False) -> None:
+    """``--target``, ``--device``, ``--rules``; ``float32``: the command also takes
+    ``--target float32`` (convert and explain: a model that computes in 16 bits moved back)."""
+    if float32:
+        p.add_argument("--target", choices=["float16", "bfloat16", "float32"], default="float16",
+                       help="low-precision dtype (default float16, for Tensor Cores), or "
+                            "float32: a model that computes in 16 bits (a Keras mixed_float16 "
+                            "export, a converted model) moved back to float32 whole")
+    else:
+        p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
+                       help="low-precision dtype (default float16, for Tensor Cores)")
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
                    help="device unplaced nodes run on; decides which kernels exist (default gpu)")
     p.add_argument("--rules", action="append", default=[], metavar="FILE",
@@ -95,11 +104,13 @@ def _rule_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _costs_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--costs", metavar="FILE|shipped",
+    p.add_argument("--costs", metavar="FILE|shipped|CLASS",
                    help="the rates the cost model of bfloat16 on cpu weighs with: a table "
-                        "'amp-rewrite costs measure' wrote, or 'shipped' for the defaults "
-                        "(default: the table measured on this CPU where there is one, else "
-                        "the shipped one; 'amp-rewrite costs show' says which)")
+                        "'amp-rewrite costs measure' wrote, 'shipped' for the shipped table "
+                        "of this CPU's class, or a class's (" + ", ".join(CPU_CLASSES) + "), "
+                        "to convert for a CPU of that class (default: the table measured on "
+                        "this CPU where there is one, else the shipped one of its class; "
+                        "'amp-rewrite costs show' says which)")
 
 
 def _painting_flags(p: argparse.ArgumentParser) -> None:
@@ -112,6 +123,22 @@ def _painting_flags(p: argparse.ArgumentParser) -> None:
                    help="least matrix work (FLOPs per element an op reads and writes) the "
                         "biggest MatMul/Conv of a 16-bit island needs, else the island stays "
                         "float32 (default 128 for bfloat16 on cpu, else 0)")
+
+
+def _folding_flags(p: argparse.ArgumentParser) -> None:
+    """What the conversion does to a model before painting, for convert and explain alike."""
+    p.add_argument("--fold-constants", action=argparse.BooleanOptionalAction,
+                   help="fold Const-only float32 subgraphs before painting, and batch norms "
+                        "into the convolutions they follow (graphs without variables): fewer "
+                        "casts, one rounding per folded value, convolutions TensorFlow fuses "
+                        "with their activations (default: on for bfloat16 on cpu)")
+    p.add_argument("--freeze", action=argparse.BooleanOptionalAction,
+                   help="a SavedModel or Keras file: freeze every serving signature (variables "
+                        "to Consts), fold constants as --fold-constants does and convert; writes "
+                        "a SavedModel serving the same signatures and the methods that serve "
+                        "them (default: for bfloat16 on cpu, a SavedModel that only serves is "
+                        "frozen where nothing it holds would be lost; --no-freeze keeps the "
+                        "variables)")
 
 
 def _batch_flag(p: argparse.ArgumentParser) -> None:
@@ -129,31 +156,27 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), SavedModel "
                    "directory, or Keras file (.keras/.h5: converts to a SavedModel directory)")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
-    _rule_flags(p)
+    _rule_flags(p, float32=True)
     _painting_flags(p)
     p.add_argument("--emulate", action="store_true",
                    help="write float16's float32 emulation (float16 rules, but each float16 op "
                         "computes in float32 on values rounded to float16): to see float16's "
                         "numbers without a GPU (a SavedModel's function bodies included)")
-    p.add_argument("--fold-constants", action="store_true",
-                   help="fold Const-only float32 subgraphs before painting, and batch norms "
-                        "into the convolutions they follow (graphs without variables): fewer "
-                        "casts, one rounding per folded value, convolutions TensorFlow fuses "
-                        "with their activations")
-    p.add_argument("--freeze", action="store_true",
-                   help="a SavedModel or Keras file: freeze every serving signature (variables "
-                        "to Consts), fold constants as --fold-constants does and convert; writes "
-                        "a SavedModel serving the same signatures")
+    _folding_flags(p)
     p.add_argument("--cost-aware", action="store_true",
-                   help="never slower than float32 on this machine: for --device cpu --target "
-                        "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
-                        "island float32 (code cost)")
+                   help="never slower than float32 on this machine, for --device cpu --target "
+                        "bfloat16: on a CPU with no bfloat16 matrix unit (AVX2 only) every "
+                        "island stays float32 (code cost), whatever --costs says; on one with a "
+                        "unit the conversion is timed against float32 as --measure times it, "
+                        "and the fastest written")
     _batch_flag(p)
     _costs_flag(p)
     p.add_argument("--measure", action="store_true",
-                   help="bfloat16 on cpu: where the cost model kept nodes float32, time its "
-                        "conversion against the one painted whole on this machine (inputs "
-                        "as bench feeds them, --shape for open dimensions) and write the faster")
+                   help="bfloat16 on cpu: time the float32 input, the cost model's conversion "
+                        "and, where it kept nodes float32, the one painted whole on this "
+                        "machine, each in its own process as bench times (inputs as bench "
+                        "feeds them, --shape for open dimensions), and write the fastest (the "
+                        "input unconverted where float32 ran fastest)")
     _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true",
@@ -242,8 +265,9 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
     if command == "explain":
         p.add_argument("input", help=f"the FP32 model to explain ({MODEL_FORMATS})")
         p.add_argument("node", nargs="+", help="node name(s) to explain")
-        _rule_flags(p)
+        _rule_flags(p, float32=True)
         _painting_flags(p)
+        _folding_flags(p)
         _batch_flag(p)
         _costs_flag(p)
         _calibration_flags(p)
@@ -300,6 +324,10 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
                        "their initializers)")
         p.add_argument("--top", type=int, default=20, metavar="N",
                        help="tensors to list, largest magnitude first (default 20)")
+        p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
+                       help="the 16-bit dtype whose largest value the tensors are measured "
+                       "against, as --calibration with that --target keeps them (default "
+                       "float16: 65504; bfloat16: 3.39e38)")
         _headroom_flag(p)
         p.add_argument("--json", metavar="FILE", help="also write every tensor's range as JSON")
         _force_flag(p, "--json")
@@ -445,7 +473,7 @@ def _check_paths(command: str, args) -> None:
     given = getattr(args, "inputs", None)
     inputs += given if isinstance(given, list) else [given] if given else []
     inputs += list(getattr(args, "holdout", []) or [])
-    if getattr(args, "costs", None) not in (None, SHIPPED):
+    if getattr(args, "costs", None) not in (None, SHIPPED, *CPU_CLASSES):
         inputs.append(args.costs)
     if command == "verify" and args.report:
         inputs.append(args.report)
@@ -478,7 +506,7 @@ def _check_costs(command: str, args, inputs: list[str]) -> None:
     """``--costs FILE`` is a cost table (read and checked here, before TensorFlow); ``costs
     measure`` writes where it may, with --quick only to a file of its own."""
     given = getattr(args, "costs", None)
-    if given is not None and given != SHIPPED:
+    if given is not None and given not in (SHIPPED, *CPU_CLASSES):
         read_table(given)
     if command != "costs":
         return

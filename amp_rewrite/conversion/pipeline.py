@@ -21,7 +21,6 @@ from tensorflow.core.framework import graph_pb2
 from ..core import hardware
 from ..core.dtypes import HEADROOM, LARGEST, TARGETS
 from ..core.errors import InputError, RuleError, UnsupportedGraphError, option
-from ..core.ops import is_variable_write
 from ..io.files import (
     check_container,
     is_keras_file,
@@ -37,6 +36,7 @@ from ..io.save import save
 from ..report.decisions import Report
 from ..rules.loader import RuleSet
 from ..schema.functiondef import reachable
+from ..schema.opdefs import is_variable_write
 from ..training.config import scale_config
 from ..training.detect import training_functions, training_parts
 from ..training.in_functions import (
@@ -46,6 +46,7 @@ from ..training.in_functions import (
 from ..training.state import SCOPE
 from .graph import Options, convert_graph, emulate
 from .library import merge_report, warn_unmatched
+from .rewrite import warnings_once
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ def convert_path(input_path: str | os.PathLike, options: Options) -> tuple[Model
         if not isinstance(exc, RuleError) and not str(exc).startswith(str(src)):
             exc.args = (f"{src}: {exc}",)
         raise
+    _say_unweighed(report, options)
     _warn_float32_model(report, options)
     return converted, report
 
@@ -94,7 +96,7 @@ def convert_path(input_path: str | os.PathLike, options: Options) -> tuple[Model
 def convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     """Convert every graph of ``model``; returns the converted model (``model`` is not changed)
     and one report (nodes of a SavedModel's second and later MetaGraphs named ``[tags]/name``)."""
-    with _collector_paused():
+    with _collector_paused(), warnings_once():
         return _convert_model(model, options)
 
 
@@ -122,6 +124,17 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     options.check()
     if options.freeze:
         return _convert_frozen(model, options)
+    kept_variables = None
+    if options.freeze is False and options.weighed() and model.kind == "savedmodel":
+        kept_variables = f"asked ({option('--no-freeze', 'freeze=False')})"
+    elif options.freeze is None and options.may_freeze() and model.kind == "savedmodel":
+        kept_variables = _unfrozen_by_default(model)
+        if kept_variables is None:
+            try:
+                return _convert_frozen(model, options, by_default=True)
+            except _NotFrozen as exc:
+                kept_variables = str(exc)
+            log.info("kept the variables: %s", kept_variables)
     rules = options.rule_set()
     saved = model.kind == "savedmodel"
     config = scale_config(options.loss_scale, options.target, dict(options.loss_scale_options))
@@ -154,6 +167,9 @@ def _convert_model(model: Model, options: Options) -> tuple[Model, Report]:
     if options.calibration is not None:
         _report_calibration(report, options)
     _warn_if_slower_here(options)
+    if kept_variables is not None:
+        report.extra["freeze"] = {"frozen": False, "reason": kept_variables,
+                                  "summary": f"not frozen, the variables kept: {kept_variables}"}
     return dataclasses.replace(model, meta_graphs=tuple(converted), added_variables=added), report
 
 
@@ -169,16 +185,70 @@ def _warn_low_precision_input(report: Report) -> None:
         log.warning(text)
 
 
-def _convert_frozen(model: Model, options: Options) -> tuple[Model, Report]:
+class _NotFrozen(Exception):
+    """Why a SavedModel the conversion would freeze by default keeps its variables."""
+
+
+# The variables' bytes past which a SavedModel is not frozen by default: a Const holds at most
+# 2 GB (protobuf's limit on one message), which TensorFlow's freezing fails on after minutes
+# and many gigabytes (--freeze says so for such a model when asked)
+FREEZE_BY_DEFAULT_BYTES = 1 << 30
+
+
+def _unfrozen_by_default(model: Model) -> str | None:
+    """Why the SavedModel ``model`` keeps its variables though the conversion would freeze it
+    by default (docs/decisions.md "Frozen and folded by default (bfloat16 on a CPU)"), or
+    None: it is frozen unless freezing it finds more (:class:`_NotFrozen`)."""
+    if len(model.meta_graphs) != 1 or not serving_keys(model.meta_graphs[0]):
+        return "it has no serving signature, or more than one MetaGraph (--freeze takes one)"
+    try:
+        _refuse_freezing_training(model)
+    except UnsupportedGraphError:
+        return "a signature trains or writes a variable, so the weights change as it runs"
+    meta = model.meta_graphs[0]
+    library = meta.graph_def.library
+    bodies = {f.signature.name: f.node_def for f in library.function}
+    restored = reachable([], library, meta.object_graph_def.concrete_functions)
+    if training_functions(library, restored) or any(
+            is_variable_write(nd.op) for name in restored for nd in bodies.get(name, ())):
+        return ("a function it restores trains or writes a variable (a train step): frozen, "
+                "the output would lose it")
+    size = _variables_bytes(model.path)
+    if size > FREEZE_BY_DEFAULT_BYTES:
+        return (f"its variables hold {size / (1 << 30):.1f} GiB, more than freezing by default "
+                f"takes ({FREEZE_BY_DEFAULT_BYTES >> 30} GiB)")
+    return None
+
+
+def _variables_bytes(path: Path) -> int:
+    """The bytes of the SavedModel's variables on disk (its checkpoint's data files)."""
+    folder = Path(path) / "variables"
+    return sum(f.stat().st_size for f in folder.glob("variables.data-*")) if folder.is_dir() else 0
+
+
+def _convert_frozen(model: Model, options: Options,
+                    by_default: bool = False) -> tuple[Model, Report]:
     """``--freeze``: every serving signature of the SavedModel ``model`` frozen
     (:func:`~amp_rewrite.io.frozen.freeze`), each frozen graph converted as a graph file with
     --fold-constants, the result a model that saving writes as a SavedModel serving the same
-    signatures. The report names a second graph's nodes ``[its signatures]/name``."""
+    signatures. The report names a second graph's nodes ``[its signatures]/name``.
+    ``by_default``: frozen without --freeze, so what --freeze refuses (and a method the output
+    would not carry) raises :class:`_NotFrozen` with why, and the caller keeps the variables."""
     if model.kind != "savedmodel":
         raise InputError(not_freezable(model.path))
     refuse_graph_file_options(model.path, _graph_file_options(options))
     _refuse_freezing_training(model)
-    frozen = freeze(model.path, model.meta_graphs)
+    if by_default:
+        try:
+            frozen = freeze(model.path, model.meta_graphs)
+        except (UnsupportedGraphError, InputError) as exc:
+            raise _NotFrozen(f"freezing it failed ({exc})") from None
+        if frozen.dropped:
+            raise _NotFrozen(f"frozen, the output would not carry its method"
+                             f"{'s' * (len(frozen.dropped) > 1)} {', '.join(frozen.dropped)} "
+                             "(--freeze writes the signatures and the methods that serve them)")
+    else:
+        frozen = freeze(model.path, model.meta_graphs)
     graphs = [Model(model.path, "metagraph", False, (meta,)) for meta in frozen.meta_graphs]
     each = dataclasses.replace(options, freeze=False, fold_constants=True)
     converted, report = [], None
@@ -190,7 +260,7 @@ def _convert_frozen(model: Model, options: Options) -> tuple[Model, Report]:
             report = sub
         else:
             merge_report(report, "[" + ",".join(sorted(graph.meta_graph.signature_def)) + "]", sub)
-    report.extra["freeze"] = frozen.summary()
+    report.extra["freeze"] = frozen.summary(by_default)
     return dataclasses.replace(model, kind="frozen", meta_graphs=tuple(converted),
                                frozen=frozen), report
 
@@ -267,6 +337,25 @@ def _report_calibration(report: Report, options: Options) -> None:
         log.warning(text)
 
 
+def _say_unweighed(report: Report, options: Options) -> None:
+    """Say plainly where the cost model of bfloat16 on a CPU painted matrix ops it could not
+    weigh (their FLOPs or their island's shapes not known from the graph: an open dimension
+    other than the batch, a shape computed at run time): they run in bfloat16 as grappler
+    would paint them, which at a small batch may be slower than float32, and the estimate
+    leaves them out, so it cannot tell the model's speed."""
+    estimate = report.extra.get("estimate")
+    if not options.weighed() or not estimate or not estimate.get("unknown"):
+        return
+    unknown = int(estimate["unknown"])
+    text = (f"{unknown} bfloat16 matrix op{'s' * (unknown != 1)} could not be weighed (their "
+            "shapes are not known from the graph): painted as grappler paints them, they may "
+            "run slower than float32 at small batches, and the estimate cannot tell the "
+            "model's speed; 'amp-rewrite bench' measures it, --measure converts both ways "
+            "and writes the faster")
+    estimate["summary"] = text   # the CLI prints it with the summary
+    report.warnings.append(text)
+
+
 def _warn_float32_model(report: Report, options: Options) -> None:
     """Warn where the output computes no MatMul/Conv-family op in 16 bits: a float32 model,
     and why (:meth:`Report.float32_model`). Said by the conversions a user asks for
@@ -284,20 +373,28 @@ def _warn_if_slower_here(options: Options) -> None:
     not in the report: the report depends on the input and options only, not on the machine."""
     if not options.slower_here():
         return
+    others = " or ".join(c for c in hardware.CPU_CLASSES if c != "avx2")
     if options.cost_aware:
         log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): "
                     "--cost-aware kept every island float32, so the model runs as fast as the "
                     "input here", hardware.describe())
         return
+    if options.cost_table().saves_nothing():
+        log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): every "
+                    "island stayed float32, so the model runs as fast as the input here; to "
+                    "convert it for a CPU that has one, --costs %s (docs/decisions.md \"Which "
+                    "CPUs gain from bfloat16\")", hardware.describe(), others)
+        return
     log.warning("this CPU (%s) has no bfloat16 matrix unit (AMX-BF16 or AVX512-BF16): the "
-                "converted model runs slower than float32 here; it is for CPUs that have one "
-                "(docs/decisions.md \"Which CPUs gain from bfloat16\"; --cost-aware keeps it float32 "
-                "here)", hardware.describe())
+                "converted model, weighed with %s, runs slower than float32 here; it is for "
+                "CPUs that have one (docs/decisions.md \"Which CPUs gain from bfloat16\"; "
+                "without --costs it stays float32 here)", hardware.describe(),
+                options.cost_table().summary())
 
 
 def convert(graph_def: graph_pb2.GraphDef | bytes, target: str = "float16", device: str = "gpu",
             rules: RuleSet | Sequence[str | os.PathLike] | None = None,
-            keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool = False,
+            keep: Sequence[str] = (), lowp_io: bool = False, fold_constants: bool | None = None,
             min_matrix_intensity: float | None = None,
             cost_aware: bool = False, calibration: Mapping[str, float] | None = None,
             headroom: float = HEADROOM, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -305,11 +402,14 @@ def convert(graph_def: graph_pb2.GraphDef | bytes, target: str = "float16", devi
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
     ``graph_def``: a ``GraphDef``, or its serialized bytes (a file's, read as they are); anything
-    else is an :class:`InputError`. The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
+    else is an :class:`InputError`. The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``, or ``"float32"``
+    (a graph that computes in 16 bits moved back whole, docs/convert.md "Converting a converted
+    model"); ``device`` is the
     device unplaced nodes will run on (``"gpu"`` or ``"cpu"``), which decides which kernels
     exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
     ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only
-    float32 subgraphs first (graphs without variables); ``min_matrix_intensity`` is the least
+    float32 subgraphs and batch norms first (graphs without variables; None: for bfloat16 on
+    a CPU, docs/decisions.md "--fold-constants"); ``min_matrix_intensity`` is the least
     matrix work per element moved that a 16-bit island needs (None: 128 for bfloat16 on CPU, else 0;
     docs/decisions.md "Small matrix ops stay float32"); ``cost_aware`` keeps float32 what would run slower
     than float32 on this machine (bfloat16 on a CPU with no bfloat16 matrix unit; docs/decisions.md "Which
@@ -329,6 +429,7 @@ def convert(graph_def: graph_pb2.GraphDef | bytes, target: str = "float16", devi
                       calibration=calibration, headroom=headroom, shapes=dict(shapes or {}),
                       costs=costs)
     converted, report = convert_model(_graph_def_model(graph_def), options)
+    _say_unweighed(report, options)
     _warn_float32_model(report, options)
     return converted.graph_def, report
 

@@ -15,6 +15,7 @@ Nothing here imports TensorFlow at module level; :func:`onednn_enabled` asks the
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 # the CPU flags (as /proc/cpuinfo names them) behind each 16-bit matrix path oneDNN takes
@@ -106,6 +107,25 @@ def _unit_name(flag: str) -> str:
 def bf16_matrix_unit() -> str | None:
     """``"amx_bf16"`` or ``"avx512_bf16"``: the CPU's bfloat16 matrix unit, or None."""
     return next((f for f in BF16_MATRIX_FLAGS if f in cpu_flags()), None)
+
+
+#: the CPU classes whose bfloat16 costs differ (a shipped cost table each): a CPU with AMX
+#: tiles, one with AVX512-BF16 and no AMX, and one with no bfloat16 matrix unit (AVX2 only, or
+#: AVX-512 without BF16), where bfloat16 matrix work runs slower than float32
+CPU_CLASSES = ("amx-bf16", "avx512-bf16", "avx2")
+#: the environment variable that names the class conversions take this CPU for (tests pin it)
+CLASS_VARIABLE = "AMP_REWRITE_CPU_CLASS"
+
+
+def cpu_class(flags: frozenset[str] | None = None) -> str:
+    """This CPU's class (one of :data:`CPU_CLASSES`) by its flags (``flags``: another CPU's),
+    or ``$AMP_REWRITE_CPU_CLASS`` where it names one."""
+    given = os.environ.get(CLASS_VARIABLE) if flags is None else None
+    if given in CPU_CLASSES:
+        return given
+    unit = next((f for f in BF16_MATRIX_FLAGS if f in (cpu_flags() if flags is None else flags)),
+                None)
+    return {"amx_bf16": "amx-bf16", "avx512_bf16": "avx512-bf16"}.get(unit, "avx2")
 
 
 def fp16_matrix_unit() -> str | None:

@@ -71,6 +71,38 @@ def copy_except(src, dst, skip: str) -> None:
             setattr(dst, field.name, value)
 
 
+def postorder(roots: Iterable[str], inputs: Callable[[str], Iterable[str]]) -> list[str]:
+    """Every name reachable from ``roots`` along ``inputs``, each once, each after the inputs
+    it reaches: the order in which a recursive evaluation over inputs (roots in order, each
+    name's inputs in the order given) would finish them, so each name can be evaluated from
+    its inputs' results. An input that is on the path being walked (a cycle's back edge) is
+    not waited for: it is finished after the name that reads it. Without recursion, so a
+    chain of any length walks. The depth-first walk of what is not a :class:`Graph`'s nodes
+    (the tensors a trace records, whose sources may name tensors of other bodies), as
+    :meth:`Graph.descendants` and :meth:`Graph.ancestors` are a graph's."""
+    order: list[str] = []
+    done: set[str] = set()
+    on_path: set[str] = set()
+    for root in roots:
+        if root in done:
+            continue
+        on_path.add(root)
+        stack = [(root, iter(inputs(root)))]
+        while stack:
+            name, pending = stack[-1]
+            for source in pending:
+                if source not in done and source not in on_path:
+                    on_path.add(source)
+                    stack.append((source, iter(inputs(source))))
+                    break
+            else:
+                stack.pop()
+                on_path.discard(name)
+                done.add(name)
+                order.append(name)
+    return order
+
+
 class Node:
     """A node of a :class:`Graph`: a ``NodeDef`` plus the analysis results in :attr:`meta`.
 

@@ -1,7 +1,9 @@
 """Facts about TensorFlow ops that the passes share, each written once.
 
-Which ops hold state, write variables, carry TensorList handles, call functions, run loops,
-sum across replicas, save checkpoints: every module asks here, so two of them cannot disagree.
+Which ops hold state, carry TensorList handles, call functions, run loops, sum across
+replicas, save checkpoints: every module asks here, so two of them cannot disagree. Which ops
+write a variable is read off their OpDefs (:func:`amp_rewrite.schema.opdefs.is_variable_write`):
+this layer does not import TensorFlow's registry.
 """
 
 from __future__ import annotations
@@ -42,21 +44,6 @@ PLUMBING_OPS = frozenset({
 VARIABLE_CREATORS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 #: graph inputs
 PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderWithDefault", "PlaceholderV2"})
-
-#: assignments (optimizer updates are recognised by name, see :func:`is_variable_write`)
-_ASSIGN_OPS = frozenset({
-    "Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
-    "AssignSubVariableOp", "StridedSliceAssign", "ResourceStridedSliceAssign",
-})
-_APPLY_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
-_SCATTER_PREFIXES = ("Scatter", "ResourceScatter")
-
-
-def is_variable_write(op: str) -> bool:
-    """Whether ``op`` changes a variable or an optimizer slot: an assignment, an optimizer
-    update (``Apply*``, ``ResourceApply*``, the sparse ones) or a scatter."""
-    return (op in _ASSIGN_OPS or op.startswith(_APPLY_PREFIXES) or op.startswith(_SCATTER_PREFIXES))
-
 
 #: ops a TensorList handle (a DT_VARIANT) passes through unchanged
 VARIANT_PASSTHROUGH = frozenset({
@@ -103,6 +90,16 @@ TABLE_INITIALIZERS = frozenset({"InitializeTable", "InitializeTableV2", "Initial
 #: function can write that is no variable
 TABLE_WRITES = frozenset({"LookupTableInsert", "LookupTableInsertV2", "LookupTableRemoveV2",
                           "LookupTableImport", "LookupTableImportV2"})
+
+#: ops whose OpDefs read like a variable write's (stateful, a resource and a typed value in,
+#: nothing out) but whose resource is no variable: a lookup table's entries, a summary file, a
+#: gradient accumulator. :func:`amp_rewrite.schema.opdefs.is_variable_write` leaves them out
+#: (the OpDef does not say what kind of resource an op takes)
+NOT_VARIABLE_WRITES = TABLE_WRITES | TABLE_INITIALIZERS | frozenset({
+    "WriteSummary", "WriteScalarSummary", "WriteHistogramSummary", "WriteImageSummary",
+    "WriteAudioSummary", "WriteRawProtoSummary", "WriteGraphSummary",
+    "ResourceAccumulatorApplyGradient",
+})
 
 #: save and restore ops, V1 and V2 (only a V2 Saver, SaveV2 + RestoreV2, can be extended)
 SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice"})

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
-from tensorflow.python.eager import wrap_function
+from tensorflow.python.eager import def_function, wrap_function
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 from tensorflow.python.trackable import resource as trackable_resource
 from tensorflow.python.util import nest
@@ -59,6 +59,23 @@ class Signature:
     tables: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Method:
+    """A ``tf.function`` method of the SavedModel's root that serves a frozen signature (a
+    Keras export's ``serve``, a module's ``serve`` behind its ``serving_default``): written
+    again as a method over that signature's frozen graph, so ``loaded.NAME(...)`` still works.
+    ``inputs`` are its arguments' specs as traced (``(args, kwargs)``), ``in_keys`` the
+    signature input key of each flattened argument, ``outputs`` its output structure and
+    ``out_keys`` the signature output key of each flattened output."""
+
+    name: str
+    key: str
+    inputs: tuple
+    in_keys: tuple[str, ...]
+    outputs: object
+    out_keys: tuple[str, ...]
+
+
 @dataclass
 class Frozen:
     """A SavedModel's signatures, frozen: the graphs (one MetaGraphDef each, ``signature_def``
@@ -71,9 +88,11 @@ class Frozen:
     variables: int = 0
     tables: list = field(default_factory=list)   # the loaded tables the signatures read
     loaded: object = None                        # keeps the tables' resources alive
+    methods: list[Method] = field(default_factory=list)   # carried into the output
+    dropped: list[str] = field(default_factory=list)      # methods the output does not carry
 
-    def summary(self) -> dict:
-        """The report's ``freeze`` entry."""
+    def summary(self, by_default: bool = False) -> dict:
+        """The report's ``freeze`` entry (``by_default``: frozen without --freeze)."""
         shared = {}
         for sig in self.signatures:
             shared.setdefault(sig.graph, []).append(sig.key)
@@ -83,9 +102,18 @@ class Frozen:
                 f"{graphs} graph{'s' * (graphs != 1)} converted), {self.variables} "
                 f"variable{'s' * (self.variables != 1)} made Consts, folded (--fold-constants)"
                 + (f"; {len(self.tables)} lookup table{'s' * (len(self.tables) != 1)} kept"
-                   if self.tables else ""))
+                   if self.tables else "")
+                + (f"; methods carried: {', '.join(m.name for m in self.methods)}"
+                   if self.methods else "")
+                + (f"; NOT carried into the output: method{'s' * (len(self.dropped) > 1)} "
+                   f"{', '.join(self.dropped)} (only the signatures and the methods that "
+                   "serve them are)" if self.dropped else "")
+                + ("; frozen by default: a SavedModel that only serves runs faster frozen on "
+                   "a CPU, --no-freeze keeps the variables" if by_default else ""))
         return {"signatures": keys, "graphs": [shared[i] for i in sorted(shared)],
-                "variables": self.variables, "tables": len(self.tables), "summary": text}
+                "variables": self.variables, "tables": len(self.tables),
+                "methods": [m.name for m in self.methods], "dropped": list(self.dropped),
+                "by_default": by_default, "summary": text}
 
 
 def freeze(path: str | os.PathLike, meta_graphs) -> Frozen:
@@ -121,7 +149,65 @@ def freeze(path: str | os.PathLike, meta_graphs) -> Frozen:
             if not any(resources[id(handle)] is t for t in out.tables):
                 out.tables.append(resources[id(handle)])
     out.variables = len(variables)
+    out.methods, out.dropped = _methods(loaded, out.signatures)
     return out
+
+
+def _methods(loaded, signatures: list[Signature]) -> tuple[list[Method], list[str]]:
+    """The ``tf.function`` methods of the loaded SavedModel: those of its root that serve one
+    of the frozen ``signatures`` (traced once, the signature's wrapper calling that trace,
+    its flattened arguments named as the signature's inputs, its outputs the signature's by
+    key or as ``output_0``, ``output_1`` ... in order), and the names of all the others."""
+    callees = {}
+    for sig in signatures:
+        fn = loaded.signatures[sig.key]
+        for nd in fn.function_def.node_def:
+            if "f" in nd.attr and nd.attr["f"].func.name:
+                callees.setdefault(nd.attr["f"].func.name, sig)
+    carried, dropped = [], []
+    for path, fn in _functions(loaded):
+        method = _serving_method(path, fn, callees) if "." not in path else None
+        (carried.append(method) if method is not None else dropped.append(path))
+    return carried, dropped
+
+
+def _functions(root) -> list[tuple[str, object]]:
+    """Every ``tf.function`` the object graph under ``root`` holds, by its attribute path."""
+    found, seen, stack = [], {id(root)}, [("", root)]
+    while stack:
+        prefix, obj = stack.pop()
+        for name, child in sorted(obj._trackable_children().items()):
+            if name == "signatures" or id(child) in seen:
+                continue
+            seen.add(id(child))
+            path = f"{prefix}{name}"
+            if isinstance(child, def_function.Function):
+                found.append((path, child))
+            elif not isinstance(child, (tf.Variable, trackable_resource.CapturableResource)):
+                stack.append((path + ".", child))
+    return sorted(found, key=lambda pf: pf[0])
+
+
+def _serving_method(name: str, fn, callees: dict) -> Method | None:
+    """``fn`` (the root's method ``name``) as a :class:`Method`, or None where it serves no
+    frozen signature in a way the output can say again."""
+    traces = fn._list_all_concrete_functions_for_serialization()
+    if len(traces) != 1 or traces[0].name.decode() not in callees:
+        return None
+    trace, sig = traces[0], callees[traces[0].name.decode()]
+    specs = nest.flatten(trace.structured_input_signature)
+    if not all(isinstance(s, tf.TensorSpec) for s in specs) \
+            or sorted(s.name for s in specs) != sorted(sig.inputs):
+        return None
+    outs, keys = nest.flatten(trace.structured_outputs), sorted(sig.outputs)
+    if isinstance(trace.structured_outputs, dict) and sorted(trace.structured_outputs) == keys:
+        out_keys = keys                                   # flattened by sorted key, as here
+    elif keys == sorted(f"output_{i}" for i in range(len(outs))):
+        out_keys = [f"output_{i}" for i in range(len(outs))]   # a Keras export's serve
+    else:
+        return None
+    return Method(name, sig.key, trace.structured_input_signature,
+                  tuple(s.name for s in specs), trace.structured_outputs, tuple(out_keys))
 
 
 def serving_keys(meta: meta_graph_pb2.MetaGraphDef) -> list[str]:
@@ -132,9 +218,11 @@ def serving_keys(meta: meta_graph_pb2.MetaGraphDef) -> list[str]:
 def _load(path: Path):
     try:
         return tf.saved_model.load(str(path))
-    except MemoryError:
-        raise
-    except Exception as exc:   # TensorFlow's loader fails in many ways on a damaged model
+    except (tf.errors.OpError, OSError, ValueError, IndexError) as exc:
+        # what TensorFlow's loader raises for a damaged or incomplete SavedModel: its status
+        # errors (an OpError, or as its bindings map the codes: ValueError for
+        # INVALID_ARGUMENT, IndexError for OUT_OF_RANGE, a truncated variables file), an
+        # OSError for a missing file; anything else is not known to be the input's (exit 70)
         raise InputError(f"{path}: TensorFlow could not load the SavedModel to freeze it: "
                          f"{_first_line(exc)}") from None
 
@@ -152,9 +240,10 @@ def _freeze_one(path: Path, key: str, fn, resources: dict):
                  if isinstance(resources.get(id(external)), tf.Variable)}
     try:
         frozen = convert_variables_to_constants_v2(fn)
-    except MemoryError:
-        raise
-    except Exception as exc:
+    except (ValueError, KeyError, tf.errors.OpError) as exc:
+        # convert_variables_to_constants_v2's refusal of the signature's graph (ValueError,
+        # a KeyError for what it cannot find, grappler's status errors); its RuntimeError
+        # and NotImplementedError mean it was misused: ours (exit 70)
         raise UnsupportedGraphError(f"{path}: signature {key!r} cannot be frozen: "
                                     f"{_first_line(exc)}") from None
     data = len(fn.inputs) - len(fn.captured_inputs)
@@ -251,6 +340,8 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
                 _serving_graph(meta.graph_def), list(tensors[0]), list(tensors[1]),
                 dict(sig.tables))
         signatures[sig.key] = _serving_function(sig, functions[sig.graph, tensors])
+    for method in frozen.methods:
+        setattr(module, method.name, _method_function(method, signatures[method.key]))
     # a frozen graph serves: no custom gradient is saved (nor any gradient function traced)
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
     tf.saved_model.save(module, str(folder), signatures=signatures, options=options)
@@ -282,6 +373,20 @@ def _serving_function(sig: Signature, graph_fn):
         return dict(zip(out_keys, nest.flatten(results)))
 
     return tf.function(serve).get_concrete_function(**sig.inputs)
+
+
+def _method_function(method: Method, serving) -> object:
+    """``method`` again, over ``serving`` (its signature's concrete function in the new
+    SavedModel): traced with the original's arguments, returning its output structure."""
+
+    def call(*args, **kwargs):
+        results = serving(**dict(zip(method.in_keys, nest.flatten((args, kwargs)))))
+        return nest.pack_sequence_as(method.outputs, [results[k] for k in method.out_keys])
+
+    fn = tf.function(call)
+    args, kwargs = method.inputs
+    fn.get_concrete_function(*args, **kwargs)
+    return fn
 
 
 def _first_line(exc: Exception) -> str:

@@ -11,8 +11,9 @@ keep a model from loading.
 
 Keras runs the file's configuration, so this is the one loader that deserializes Python
 objects: it loads in Keras' safe mode (a ``Lambda`` layer's marshalled code is refused, as
-are classes Keras cannot find among its own and those registered in the process), and any
-failure is an :class:`InputError` in one line. The temporary folder lives in the system's
+are classes Keras cannot find among its own and those registered in the process), and what
+Keras raises for a file it cannot read or a model it cannot export is an :class:`InputError`
+in one line; anything else (a failure to write the export into our folder) is ours. The temporary folder lives in the system's
 temporary directory, never beside the user's file, and goes when the ``with`` block ends,
 error or not.
 
@@ -95,11 +96,14 @@ def _check_name(path: Path) -> None:
 
 
 def _load(path: Path) -> keras.Model:
+    path = os.fspath(path)   # a path of another type is our bug, not a file Keras refuses
     try:
         model = keras.models.load_model(path, compile=False, safe_mode=True)
-    except MemoryError:
-        raise
-    except Exception as exc:   # Keras' errors for a file it cannot read are of every kind
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        # what Keras raises for a file it cannot read: ValueError (a Lambda refused in safe
+        # mode, an unknown layer in an .h5, a damaged zip or config: JSONDecodeError),
+        # TypeError (a class it cannot deserialize), KeyError (a config without a key it
+        # needs), OSError (h5py's damaged file); anything else is not known to be the file's
         raise InputError(f"{path}: Keras could not load it in safe mode: {_reason(exc)} {HOW}") from None
     if not isinstance(model, keras.Model):
         raise InputError(f"{path}: holds a {type(model).__name__}, not a Keras model. {HOW}")
@@ -109,9 +113,10 @@ def _load(path: Path) -> keras.Model:
 def _export(model: keras.Model, folder: Path, path: Path) -> None:
     try:
         model.export(str(folder), format="tf_saved_model", verbose=False)
-    except MemoryError:
-        raise
-    except Exception as exc:   # tracing the model's call can fail in as many ways
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        # tracing the model's call fails on what it cannot trace (shapes, dtypes, a layer
+        # without a graph form); writing the export to our folder failing (an OpError,
+        # an OSError) is not the file's
         raise InputError(f"{path}: Keras could not export the model's serving function: "
                          f"{_reason(exc)} {HOW}") from None
     inputs = [getattr(t, "name", "?") for t in getattr(model, "inputs", None) or []]

@@ -208,9 +208,12 @@ def write_variables(src_prefix: Path, dst_dir: Path, added: dict) -> None:
     merge refuses a key twice). A single-shard original then comes out as a byte-exact prefix of
     the new shard 0, and the original data file itself is installed in its place.
     """
+    prefix = os.fspath(src_prefix)   # a prefix of another type is our bug, not a bad file
     try:
-        reader = py_checkpoint_reader.NewCheckpointReader(str(src_prefix))
-    except Exception as exc:   # the reader raises assorted errors for a missing or bad bundle
+        reader = py_checkpoint_reader.NewCheckpointReader(prefix)
+    except tf.errors.OpError as exc:
+        # a missing or bad bundle: the reader translates every failure to an OpError
+        # (py_checkpoint_reader.error_translator)
         raise InputError(f"{src_prefix}: cannot read the checkpoint: {str(exc).splitlines()[0]}") from None
     dtypes = reader.get_variable_to_dtype_map()
     if _OBJECT_GRAPH_KEY not in dtypes:

@@ -27,17 +27,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
 from ..core.dtypes import FLOATING, RESOURCE
 from ..core.ir import Graph, Node, TensorRef
-from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS, is_variable_write
+from ..core.ops import ENTER_OPS, MATRIX_OPS, VARIABLE_OPS
 from ..rules.cost_table import CostTable, shipped
 from ..schema.consts import is_all_ones
+from ..schema.opdefs import is_variable_write
 from ..schema.shapes import (FOLDED_DEPTH, FOLDED_OPS, Shapes, const_behind, convolution_output,
                              einsum_sizes, folded_value, parse_einsum)
 
+_IDENTITIES = frozenset({"Identity"})
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
                            "AddN", "CollectiveReduce", "CollectiveReduceV2", "NcclAllReduce",
@@ -218,6 +221,11 @@ class Estimate:
 
     def describe(self, tname: str) -> str:
         """The reason an island stays float32, from "whose" on."""
+        if self.saved_us < 0 and not self.slow and not self.weights:
+            return (f"whose {self.flops / 1e6:.2f} MFLOPs of matrix work run slower in {tname} "
+                    f"than in float32 on this CPU: they would lose about "
+                    f"{microseconds(-self.saved_us)} µs {self.unit()} ({self.weighed_at()}; "
+                    f"{self.rates}; --min-matrix-intensity 0 paints it anyway)")
         if self.cast_us >= self.lost_us:
             return (f"whose variable weights ({self.weights} elements) cast to {tname} on every "
                     f"run would cost about {self.cast_us:.2f} µs {self.unit()} on a CPU, with "
@@ -268,14 +276,26 @@ def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None,
 def _swish(graph: Graph, node: Node, x: TensorRef) -> bool:
     """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish.
     Keras' ``swish`` / ``silu`` computes sigmoid(beta * x) with beta a Const 1, which grappler
-    simplifies away first (a Keras 3 EfficientNet's swishes run as oneDNN's eltwise_swish)."""
+    simplifies away first (a Keras 3 EfficientNet's swishes run as oneDNN's eltwise_swish), or
+    constant folding makes an Identity of x, which grappler removes before the remapper looks
+    (a frozen Keras 3 EfficientNetV2's swishes)."""
     if not graph.read_once(node.name):
         return False
     reader, port = graph.consumers(node.name)[0]
     if graph.node(reader).op != "Mul" or port >= 2:
         return False
     other = graph.inputs(reader)[1 - port]
-    return other == x or other == _times_one(graph, x)
+    return (_past_identities(graph, other) == _past_identities(graph, x)
+            or other == _times_one(graph, x))
+
+
+def _past_identities(graph: Graph, ref: TensorRef) -> TensorRef:
+    """The tensor ``ref`` passes on through Identity ops (``ref`` itself if it is none's)."""
+    seen: set[str] = set()
+    while graph.node(ref.node).op in _IDENTITIES and ref.node not in seen and graph.inputs(ref.node):
+        seen.add(ref.node)
+        ref = graph.inputs(ref.node)[0]
+    return ref
 
 
 def _times_one(graph: Graph, ref: TensorRef) -> TensorRef | None:
@@ -427,7 +447,10 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
                if graph.node(name).op in MATRIX_OPS}
     casts: dict[str, tuple[float, bool]] = {}   # variable -> µs a sample, open batch
     est.weights = sum({src: n for src, n in weights.values() if n}.values())
-    if not slow and not est.weights:
+    # a matrix op this CPU runs slower in bfloat16 (a depthwise convolution on AMX, a MatMul
+    # without a bfloat16 unit) is weighed even in an island with nothing else to lose
+    losing = any(costs.saved(graph.node(name).op) <= 0 for name in weights)
+    if not slow and not est.weights and not losing:
         return est
     # each count per row of a MatMul whose rows are not known (shapes.ROWS) or as the shapes
     # state it; ROWS weighs against ROWS, or against the one number of rows the island's other
@@ -435,6 +458,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
     # against an open batch nor a weight's cast once a run
     lost = {True: 0.0, False: 0.0}
     flops = {True: 0.0, False: 0.0}
+    saved = {True: 0.0, False: 0.0}   # ps, each op's FLOPs at its kind's rate
     rows: set[int] = set()   # first dimensions of the counts that are not ROWS
     for name in slow:
         op = graph.node(name).op
@@ -454,7 +478,9 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
             count = shapes.elements(ref)
             if per is None or count is None:
                 return None
-            flops[_rows(shapes, ref, rows)] += per * count
+            per_rows = _rows(shapes, ref, rows)
+            flops[per_rows] += per * count
+            saved[per_rows] += per * count * costs.saved(node.op)
             src, elements = weights[name]
             if elements:   # cast once a run: per sample, a share of the run's batch
                 out = shapes.shape(ref)
@@ -474,7 +500,7 @@ def runtime_estimate(graph: Graph, shapes: Shapes, names, batch: int | None = No
     est.flops = flops[False] + stated * flops[True]
     est.cast_us = sum(us for us, _ in casts.values())
     est.open_cast_us = sum(us * est.batch for us, shared in casts.values() if shared)
-    est.saved_us = est.flops * costs.saved_ps_per_flop * 1e-6
+    est.saved_us = (saved[False] + stated * saved[True]) * 1e-6
     return est
 
 
@@ -626,12 +652,14 @@ def matrix_flops(graph: Graph, shapes: Shapes, node: Node) -> int | None:
 
 def graph_estimate(flops: dict[str, int | None], lowp: set[str],
                    weighed: list[tuple[set[str], Estimate | None]],
-                   costs: CostTable | None = None) -> dict:
+                   costs: CostTable | None = None,
+                   ops: Mapping[str, str] | None = None) -> dict:
     """The cost model's estimate for a whole graph in bfloat16 on a CPU, from the FLOPs of its
     matrix ops (``flops``, name -> :func:`matrix_flops`), the names that ended in bfloat16
     (``lowp``) and the islands :func:`runtime_estimate` weighed (names, estimate): ``fp32_us``,
     the matrix work at float32's rate (``costs.fp32_ps_per_flop``; None: the shipped table);
-    ``saved_us``, what the bfloat16 matrix ops save (``costs.saved_ps_per_flop``); ``lost_us``,
+    ``saved_us``, what the bfloat16 matrix ops save (each at its kind's rate,
+    ``costs.saved``; ``ops``: name -> op, else ``saved_ps_per_flop``); ``lost_us``,
     what their islands lose
     to unfused activations and weight casts; ``unknown``, the bfloat16 matrix ops left out of
     both, whose FLOPs or island estimate is not known (or that no weighed island held: painted
@@ -647,7 +675,7 @@ def graph_estimate(flops: dict[str, int | None], lowp: set[str],
         if est is None or est.per_row or any(flops[n] is None for n in painted):
             unknown += len(painted)
             continue
-        saved += sum(flops[n] for n in painted) * costs.saved_ps_per_flop * 1e-6
+        saved += sum(flops[n] * costs.saved((ops or {}).get(n, "")) for n in painted) * 1e-6
         lost += est.lost_us + est.cast_us
     unknown += sum(1 for n in flops if n in lowp and n not in weighed_ops)
     fp32 = sum(f for f in flops.values() if f) * costs.fp32_ps_per_flop * 1e-6

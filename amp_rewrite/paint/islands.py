@@ -40,11 +40,17 @@ def drop_cheap_islands(s: PaintState) -> None:
     ``force_lowp`` lifts the ``cost`` code."""
     if s.min_intensity <= 0:
         return
+    weigh = (s.tname, s.device) == ("bfloat16", "CPU")
     no_unit = math.isinf(s.min_intensity)
     if no_unit:
         text = (f"--cost-aware: this CPU ({hardware.describe()}) has no {s.tname} matrix unit, "
                 f"so {s.tname} would run slower than float32 here")
-    weigh = (s.tname, s.device) == ("bfloat16", "CPU")
+    elif weigh and s.costs.saves_nothing():
+        # a CPU class without a bfloat16 matrix unit: no island's matrix work saves anything,
+        # whatever its shapes (those the estimate could not weigh included)
+        no_unit = True
+        text = (f"bfloat16 matrix work saves nothing on a CPU of this class (no bfloat16 matrix "
+                f"unit, by {s.costs.cite()}), so the island would run slower than float32")
     if weigh and not no_unit:
         s.weighed = []
     shapes = s.shapes

@@ -75,7 +75,8 @@ def record_flops(s: PaintState, result: Painting) -> None:
     result.flops = {name: matrix_flops(s.graph, s.shapes, s.nodes[name]) for name in matrix}
     if s.weighed is not None:
         lowp = {name for name, _ in result.lowp}
-        result.estimate = graph_estimate(result.flops, lowp, s.weighed, s.costs)
+        result.estimate = graph_estimate(result.flops, lowp, s.weighed, s.costs,
+                                         {name: s.nodes[name].op for name in result.flops})
 
 
 def why_not(s: PaintState, idx: int) -> Decision:

@@ -91,10 +91,11 @@ class PaintState:
     def node_of(self, idx: int) -> Node:
         return self.nodes[self.items[idx][0]]
 
-    def block_fixed(self) -> None:
+    def block_fixed(self, by_device: bool = True) -> None:
         """Block what no rule may paint: state, nodes placed on another device type than the
-        conversion's (grappler processes only nodes on its target device), non-float32 types,
-        user keeps, the interface."""
+        conversion's (grappler processes only nodes on its target device; not with
+        ``by_device`` False: a float32 target moves no node to 16 bits on any device),
+        non-float32 types, user keeps, the interface."""
         # whether a node holds state depends on its op and port layout alone, and nodes of
         # one layout share one NodeTypes (signatures): asked once per layout
         of_layout: dict[tuple[str, int], bool] = {}
@@ -109,10 +110,10 @@ class PaintState:
                 key = (node.op, id(node_types(node)))
                 holds = of_layout.get(key)
                 if holds is None:
-                    holds = of_layout[key] = _holds_state(node)
+                    holds = of_layout[key] = holds_state(node)
                 rule = node_rule(name)
                 placed = self.device in device_type(node, self.device)
-            if not placed:   # XLA_CPU counts as CPU, as in grappler
+            if by_device and not placed:   # XLA_CPU counts as CPU, as in grappler
                 why = ("other_device", node.device)
             elif holds:
                 why = ("variable",)
@@ -174,7 +175,9 @@ def _reads_ref(graph: Graph, node: Node) -> bool:
     return False
 
 
-def _holds_state(node: Node) -> bool:
+def holds_state(node: Node) -> bool:
+    """Whether ``node`` holds or moves state (a variable op, or a ref or resource port): its
+    dtypes are the stored ones, which no conversion changes."""
     if node.op in VARIABLE_OPS:
         return True
     types = node_types(node)

@@ -76,7 +76,9 @@ class Report:
       there, and the decision code and reason painting recorded (docs/report.md "Decision
       codes"); nothing is recomputed.
     * :meth:`summary` and :meth:`format_summary` count what the output holds, the nodes of the
-      functions only a SavedModel's saver runs left out (counted apart).
+      functions only a SavedModel's saver runs left out (counted apart), and each of the
+      model's ops once: a body that repeats another (:meth:`repeats`) is painted and
+      reported, not counted again.
     * :meth:`to_dict` / :meth:`to_json` follow the schema of docs/report.md, versioned by
       ``schema_version``; :attr:`warnings` are the conversion's warnings (also logged), and
       :attr:`extra` the sections later passes add (``fusion``, ``calibration`` ...).
@@ -140,10 +142,12 @@ class Report:
     # ------------------------------------------------------------- counts
     def summary(self) -> dict:
         """Counts of what the output holds, leaving out the nodes of the saver's functions
-        (counted apart as ``saver_functions`` and ``saver_nodes``). ``*_converted`` count the
-        nodes that compute in the target dtype; ``*_by_dtype`` count the nodes by the dtype
-        they compute in (:func:`computes_in`), so a node in the other 16-bit dtype is never
-        counted as the target."""
+        (counted apart as ``saver_functions`` and ``saver_nodes``) and those of the bodies that
+        repeat another (:meth:`repeats`; ``functions`` counts every body painted,
+        ``functions_repeated`` those). ``*_converted`` count the nodes that compute in the
+        target dtype; ``*_by_dtype`` count the nodes by the dtype they compute in
+        (:func:`computes_in`), so a node in the other 16-bit dtype is never counted as the
+        target."""
         counted, saver = self._counted()
         matrix = [n for n in counted if n.op in MATRIX_OPS]
         floats = [n for n in counted if n.op not in MATRIX_OPS and n.precision != "none"]
@@ -167,6 +171,7 @@ class Report:
             "saver_functions": len(self.saver_functions),
             "saver_nodes": saver,
             "kept_float32_by_reason": dict(sorted(kept.items())),
+            **({"functions_repeated": len(repeated)} if (repeated := self.repeats()) else {}),
         }
 
     def float32_model(self) -> str | None:
@@ -175,20 +180,56 @@ class Report:
         sentence saying it is a float32 model and the codes that kept them, most first; else
         None. The summary prints it, and a conversion warns it."""
         matrix = [n for n in self._counted()[0] if n.op in MATRIX_OPS]
-        if not matrix or any(computes_in(n) not in ("float32", "none") for n in matrix):
-            return None
+        if self.target == "float32" or not matrix or any(
+                computes_in(n) not in ("float32", "none") for n in matrix):
+            return None   # (a float32 model is what --target float32 asks for)
         codes = Counter(n.code for n in matrix).most_common()
         return (f"the output is a float32 model: none of its {len(matrix)} MatMul/Conv-family "
                 f"ops computes in {self.target} (kept float32: "
                 + ", ".join(f"{code} {count}" for code, count in codes) + ")")
 
     def _counted(self) -> tuple[list[NodeReport], int]:
-        """The nodes the counts take, and how many nodes of the saver's functions they leave out."""
-        if not self.saver_functions:
+        """The nodes the counts take, and how many nodes of the saver's functions they leave
+        out (the nodes of repeated bodies are left out too, not counted there)."""
+        repeated = self.repeats()
+        if not self.saver_functions and not repeated:
             return self.nodes, 0
-        prefixes = tuple(f"{scope}/" for scope in self.saver_functions)
-        counted = [n for n in self.nodes if not n.name.startswith(prefixes)]
-        return counted, len(self.nodes) - len(counted)
+        saver = tuple(f"{scope}/" for scope in self.saver_functions)
+        ours = [n for n in self.nodes if not (saver and n.name.startswith(saver))]
+        counted = ours
+        if repeated:
+            scope_of = _scope_finder(self.functions())
+            counted = [n for n in ours if scope_of(n.name) not in repeated]
+        return counted, len(self.nodes) - len(ours)
+
+    def repeats(self) -> dict[str, str]:
+        """The function bodies painted that repeat another, each with the first it repeats
+        (in :attr:`scopes` order): the same function traced again, and painted the same way.
+        Two bodies repeat each other when, under the same graph (the model's, or one
+        MetaGraph's), their names are equal but for TensorFlow's trace number and our copy
+        for one call site (``__inference_serve_413``, ``__inference_serve_422``,
+        ``__inference_serve_413_amp1``), and they hold the same nodes (names and ops) with
+        the same dtypes. A SavedModel holds such twins: a signature's trace of a method and
+        the restored object's, or one per signature that calls it. Their ops are the model's
+        once: the counts take the first body (docs/report.md "Counted once")."""
+        functions = self.functions()
+        scope_of = _scope_finder(functions)
+        bodies: dict[str, list[tuple]] = {}
+        for n in self.nodes:
+            scope = scope_of(n.name)
+            if scope is not None:
+                bodies.setdefault(scope, []).append(
+                    (n.name[len(scope) + 1:], n.op, n.precision, tuple(sorted(n.attrs.items()))))
+        first: dict[tuple, str] = {}
+        found = {}
+        for scope in functions:
+            parent, _, name = scope.rpartition("/")
+            key = (parent, _untraced(name), tuple(sorted(bodies.get(scope, ()))))
+            if key in first:
+                found[scope] = first[key]
+            else:
+                first[key] = scope
+        return found
 
     def functions(self) -> list[str]:
         """The function bodies painted whose nodes the report counts: scopes that are neither
@@ -208,6 +249,7 @@ class Report:
             "warnings": self.warnings,
             "functions": self.functions(),
             "saver_functions": self.saver_functions,
+            **({"repeated_functions": repeated} if (repeated := self.repeats()) else {}),
             "casts_added": self.casts_added,
             "casts_removed": self.casts_removed,
             "consts_converted": self.consts_converted,
@@ -222,7 +264,8 @@ class Report:
         """What the CLI prints: the matrix ops first, then the other float ops, plumbing apart;
         each count names the dtype it counts, and any op in another precision beside it."""
         s, t = self.summary(), self.target
-        lines = [f"target {t} on {self.device.lower()}: {s['matrix_converted']}/{s['matrix_total']} "
+        where = "" if t == "float32" else f" on {self.device.lower()}"   # float32 runs anywhere
+        lines = [f"target {t}{where}: {s['matrix_converted']}/{s['matrix_total']} "
                  f"MatMul/Conv-family ops in {t}" + _besides(s["matrix_by_dtype"], t),
                  f"other float ops: {s['float_ops_converted']}/{s['float_ops_total']} in {t}"
                  + _besides(s["float_ops_by_dtype"], t) + f"; {s['plumbing']} nodes without "
@@ -240,6 +283,11 @@ class Report:
             shown = ", ".join(functions[:4]) + (f" and {len(functions) - 4} more" if len(functions) > 4 else "")
             lines.append(f"functions painted: {len(functions)} ({shown}); explain takes their "
                          "nodes as function/node, or without the function where unique")
+        if repeated := self.repeats():
+            lines.append(f"of them, {len(repeated)} repeat another's trace, painted the same "
+                         "(counted once above: " + ", ".join(
+                             f"{body} as {first}" for body, first in list(repeated.items())[:3])
+                         + (" ..." if len(repeated) > 3 else "") + ")")
         if self.saver_functions:
             lines.append(f"saver functions: {s['saver_functions']} ({s['saver_nodes']} nodes), not "
                          "counted above: they only save and restore the variables")
@@ -255,14 +303,37 @@ class Report:
         :meth:`find` takes it (a :class:`LookupError` with the closest names for an unknown
         one, where :meth:`node` returns None)."""
         node = self.find(name)
-        verdict = "kept float32" if node.precision == "float32" else (
-            f"runs in {node.precision}" if node.precision != "none" else "no float type")
+        verdict = _VERDICTS.get(node.code) or ("kept float32" if node.precision == "float32" else (
+            f"runs in {node.precision}" if node.precision != "none" else "no float type"))
         text = f"{node.name} ({node.op}): {verdict}: {node.reason}"
         if node.attrs:
             text += "\n  types: " + ", ".join(f"{k}={v}" for k, v in node.attrs.items())
         if node.via:
             text += "\n  " + _via(self, node)
         return text
+
+
+_TRACE_NUMBER = re.compile(r"(_\d+)?(_amp\d+)?$")
+
+
+def _untraced(function: str) -> str:
+    """A function's name without TensorFlow's trace number and our call-site copy's suffix:
+    ``__inference_serve_413_amp1`` -> ``__inference_serve``."""
+    return _TRACE_NUMBER.sub("", function)
+
+
+def _scope_finder(scopes):
+    """``name -> the longest of scopes that holds it (scope/...), or None``."""
+    known = set(scopes)
+
+    def scope_of(name: str) -> str | None:
+        cut = name.rfind("/")
+        while cut > 0:
+            if name[:cut] in known:
+                return name[:cut]
+            cut = name.rfind("/", 0, cut)
+        return None
+    return scope_of
 
 
 def computes_in(node: NodeReport) -> str:
@@ -294,6 +365,10 @@ def _besides(by_dtype: dict[str, int], target: str) -> str:
               for d, n in by_dtype.items() if d not in ("float32", "none", target)]
     return "; " + ", ".join(others) if others else ""
 
+
+# what explain says of a node whose code is not about keeping it float32: --target float32
+# asked for it, or the node is gone (conversion.widening)
+_VERDICTS = {"target_float32": "runs in float32", "cast_removed": "removed"}
 
 _KERAS_SUFFIX = re.compile(r"_\d+$")
 _TENSOR_SUFFIX = re.compile(r":\d+$")

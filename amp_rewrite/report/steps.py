@@ -91,8 +91,10 @@ def after_convert(report: dict, given: Given) -> list[Step]:
 def _again(report: dict, given: Given) -> tuple[str, ...]:
     """The conversion as it ran, from what the report and ``given`` hold (not ``--keep``,
     which the report does not record as a flag)."""
+    kept = report.get("freeze", {}).get("frozen") is False   # (frozen by default otherwise)
     return (given.original, "-o", given.converted, "--target", report["target"],
             "--device", report["device"].lower(), *_rule_flags(report),
+            *(["--no-freeze"] if kept else []),
             *[f for path in given.inputs for f in ("--calibration", path)],
             *given.shape_flags())
 

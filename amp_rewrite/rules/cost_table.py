@@ -22,6 +22,7 @@ loads TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -50,6 +51,23 @@ RATES = {
 }
 #: the table of ``[rates]`` the unfused activations' rates sit in (ps per element they write)
 UNFUSED = "unfused_ps_per_element"
+#: the table of ``[rates]`` (optional) that says what each kind of matrix op saves per FLOP
+#: where it differs from ``saved_ps_per_flop``: on AMX a depthwise convolution can lose in
+#: bfloat16 where a Conv2D gains, on a CPU without a bfloat16 unit a MatMul loses where Eigen's
+#: convolutions break even
+SAVED_BY_OP = "saved_ps_per_flop_by_op"
+#: the kinds :data:`SAVED_BY_OP` names, and the ops each stands for (gradients, batched and
+#: fused forms included: the same kernels)
+SAVED_KINDS = {
+    "Conv2D": ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+               "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Conv3DBackpropInput",
+               "Conv3DBackpropFilter", "_FusedConv2D"),
+    "DepthwiseConv2dNative": ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                              "DepthwiseConv2dNativeBackpropFilter"),
+    "MatMul": ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+               "_FusedMatMul"),
+}
+_KIND_OF = {op: kind for kind, ops in SAVED_KINDS.items() for op in ops}
 #: rates that cannot be below 0 (times in float32, a cast); the others are differences
 _NOT_NEGATIVE = ("fp32_ps_per_flop", "cast_ps_per_element", "folded_ps_per_element")
 #: what ``[measured]`` may say: the CPU and TensorFlow, and how
@@ -58,8 +76,15 @@ _MEASURED_KEYS = {"cpu": str, "tensorflow": str, "source": str, "key": str, "cor
 #: the environment variable naming the folder measured tables are kept in (else
 #: ``$XDG_CACHE_HOME/amp-rewrite``, else ``~/.cache/amp-rewrite``)
 DIR_VARIABLE = "AMP_REWRITE_COSTS_DIR"
-#: ``--costs``'s name for the shipped table
+#: ``--costs``'s name for the shipped table of this CPU's class
 SHIPPED = "shipped"
+#: the shipped table of each CPU class (:data:`~amp_rewrite.core.hardware.CPU_CLASSES`), a file
+#: of ``rules/``; None: no table measured on such a CPU yet, the class in
+#: :data:`STAND_INS` stands in (and the summary says so)
+SHIPPED_FILES = {"avx512-bf16": "costs.toml", "avx2": "costs-avx2.toml", "amx-bf16": None}
+#: whose rates a class without a measured table takes: an AMX CPU saves more per FLOP than an
+#: AVX512-BF16 one, so with its rates the estimate errs towards float32 there
+STAND_INS = {"amx-bf16": "avx512-bf16"}
 #: the CPU flags (as /proc/cpuinfo names them) that change what a bfloat16 op costs: the
 #: matrix units and the vector widths oneDNN and Eigen pick their kernels by
 KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -78,12 +103,26 @@ class CostTable:
     cast_ps_per_element: float
     folded_ps_per_element: float
     unfused_ps_per_element: Mapping[str, float] = field(default_factory=dict)
+    saved_ps_per_flop_by_op: Mapping[str, float] = field(default_factory=dict)
     kind: str = "shipped"
     path: str | None = None
     cpu: str = ""
     tensorflow: str = ""
     quick: bool = False
     key: str | None = None   # the machine a measured table was measured for (machine_key)
+    source: str = ""         # where a table's rates are recorded ([measured] source)
+    cpu_class: str = ""      # a shipped table: the CPU class it is for (hardware.CPU_CLASSES)
+    stands_in_for: str = ""  # a shipped table taken for a class with none measured yet
+
+    def saved(self, op: str) -> float:
+        """ps per FLOP the matrix op ``op`` saves in bfloat16: its kind's rate where the table
+        has one (:data:`SAVED_KINDS`), else ``saved_ps_per_flop``."""
+        return self.saved_ps_per_flop_by_op.get(_KIND_OF.get(op, ""), self.saved_ps_per_flop)
+
+    def saves_nothing(self) -> bool:
+        """Whether no matrix op saves anything in bfloat16 by this table (a CPU without a
+        bfloat16 matrix unit): every island then stays float32."""
+        return max([self.saved_ps_per_flop, *self.saved_ps_per_flop_by_op.values()]) <= 0
 
     def slower(self, op: str) -> bool:
         """Whether ``op`` runs slower unfused in bfloat16 than in float32 by this table."""
@@ -92,15 +131,19 @@ class CostTable:
     def cite(self) -> str:
         """Where the rates come from, as a reason says it."""
         if self.kind == "shipped":
-            return 'BENCHMARKS.md "Op costs in bfloat16 on this CPU"'
+            return self.source or f"the shipped cost table for {self.cpu_class} CPUs"
         where = "measured on this CPU" if self.kind == "measured" else "measured on " + self.cpu
         return f"the cost table {where}, {self.path}"
 
     def summary(self) -> str:
         """One line: which table decided, and what it was measured on."""
         if self.kind == "shipped":
-            return (f"the shipped cost table (measured on {self.cpu}, TensorFlow "
-                    f"{self.tensorflow}; amp-rewrite costs measure times this CPU's)")
+            standing = (f"; no table is measured on {self.stands_in_for} CPUs yet, so these "
+                        f"{self.cpu_class} rates stand in, which save less per FLOP: the "
+                        "estimate errs towards float32" if self.stands_in_for else "")
+            return (f"the shipped cost table for {self.stands_in_for or self.cpu_class} CPUs "
+                    f"(measured on {self.cpu}, TensorFlow {self.tensorflow}{standing}; "
+                    "amp-rewrite costs measure times this CPU's)")
         quick = ", --quick" if self.quick else ""
         if self.kind == "measured":
             return f"the cost table measured on this CPU ({self.path}{quick})"
@@ -110,21 +153,34 @@ class CostTable:
     def to_dict(self) -> dict:
         """The report's record of the table: where it comes from and its rates."""
         return {"table": self.kind, "path": self.path, "cpu": self.cpu,
-                "tensorflow": self.tensorflow,
+                "tensorflow": self.tensorflow, "cpu_class": self.cpu_class,
+                "stands_in_for": self.stands_in_for,
                 "rates": {**{name: getattr(self, name) for name in RATES},
-                          UNFUSED: dict(self.unfused_ps_per_element)}}
+                          UNFUSED: dict(self.unfused_ps_per_element),
+                          SAVED_BY_OP: dict(self.saved_ps_per_flop_by_op)}}
 
 
 # ----------------------------------------------------------------- reading
-def shipped_path() -> Path:
-    """The shipped table: ``rules/costs.toml`` of the checkout, in the wheel's rule defaults."""
-    return Path(str(importlib.resources.files("amp_rewrite.rules.defaults"))) / "costs.toml"
+def shipped_path(cpu_class: str = "avx512-bf16") -> Path:
+    """The shipped table of ``cpu_class`` (one with a file in :data:`SHIPPED_FILES`):
+    ``rules/costs*.toml`` of the checkout, in the wheel's rule defaults."""
+    return (Path(str(importlib.resources.files("amp_rewrite.rules.defaults")))
+            / SHIPPED_FILES[cpu_class])
+
+
+def shipped(cpu_class: str | None = None) -> CostTable:
+    """The shipped table of ``cpu_class`` (default: this CPU's,
+    :func:`~amp_rewrite.core.hardware.cpu_class`), read once."""
+    return _shipped(cpu_class or hardware.cpu_class())
 
 
 @functools.lru_cache(maxsize=None)
-def shipped() -> CostTable:
-    """The shipped defaults (read once)."""
-    return read_table(shipped_path(), "shipped")
+def _shipped(cpu_class: str) -> CostTable:
+    if SHIPPED_FILES[cpu_class] is None:
+        stand_in = STAND_INS[cpu_class]
+        return dataclasses.replace(_shipped(stand_in), stands_in_for=cpu_class)
+    return dataclasses.replace(read_table(shipped_path(cpu_class), "shipped"),
+                               cpu_class=cpu_class)
 
 
 def read_table(path, kind: str = "file") -> CostTable:
@@ -137,11 +193,14 @@ def read_table(path, kind: str = "file") -> CostTable:
     fail = _Failing(path, text)
     _only(fail, data, {"measured", "rates"}, None)
     measured, rates = _table(fail, data, "measured"), _table(fail, data, "rates")
-    _only(fail, rates, set(RATES) | {UNFUSED}, "rates")
+    _only(fail, rates, set(RATES) | {UNFUSED, SAVED_BY_OP}, "rates")
     unfused = _table(fail, rates, UNFUSED, "rates")
     _only(fail, unfused, set(UNFUSED_OPS), f"rates.{UNFUSED}")
     values = {name: _rate(fail, rates, name, "rates") for name in RATES}
     ops = {op: _rate(fail, unfused, op, f"rates.{UNFUSED}") for op in UNFUSED_OPS}
+    by_op = _table(fail, rates, SAVED_BY_OP, "rates") if SAVED_BY_OP in rates else {}
+    _only(fail, by_op, set(SAVED_KINDS), f"rates.{SAVED_BY_OP}")
+    by_op = {kind: _rate(fail, by_op, kind, f"rates.{SAVED_BY_OP}") for kind in by_op}
     _only(fail, measured, set(_MEASURED_KEYS), "measured")
     for key, kind_of in _MEASURED_KEYS.items():
         if key in measured and not isinstance(measured[key], kind_of):
@@ -150,10 +209,11 @@ def read_table(path, kind: str = "file") -> CostTable:
         if key not in measured:
             raise fail(f"[measured] has no {key}: say what the rates were measured on",
                        "measured")
-    return CostTable(**values, unfused_ps_per_element=ops, kind=kind,
+    return CostTable(**values, unfused_ps_per_element=ops, saved_ps_per_flop_by_op=by_op,
+                     kind=kind,
                      path=None if kind == "shipped" else str(path), cpu=measured["cpu"],
                      tensorflow=measured["tensorflow"], quick=measured.get("quick", False),
-                     key=measured.get("key"))
+                     key=measured.get("key"), source=measured.get("source", ""))
 
 
 class _Failing:
@@ -241,12 +301,15 @@ def measured_path(key: str | None = None) -> Path:
 
 
 def choose(costs: str | os.PathLike | None = None) -> CostTable:
-    """The table a conversion weighs with: ``costs`` (``--costs``: a file, or
-    :data:`SHIPPED`), else the one measured on this machine where :func:`measured_path` holds
-    it, else the shipped one. A measured table that says it is another machine's is refused,
+    """The table a conversion weighs with: ``costs`` (``--costs``: a file, :data:`SHIPPED`,
+    or a CPU class of :data:`SHIPPED_FILES`, whose shipped table it names), else the one
+    measured on this machine where :func:`measured_path` holds it, else the shipped one of this
+    CPU's class. A measured table that says it is another machine's is refused,
     naming it: it was copied there, or this machine changed."""
     if costs is not None and str(costs) == SHIPPED:
         return shipped()
+    if costs is not None and str(costs) in SHIPPED_FILES:   # another CPU class's rates
+        return shipped(str(costs))
     if costs is not None:
         return read_table(costs, "file")
     mine = machine_key()
@@ -263,9 +326,11 @@ def choose(costs: str | os.PathLike | None = None) -> CostTable:
 
 # ----------------------------------------------------------------- writing
 def format_table(rates: Mapping[str, float], unfused: Mapping[str, float],
-                 measured: Mapping[str, object]) -> str:
+                 measured: Mapping[str, object],
+                 saved_by_op: Mapping[str, float] | None = None) -> str:
     """A table as :func:`read_table` reads it: ``measured`` what it was measured on (the keys
-    of :data:`_MEASURED_KEYS`), the rates with their units."""
+    of :data:`_MEASURED_KEYS`), the rates with their units, and what each kind of matrix op
+    saves (``saved_by_op``, :data:`SAVED_KINDS`) where given."""
     lines = ["# amp-rewrite's cost model rates, measured by amp-rewrite costs measure",
              '# (docs/decisions.md "The cost model")', "", "[measured]"]
     lines += [f"{key} = {_toml(value)}" for key, value in measured.items()]
@@ -275,6 +340,12 @@ def format_table(rates: Mapping[str, float], unfused: Mapping[str, float],
     lines += ["", f"[rates.{UNFUSED}]",
               "# ps per element each activation loses unfused in bfloat16 (0 or less: not slower)"]
     lines += [f"{op} = {_number(unfused[op])}" for op in UNFUSED_OPS]
+    if saved_by_op:
+        lines += ["", f"[rates.{SAVED_BY_OP}]",
+                  "# ps per FLOP each kind of matrix op saves in bfloat16 (its gradients, "
+                  "batched and fused forms alike)"]
+        lines += [f"{kind} = {_number(saved_by_op[kind])}" for kind in SAVED_KINDS
+                  if kind in saved_by_op]
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,7 @@ keeps that region float32 (``paint.updates``, decision code ``update``), so the 
 gradients in float32, as loss scaling unscales them; the lint holds a converted graph to it
 (``check.lint``: no path from a gradient to a write through a 16-bit tensor).
 
-A write here is a variable write (:func:`~amp_rewrite.core.ops.is_variable_write`), or a
+A write here is a variable write (:func:`~amp_rewrite.schema.opdefs.is_variable_write`), or a
 functional op that reads a resource handle: loss scaling turns each write of a TF2 train step
 into an ``If`` on its finiteness check whose branch writes.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from ..core.dtypes import RESOURCE
 from ..core.ir import Graph, Node, TensorRef
-from ..core.ops import FUNCTIONAL_OPS, is_variable_write
-from .opdefs import input_dtype
+from ..core.ops import FUNCTIONAL_OPS
+from .opdefs import input_dtype, is_variable_write
 
 _BACKPROP_SCOPE = re.compile(r"(?:^|/)(?:gradients(?:_\d+)?|gradient_tape)/")
 

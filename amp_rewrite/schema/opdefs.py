@@ -3,8 +3,9 @@
 Precision is decided per *(node, type attribute)*, as in grappler: ``FusedBatchNormV3`` can
 run with ``T=half`` while ``U`` stays float. This module maps every input and output port of a
 node to the attribute that sets its dtype (``type_attr``, ``number_attr`` repeats,
-``type_list_attr`` elements) or to its fixed dtype, and answers whether TensorFlow registers a
-kernel for a node with some of its type attributes changed, on a given device type.
+``type_list_attr`` elements) or to its fixed dtype, answers whether TensorFlow registers a
+kernel for a node with some of its type attributes changed, on a given device type, and which
+ops write a variable (:func:`is_variable_write`, read off the OpDef, not the op's name).
 
 Dtypes are ``types_pb2.DataType`` enum values throughout, never strings.
 """
@@ -19,9 +20,9 @@ from tensorflow.core.framework import graph_pb2, op_def_pb2
 from tensorflow.python.client import pywrap_tf_session
 from tensorflow.python.framework import device_spec, kernels, op_def_registry
 
-from ..core.dtypes import INVALID, VARIANT, base_dtype
+from ..core.dtypes import INVALID, RESOURCE, VARIANT, base_dtype
 from ..core.ir import Graph, Node
-from ..core.ops import is_tensorlist_op
+from ..core.ops import NOT_VARIABLE_WRITES, is_tensorlist_op
 
 _CACHE = "signatures.types"   # node.meta key of the cached port mapping (see invalidate)
 _UNSET = object()
@@ -72,6 +73,36 @@ def all_op_names() -> tuple[str, ...]:
     finally:
         pywrap_tf_session.TF_DeleteBuffer(buf)
     return tuple(sorted(o.name for o in ops.op))
+
+
+@functools.lru_cache(maxsize=None)
+def is_variable_write(op: str) -> bool:
+    """Whether ``op`` writes a variable (a weight, an optimizer slot, a counter) in place, as
+    its OpDef declares, whatever its name:
+
+    - a reference variable's write takes ``Ref(T)`` and a plain input of the same ``T``, the
+      value it writes into it (``Assign*``, ``Scatter*`` on a ref, ``Apply*``, ``SparseApply*``,
+      ``StridedSliceAssign``); an op that only passes a ref on (``RefSwitch``, ``RefEnter`` ...)
+      or reads it (``IsVariableInitialized``) takes no such value;
+    - a resource variable's write is stateful, takes a resource and a value of a type
+      attribute, and returns nothing: what it computes goes into the resource
+      (``AssignVariableOp``, ``ResourceApply*``, ``ResourceSparseApply*``, ``ResourceScatter*``,
+      ``ResourceStridedSliceAssign``); a read returns what it read. The OpDef does not say which
+      kind of resource it takes, so the few ops writing a table, a summary file or an
+      accumulator alike are named (:data:`~amp_rewrite.core.ops.NOT_VARIABLE_WRITES`).
+
+    A stateless op writes nothing: ``ScatterNd`` (``top_k``'s gradient), ``TensorScatter*`` and
+    ``ScatterNdNonAliasingAdd`` compute a new tensor. An op TensorFlow does not register (a
+    custom op, a direct call of a library function) is not a write; writes inside called
+    functions are their bodies' own."""
+    od = op_def(op)
+    if od is None or op in NOT_VARIABLE_WRITES:
+        return False
+    written = {a.type_attr for a in od.input_arg if not a.is_ref and a.type_attr}
+    if any(a.is_ref and a.type_attr in written for a in od.input_arg):
+        return True
+    return (od.is_stateful and not od.output_arg and bool(written)
+            and any(a.type == RESOURCE for a in od.input_arg))
 
 
 def node_types(node: Node) -> NodeTypes | None:

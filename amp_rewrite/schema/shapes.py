@@ -43,12 +43,13 @@ _SAME = frozenset({
     "Floor", "Ceil", "Round", "Rint", "Sign", "Reciprocal", "Inv", "Softmax", "LogSoftmax",
     "BiasAdd", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "ClipByValue",
     "Sin", "Cos", "IsNan", "IsFinite", "ZerosLike", "OnesLike", "LRN", "Mish", "Gelu",
+    "LogicalNot",
     # a TF1 loop's frame boundaries pass their input on (a lowered While's, in a frozen graph)
     "Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
 })
 # ops whose every output port has a rule: a Switch's both branches are its input; a Split's and
 # SplitV's pieces (which of their inputs is the value: _VALUE)
-_PORTS = frozenset({"Switch", "RefSwitch", "Split", "SplitV"})
+_PORTS = frozenset({"Switch", "RefSwitch", "Split", "SplitV", "IdentityN"})
 _NEXT = frozenset({"NextIteration", "RefNextIteration"})
 # the rules a frozen loop needs, where no ``_output_shapes`` are left: where a node states its
 # shape (a SavedModel's function body), that comes first, as before these rules
@@ -60,7 +61,7 @@ _VALUE = {"Switch": 0, "RefSwitch": 0, "Split": 1, "SplitV": 0}
 _BROADCAST = frozenset({
     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum",
     "SquaredDifference", "Pow", "FloorDiv", "FloorMod", "Greater", "GreaterEqual", "Less",
-    "LessEqual", "Equal", "NotEqual", "SelectV2", "AddN", "BiasAddV1",
+    "LessEqual", "Equal", "NotEqual", "SelectV2", "AddN", "BiasAddV1", "LogicalAnd", "LogicalOr",
 })
 _REDUCE = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin"})
 # gradient convolutions: output 0 has the shape their sizes input holds (input_sizes of an input
@@ -336,8 +337,12 @@ def _pad(shapes: Shapes, inputs, node) -> Shape | None:
 
 def _port(shapes: Shapes, ref: TensorRef, node) -> Shape | None:
     """Output ``ref.port`` of a Switch (its input's shape), a Split or a SplitV (its value's,
-    cut along the axis; None where a cut size or the axis is not a Const)."""
+    cut along the axis; None where a cut size or the axis is not a Const), an IdentityN (its
+    input of that port: Keras' swish passes its value and its input on through one, for its
+    custom gradient)."""
     inputs = shapes.graph.inputs(ref.node)
+    if node.op == "IdentityN":
+        return _const_shape(shapes, inputs[ref.port]) if ref.port < len(inputs) else None
     x = _const_shape(shapes, inputs[_VALUE[node.op]])
     if x is None or node.op in ("Switch", "RefSwitch"):
         return x
@@ -369,7 +374,10 @@ def _list_item(shapes: Shapes, inputs, node) -> Shape | None:
 
 def _fill(shapes: Shapes, inputs, node) -> Shape | None:
     """A Fill's shape input (:func:`_sizes`): zeros as many as a run-time size are a recurrent
-    layer's first state."""
+    layer's first state; or the shape of a tensor it is computed from (``ones_like``)."""
+    if shapes.graph.node(inputs[0].node).op == "Shape":
+        dims = _shape_value(shapes, inputs[0])
+        return None if dims is None else tuple(int(d) for d in dims)
     return _sizes(shapes, inputs[0])
 
 
@@ -572,8 +580,112 @@ def einsum_sizes(operands: list[str], found: list[Shape]) -> dict | None:
     return sizes
 
 
+def _gather(shapes: Shapes, inputs, node) -> Shape | None:
+    """A GatherV2 (an embedding's lookup): the params' shape with the axis taken by the
+    indices' (no batch dimensions); a ResourceGather, axis 0 of its variable's shape."""
+    if node.attr["batch_dims"].i if "batch_dims" in node.attr else 0:
+        return None
+    if node.op == "ResourceGather":
+        params, axis = _stated_variable(shapes, inputs[0]), 0
+    else:
+        params, axis = shapes.shape(inputs[0]), shapes.value(inputs[2])
+    indices = shapes.shape(inputs[1])
+    if params is None or indices is None or axis is None:
+        return None
+    axis = int(axis) % len(params)
+    return params[:axis] + indices + params[axis + 1:]
+
+
+def _stated_variable(shapes: Shapes, ref: TensorRef) -> Shape | None:
+    """The shape of the variable a resource handle ``ref`` is (a VarHandleOp's ``shape``)."""
+    node = shapes.graph.node(ref.node)
+    if node.op != "VarHandleOp" or node.attr["shape"].shape.unknown_rank:
+        return None
+    return tuple(d.size for d in node.attr["shape"].shape.dim)
+
+
 def _reshaped(shapes: Shapes, inputs, node) -> Shape | None:
-    return _reshape(shapes.shape(inputs[0]), shapes.value(inputs[1]))
+    target = shapes.value(inputs[1])
+    if target is None:
+        target = _shape_value(shapes, inputs[1])
+    return _reshape(shapes.shape(inputs[0]), target)
+
+
+# ops of the small integer arithmetic a model computes a reshape's target with from a tensor's
+# shape (Keras' Reshape layer: the batch of ``tf.shape(x)`` packed with the dimensions it
+# states), worked out from the shapes known: an open dimension stays -1, as a reshape's target
+# takes it
+_SHAPE_ARITHMETIC = frozenset({"Shape", "StridedSlice", "Pack", "ConcatV2", "Cast", "Identity",
+                               "GatherV2", "Prod", "Mul"})
+
+
+def _shape_value(shapes: Shapes, ref: TensorRef) -> np.ndarray | None:
+    """The value of ``ref`` where it is that arithmetic (:data:`_SHAPE_ARITHMETIC`) on Consts
+    and on the shapes of tensors, or None; its producers worked out first, without recursion."""
+    graph, found = shapes.graph, {}
+    stack = [(ref, False)]
+    while stack:
+        top, ready = stack.pop()
+        if top in found:
+            continue
+        const = shapes.value(top)
+        node = graph.node(top.node)
+        if const is not None or node.op not in _SHAPE_ARITHMETIC or top.port != 0:
+            found[top] = const
+            continue
+        inputs = graph.inputs(top.node)
+        operands = (inputs if node.op in ("Pack", "Mul") else inputs[:-1]
+                    if node.op == "ConcatV2" else inputs[:1])
+        if node.op == "Shape":
+            shape = shapes.shape(inputs[0])
+            found[top] = None if shape is None else np.array(shape, np.int64)
+            continue
+        if not ready:
+            stack.append((top, True))
+            stack.extend((r, False) for r in operands if r not in found)
+            continue
+        values = [found.get(r) for r in operands]
+        found[top] = None if any(v is None for v in values) else _arithmetic(
+            shapes, node, inputs, values)
+    return found[ref]
+
+
+def _arithmetic(shapes: Shapes, node, inputs, values) -> np.ndarray | None:
+    if node.op in ("Cast", "Identity"):
+        return values[0]
+    if node.op == "Mul":   # an open dimension (-1) times anything stays open
+        a, b = (np.asarray(v) for v in values)
+        return np.where((a < 0) | (b < 0), -1, a * b)
+    if node.op == "GatherV2":   # a tensordot's free or contracted dimensions of a shape
+        index, axis = shapes.value(inputs[1]), shapes.value(inputs[2])
+        x = np.asarray(values[0])
+        return (x[np.asarray(index)] if index is not None and axis is not None
+                and int(axis) == 0 and x.ndim == 1 else None)
+    if node.op == "Prod":   # the product of them; open if one is
+        axes, x = shapes.value(inputs[1]), np.asarray(values[0])
+        if axes is None or x.ndim != 1 or list(np.atleast_1d(axes)) not in ([0], [-1]):
+            return None
+        value = np.array(-1 if (x < 0).any() else int(np.prod(x)), np.int64)
+        return value.reshape(1) if "keep_dims" in node.attr and node.attr["keep_dims"].b else value
+    if node.op == "Pack":
+        return np.stack([np.asarray(v) for v in values]) if node.attr["axis"].i == 0 else None
+    if node.op == "ConcatV2":
+        axis = shapes.value(inputs[-1])
+        return (np.concatenate([np.atleast_1d(v) for v in values])
+                if axis is not None and int(axis) == 0 else None)
+    # StridedSlice of a vector: x[begin:end:stride], or x[begin] (shrink_axis_mask)
+    x = np.asarray(values[0])
+    begin, end, strides = (shapes.value(r) for r in inputs[1:4])
+    if x.ndim != 1 or begin is None or end is None or strides is None or \
+            len(np.atleast_1d(begin)) != 1 or any(node.attr[m].i for m in (
+                "ellipsis_mask", "new_axis_mask") if m in node.attr):
+        return None
+    b, e, st = (int(np.atleast_1d(v)[0]) for v in (begin, end, strides))
+    mask = {m: node.attr[m].i & 1 if m in node.attr else 0
+            for m in ("begin_mask", "end_mask", "shrink_axis_mask")}
+    if mask["shrink_axis_mask"]:
+        return x[b] if -len(x) <= b < len(x) else None
+    return x[None if mask["begin_mask"] else b:None if mask["end_mask"] else e:st]
 
 
 def _reduction(shapes: Shapes, inputs, node) -> Shape | None:
@@ -644,6 +756,7 @@ _HANDLERS = {
     "Squeeze": _squeeze, "Einsum": _einsum, "StridedSlice": _strided_slice,
     "Fill": _fill, "Merge": _merge, "RefMerge": _merge, "TensorListGetItem": _list_item,
     **dict.fromkeys(_SIZED, _sized),
+    "GatherV2": _gather, "ResourceGather": _gather,
 }
 
 

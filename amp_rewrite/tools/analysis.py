@@ -50,10 +50,15 @@ from ..core.ops import (
     SAVER_OPS,
     SWITCH_OPS,
     VARIABLE_CREATORS,
-    is_variable_write,
 )
 from ..io.load import Model
-from ..schema.opdefs import graph_with_defaults, node_types, port_dtype, set_call_signature
+from ..schema.opdefs import (
+    graph_with_defaults,
+    is_variable_write,
+    node_types,
+    port_dtype,
+    set_call_signature,
+)
 from ..training.detect import backprop_scope, find_backprop
 from ..training.in_graph import FETCH
 from ..training.state import SCOPE

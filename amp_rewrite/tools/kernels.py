@@ -4,9 +4,12 @@ On CPU the model runs once in a child process with ``ONEDNN_VERBOSE=1``; oneDNN 
 line per executed primitive (its implementation, ISA, data types and problem size) on the
 child's stdout. We keep the MatMul/Conv family (convolution, deconvolution, inner_product,
 matmul), count each primitive's multiply-accumulates from its problem descriptor, and call it
-*on a 16-bit unit* when its source data is bf16/f16 and its ISA is a 16-bit one (``amx``,
-``avx512_core_bf16``, ``avx512_core_fp16``, ``avx2_vnni_2``). The share of the work (MACs) on
-such units is the headline number. A child that fails says on stderr whose failure it is: a
+*on a 16-bit unit* when its source data is bf16/f16 and the ISA oneDNN names in the
+implementation has instructions for that type (:data:`SIXTEEN_BIT_ISA`: AMX tiles, AVX512-BF16
+dot products, AVX512-FP16 or AVX-NE-CONVERT conversions), not oneDNN's emulation of it on an
+ISA without them (``avx512_core``, ``avx2``). Where oneDNN converts the 16-bit data in hardware
+and multiplies in float32 (float16 on ``avx10_1_512``, both types on ``avx2_vnni_2``), the
+kernel's line says so. The share of the work (MACs) on such units is the headline number. A child that fails says on stderr whose failure it is: a
 model TensorFlow cannot run (or cannot load, or inputs that do not fit) is the user's, reported
 with TensorFlow's reason (exit 2); an exception in our worker code, or a child that dies without
 saying, is an internal error (exit 70).
@@ -48,7 +51,35 @@ log = logging.getLogger(__name__)
 
 MATRIX_PRIMITIVES = ("convolution", "deconvolution", "inner_product", "matmul")
 SIXTEEN_BIT_DATA = ("bf16", "f16")
-SIXTEEN_BIT_ISA = ("amx", "avx512_core_bf16", "avx512_core_fp16", "avx2_vnni_2")
+_BF16_DOT, _BOTH_CVT = {"bf16": "bf16"}, {"bf16": "f32", "f16": "f32"}
+_AVX10 = {"bf16": "bf16", "f16": "f32"}           # AVX512-BF16 dot products, AVX512-FP16 converts
+_AMX_FP16 = {"bf16": "bf16", "f16": "f16"}        # tiles (tdpbf16ps, tdpfp16ps)
+#: oneDNN's ISA names (the part of a verbose line's implementation after ``:``) whose
+#: instructions take 16-bit data, each with the type its multiply-accumulates run in for the
+#: 16-bit types it takes: ``bf16``/``f16`` (a 16-bit unit multiplies them) or ``f32`` (the
+#: hardware converts them and multiplies in float32). From oneDNN's src/cpu/x64/cpu_isa_traits.hpp
+#: (uxlfoundation/oneDNN, 2025: ``cpu_isa_t``, ``mayiuse``, ``JIT_IMPL_NAME_HELPER``, the names
+#: verbose prints; ``get_mac_emu_data_type``: f16 on ``avx512_core_fp16`` and bf16/f16 on
+#: ``avx2_vnni_2`` multiply in f32) and cpu_isa_traits.cpp (``avx512_core_fp16`` is
+#: ``avx10_1_512``, ``avx512_core_amx`` ``avx10_1_512_amx``, ``avx512_core_amx_fp16``
+#: ``avx10_1_512_amx_fp16``; v3.7, TensorFlow 2.21's, prints the avx10 names); the oneDNN 2.x
+#: names (``avx512_core_amx_bf16``, ``avx512_core_amx_int8``, printed for
+#: ``avx512_core_bf16_amx_*``) from its cpu_isa_traits.hpp. Not here, so not 16-bit:
+#: ``sse41``, ``avx``, ``avx2``, ``avx2_vnni`` (int8 dot products only), ``avx512_core``,
+#: ``avx512_core_vnni``, on which oneDNN emulates bf16 in software and has no f16.
+SIXTEEN_BIT_ISA: dict[str, dict[str, str]] = {
+    "avx2_vnni_2": _BOTH_CVT,                     # AVX-NE-CONVERT: converts only
+    "avx512_core_bf16": _BF16_DOT,                # vdpbf16ps
+    "avx512_core_amx_int8": _BF16_DOT,            # oneDNN 2.x: avx512_core_bf16 + AMX-INT8
+    "avx512_core_amx_bf16": _BF16_DOT,            # oneDNN 2.x: avx512_core_bf16 + AMX-BF16
+    "avx10_1_512": _AVX10, "avx512_core_fp16": _AVX10,
+    # AMX-BF16 tiles; float16 through AVX512-FP16's converts (no AMX-FP16 tiles)
+    "avx10_1_512_amx": _AVX10, "avx512_core_amx": _AVX10,
+    "avx10_1_512_amx_fp16": _AMX_FP16, "avx512_core_amx_fp16": _AMX_FP16,
+    # AVX10.2: vdpphps multiplies float16 pairs (get_mac_emu_data_type emulates nothing there)
+    "avx10_2_512": _AMX_FP16, "avx10_2": _AMX_FP16,
+    "avx10_2_512_amx_2": _AMX_FP16, "avx10_2_amx_2": _AMX_FP16,
+}
 TENSOR_CORE_KERNEL = re.compile(r"884|1688|16816|hmma|xmma|tensorop|wmma", re.IGNORECASE)
 _BEGIN, _END = "amp-rewrite-kernels-begin", "amp-rewrite-kernels-end"
 _ONEDNN = "amp-rewrite-kernels-onednn="
@@ -65,8 +96,11 @@ class Kernel:
     implementation: str  # e.g. brg_conv_fwd:avx512_core_bf16, or the GPU kernel name
     dtype: str           # source data type as oneDNN names it (f32, bf16, f16 ...)
     macs: int | None     # multiply-accumulates, from the problem descriptor (None: unknown)
-    sixteen_bit: bool    # ran on a 16-bit matrix unit
+    sixteen_bit: bool    # its 16-bit data ran on instructions for it (SIXTEEN_BIT_ISA)
     problem: str = ""
+    # the type its multiply-accumulates run in where sixteen_bit: bf16/f16 on a 16-bit unit,
+    # f32 where the hardware converts the 16-bit data first ("": not known, or not 16-bit)
+    mac: str = ""
 
 
 @dataclass
@@ -82,13 +116,22 @@ class KernelReport:
     @property
     def share(self) -> float | None:
         """Share of the MACs (or, where sizes are unknown, of the kernels) on 16-bit units."""
+        return self._share(lambda k: k.sixteen_bit)
+
+    @property
+    def float32_math_share(self) -> float | None:
+        """The part of :attr:`share` whose 16-bit data the CPU converts and multiplies in
+        float32 (``Kernel.mac`` f32)."""
+        return self._share(lambda k: k.sixteen_bit and k.mac == "f32")
+
+    def _share(self, counted) -> float | None:
         if not self.kernels:
             return None
         if all(k.macs is not None for k in self.kernels):
             total = sum(k.macs for k in self.kernels)
             if total:
-                return sum(k.macs for k in self.kernels if k.sixteen_bit) / total
-        return sum(k.sixteen_bit for k in self.kernels) / len(self.kernels)
+                return sum(k.macs for k in self.kernels if counted(k)) / total
+        return sum(1 for k in self.kernels if counted(k)) / len(self.kernels)
 
     def groups(self) -> list[dict]:
         """Kernels grouped by (kind, implementation, dtype): count and MACs, largest first."""
@@ -96,14 +139,14 @@ class KernelReport:
         for k in self.kernels:
             g = out.setdefault((k.kind, k.implementation, k.dtype), {
                 "kind": k.kind, "implementation": k.implementation, "dtype": k.dtype,
-                "count": 0, "macs": 0, "sixteen_bit": k.sixteen_bit})
+                "count": 0, "macs": 0, "sixteen_bit": k.sixteen_bit, "mac": k.mac})
             g["count"] += 1
             g["macs"] += k.macs or 0
         return sorted(out.values(), key=lambda g: (-g["macs"], -g["count"], g["implementation"]))
 
     def to_dict(self) -> dict:
         return {"device": self.device, "runtime": self.runtime, "onednn": self.onednn,
-                "share": self.share,
+                "share": self.share, "float32_math_share": self.float32_math_share,
                 "kernels": [asdict(k) for k in self.kernels], "groups": self.groups(),
                 "misaligned": self.misaligned}
 
@@ -115,9 +158,19 @@ def isa_of(implementation: str) -> str:
     return implementation.split(":", 1)[1] if ":" in implementation else implementation
 
 
-def on_sixteen_bit_unit(implementation: str, dtype: str) -> bool:
+def mac_dtype(implementation: str, dtype: str) -> str:
+    """The type a oneDNN kernel of 16-bit ``dtype`` data multiplies in on its ISA: ``bf16`` or
+    ``f16`` (a 16-bit unit), ``f32`` (converted in hardware first), or "" where its ISA has no
+    instruction for ``dtype`` (oneDNN emulates it) or the data is not 16-bit."""
     isa = isa_of(implementation)
-    return dtype in SIXTEEN_BIT_DATA and any(tag in isa for tag in SIXTEEN_BIT_ISA)
+    if isa not in SIXTEEN_BIT_ISA:   # a variant of a name (avx512_core_bf16_ymm): its base's
+        isa = max((n for n in SIXTEEN_BIT_ISA if isa.startswith(n + "_")), key=len, default=isa)
+    return SIXTEEN_BIT_ISA.get(isa, {}).get(dtype, "")
+
+
+def on_sixteen_bit_unit(implementation: str, dtype: str) -> bool:
+    """Whether the ISA of ``implementation`` has instructions for ``dtype``'s 16-bit data."""
+    return bool(mac_dtype(implementation, dtype))
 
 
 def parse_onednn_log(text: str) -> tuple[list[Kernel], str]:
@@ -137,8 +190,9 @@ def parse_onednn_log(text: str) -> tuple[list[Kernel], str]:
             continue
         kind, impl, mds, problem = rest[1], rest[2], rest[4], rest[-2]
         dtype = _src_dtype(mds)
-        kernels.append(Kernel(kind, impl, dtype, macs_of(kind, problem),
-                              on_sixteen_bit_unit(impl, dtype), problem))
+        mac = mac_dtype(impl, dtype)
+        kernels.append(Kernel(kind, impl, dtype, macs_of(kind, problem), bool(mac), problem,
+                              mac))
     return kernels, ", ".join(info)
 
 
@@ -448,20 +502,35 @@ def format_report(report: KernelReport) -> str:
     if not report.kernels:
         lines.append("no matrix kernel was seen (see the warning above)")
     for g in report.groups():
-        unit = "16-bit matrix unit" if g["sixteen_bit"] else "not on a 16-bit unit"
+        unit = ("not on a 16-bit unit" if not g["sixteen_bit"] else
+                "16-bit unit, float32 math" if g["mac"] == "f32" else "16-bit matrix unit")
         macs = f"{g['macs'] / 1e6:.2f}M MACs" if g["macs"] else "size unknown"
         lines.append(f"  {g['count']:>3} x {g['kind']:<13} {g['implementation']:<32} "
                      f"{g['dtype'] or '-':<5} {macs:<16} {unit}")
     if report.share is not None:
-        on = sum(1 for k in report.kernels if k.sixteen_bit)
-        lines.append(f"MatMul/Conv work on 16-bit matrix units: {100 * report.share:.1f}% "
-                     f"({on} of {len(report.kernels)} kernels)")
+        lines.append(_share_line(report))
     if report.misaligned:
         lines.append("float16 Tensor Core alignment: dimensions not a multiple of 8:")
         for m in report.misaligned:
             dims = ", ".join(f"{k}={v}" for k, v in m["not_multiple_of_8"].items())
             lines.append(f"  {m['node']} ({m['op']}): {dims}")
     return "\n".join(lines)
+
+
+def _share_line(report: KernelReport) -> str:
+    """The headline: the share of the work on 16-bit units and, where the CPU converted some
+    of it to float32 to multiply it (float16 on AVX512-FP16 without AMX-FP16, AVX-NE-CONVERT),
+    how much and on which ISAs."""
+    on = sum(1 for k in report.kernels if k.sixteen_bit)
+    line = (f"MatMul/Conv work on 16-bit units: {100 * report.share:.1f}% "
+            f"({on} of {len(report.kernels)} kernels)")
+    if report.float32_math_share:
+        where = sorted({f"{k.dtype} on {isa_of(k.implementation)}" for k in report.kernels
+                        if k.sixteen_bit and k.mac == "f32"})
+        line += (f"; {100 * report.float32_math_share:.1f}% of the work is 16-bit data the CPU "
+                 f"converts and multiplies in float32 ({', '.join(where)}: oneDNN has no "
+                 "16-bit multiply for it there)")
+    return line
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ float32 and once in bfloat16, the same graph without the op timed beside it and 
 (:meth:`Measurement.rates`):
 
 * ``saved_ps_per_flop``: the median over Conv2D 1x1, Conv2D 3x3 and MatMul of the time bfloat16
-  saves per FLOP (a depthwise convolution is timed and shown, not counted: a small share of a
-  model's FLOPs);
+  saves per FLOP, and ``saved_ps_per_flop_by_op`` what each kind saves (Conv2D the mean of its
+  two rows, the depthwise convolution and MatMul their own): a depthwise convolution can lose
+  in bfloat16 where the others gain;
 * ``fp32_ps_per_flop``: the median over the same of their float32 time per FLOP;
 * ``unfused_ps_per_element``: each activation's time bfloat16 adds per element it writes;
 * ``folded_ps_per_element``: the mean of a per-channel Mul's and AddV2's float32 time per
@@ -164,6 +165,14 @@ class Measurement:
     def unfused(self) -> dict[str, float]:
         return {op: self.per_unit(op) for op in cost_table.UNFUSED_OPS}
 
+    def saved_by_op(self) -> dict[str, float]:
+        """What each kind of matrix op saves per FLOP (``[rates.saved_ps_per_flop_by_op]``):
+        Conv2D the mean of its 1x1 and 3x3 rows, the depthwise convolution and MatMul their
+        own row."""
+        return {"Conv2D": statistics.mean(self.per_unit(n) for n in ("Conv2D 1x1", "Conv2D 3x3")),
+                "DepthwiseConv2dNative": self.per_unit("DepthwiseConv2dNative 3x3"),
+                "MatMul": self.per_unit("MatMul")}
+
     def table_text(self) -> str:
         """The cost table of this CPU (:func:`amp_rewrite.rules.cost_table.format_table`)."""
         measured = {"cpu": hardware.describe(), "tensorflow": tf.__version__,
@@ -171,7 +180,8 @@ class Measurement:
                     "rounds": self.rounds, "shape": "x".join(map(str, self.shape)),
                     "quick": self.quick, "date": datetime.date.today().isoformat(),
                     "source": "amp-rewrite costs measure"}
-        return cost_table.format_table(self.rates(), self.unfused(), measured)
+        return cost_table.format_table(self.rates(), self.unfused(), measured,
+                                       self.saved_by_op())
 
 
 def measure(*, quick: bool = False, rounds: int | None = None,

@@ -13,7 +13,8 @@ never as the maximum: a 16-bit dtype holds them as they are.
 :meth:`Ranges.maxima` is what the conversion takes (``Options.calibration``): a node whose
 inputs or outputs come within ``headroom`` of the 16-bit dtype's largest value stays float32
 (code ``range``, :mod:`amp_rewrite.paint.calibrated`); :func:`format_ranges` is the ``ranges``
-command's table, the tensors closest to float16's limit first.
+command's table, the tensors closest to the target's limit first (``--target``: float16's 65504
+by default, bfloat16's 3.39e38).
 """
 
 from __future__ import annotations
@@ -109,10 +110,11 @@ class TensorRange:
             self.flushed[name] = self.flushed.get(name, 0) + int(
                 np.count_nonzero(nonzero <= SMALLEST_SUBNORMAL[dtype] / 2))
 
-    def to_dict(self, headroom: float = HEADROOM) -> dict:
+    def to_dict(self, headroom: float = HEADROOM, target: int = HALF) -> dict:
+        """Its figures; ``ratio`` and ``within_headroom`` of ``target``'s largest value."""
         return {"tensor": self.tensor, "op": self.op, "dtype": self.dtype,
-                "max_abs": self.max_abs, "ratio": self.ratio(),
-                "within_headroom": near_limit(self.max_abs, HALF, headroom),
+                "max_abs": self.max_abs, "ratio": self.ratio(target),
+                "within_headroom": near_limit(self.max_abs, target, headroom),
                 "values": self.values, "nonzero": self.nonzero, "nonfinite": self.nonfinite,
                 "subnormal": dict(self.subnormal), "flushed": dict(self.flushed)}
 
@@ -184,11 +186,13 @@ class Ranges:
         holding = sum(1 for t in self.tensors.values() if t.subnormal.get(name, 0))
         return (sub / nonzero if nonzero else 0.0, zero / nonzero if nonzero else 0.0, holding)
 
-    def to_dict(self, headroom: float = HEADROOM) -> dict:
-        limit = LARGEST[HALF] / headroom
-        return {"samples": self.samples, "largest": LARGEST[HALF], "headroom": headroom,
-                "limit": limit, "within_headroom": len(self.near(headroom)),
-                "tensors": [t.to_dict(headroom) for t in self.ranked()],
+    def to_dict(self, headroom: float = HEADROOM, target: int = HALF) -> dict:
+        """Every tensor's figures, against ``target``'s largest value."""
+        limit = LARGEST[target] / headroom
+        return {"samples": self.samples, "target": TARGET_NAMES[target],
+                "largest": LARGEST[target], "headroom": headroom,
+                "limit": limit, "within_headroom": len(self.near(headroom, target)),
+                "tensors": [t.to_dict(headroom, target) for t in self.ranked()],
                 "unrecorded": [{"tensor": name, "reason": reason, "why": UNRECORDED.get(reason, reason)}
                                for name, reason in self.unrecorded.items()]}
 
@@ -251,28 +255,32 @@ def _feed(sample: Sample, runner: Runner) -> dict[str, np.ndarray]:
     return {s.name: np.asarray(named[s.name]) for s in runner.inputs}
 
 
-def format_ranges(found: Ranges, top: int = 20, headroom: float = HEADROOM) -> str:
+def format_ranges(found: Ranges, top: int = 20, headroom: float = HEADROOM,
+                  target: int = HALF) -> str:
     """The ``ranges`` command's output: a line on what was recorded, the ``top`` tensors
-    closest to float16's largest value (the share of it each reaches, its largest magnitude,
-    op and name; ``*`` where it comes within ``headroom``, so ``--calibration`` keeps the
-    nodes that produce and read it float32), the shares of small values each 16-bit dtype
-    loses, and what could not be recorded."""
-    largest, limit = LARGEST[HALF], LARGEST[HALF] / headroom
-    near = found.near(headroom)
+    closest to ``target``'s largest value (the share of it each reaches, its largest
+    magnitude, op and name; ``*`` where it comes within ``headroom``, so ``--calibration``
+    with that ``--target`` keeps the nodes that produce and read it float32), the shares of
+    small values each 16-bit dtype loses, and what could not be recorded."""
+    name = TARGET_NAMES[target]
+    largest, limit = LARGEST[target], LARGEST[target] / headroom
+    near = found.near(headroom, target)
     lines = [f"{len(found.tensors)} float tensors over {found.samples} sample(s); "
-             f"{len(near)} within the headroom {headroom:g} of float16's largest value "
-             f"{largest:g} (max |x| >= {limit:.4g}, marked *: --calibration keeps the nodes "
+             f"{len(near)} within the headroom {headroom:g} of {name}'s largest value "
+             f"{largest:.6g} (max |x| >= {limit:.4g}, marked *: --calibration keeps the nodes "
              "that compute and read them float32)"]
     shown = found.ranked()[:top]
     if shown:
         width = max(len(t.op) for t in shown)
-        lines.append(f"  {'of 65504':>9}  {'max |x|':>9}  {'op':<{width}}  tensor")
+        lines.append(f"  {'of ' + format(largest, '.3g' if largest > 1e6 else 'g'):>9}  {'max |x|':>9}  "
+                     f"{'op':<{width}}  tensor")
     for t in shown:
-        mark = "*" if near_limit(t.max_abs, HALF, headroom) else " "
-        note = "  (past float16's range: inf there)" if t.max_abs > largest else ""
+        mark = "*" if near_limit(t.max_abs, target, headroom) else " "
+        note = f"  (past {name}'s range: inf there)" if t.max_abs > largest else ""
         if t.nonfinite:
             note += f"  ({t.nonfinite} inf/nan in float32 itself)"
-        lines.append(f"{mark} {t.ratio():>9.3g}  {t.max_abs:>9.3g}  {t.op:<{width}}  {t.tensor}{note}")
+        lines.append(f"{mark} {t.ratio(target):>9.3g}  {t.max_abs:>9.3g}  {t.op:<{width}}  "
+                     f"{t.tensor}{note}")
     for dtype in LOW_PRECISION:
         sub, zero, holding = found.shares(dtype)
         name = TARGET_NAMES[dtype]

@@ -51,10 +51,10 @@ from ..core.ops import (
     IF_OPS,
     TABLE_WRITES,
     WHILE_OPS,
-    is_variable_write,
 )
 from ..io.load import Model
 from ..schema.functiondef import reachable
+from ..schema.opdefs import is_variable_write
 from ..training.state import SCOPE
 from .analysis import SCALED_SUFFIX, UNSCALED_SUFFIX
 from .traces import TensorInfo, Trace, downstream, tensor_name

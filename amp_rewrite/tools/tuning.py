@@ -316,6 +316,24 @@ class TuneResult:
     matrix_before: dict = field(default_factory=dict)
     matrix_after: dict = field(default_factory=dict)
 
+    def float32_model(self) -> str | None:
+        """Where the result computes none of its matrix ops in 16 bits: the sentence convert
+        says of such an output (:meth:`~amp_rewrite.report.decisions.Report.float32_model`)
+        and why: the tolerance, where tune's keeps made it so (the painted graph ran some in
+        16 bits), else the painting it started from; None otherwise. Only a passing result
+        is written, and it is no plain success: the summary, the command and the page say
+        so."""
+        text = self.report.float32_model()
+        if text is None:
+            return None
+        if self.matrix_before.get("lowp"):
+            return (f"{text}; why: the tolerance: tune kept float32 the "
+                    f"{self.matrix_before['lowp']} matrix op(s) the painted graph ran in "
+                    f"{self.target} to meet {self.metric} <= {self.tolerance:g}"
+                    f"{self._margin_note()} on its {self.samples} sample(s) (a looser "
+                    "--tolerance keeps fewer; a float32 model gains no speed)")
+        return f"{text}; why: the painted graph tune started from was one already"
+
     @property
     def mostly_float32(self) -> bool:
         """The painted graph tune started from runs at most half its matrix ops in 16 bits:
@@ -348,7 +366,8 @@ class TuneResult:
                 "trials": self.trials, "before": self.before, "after": self.after,
                 "kept": len(self.kept), "forced": len(self.forced),
                 "holdout_after": self.holdout_after, "holdout_failure": self.holdout_failure,
-                "target": self.target, "summary": self.summary()}
+                "target": self.target, "float32_model": self.float32_model(),
+                "summary": self.summary()}
 
     def _margin_note(self) -> str:
         if self.error_margin == 1:
@@ -363,7 +382,9 @@ class TuneResult:
                  f"{self.trials} trials in {self.seconds:.1f} s; {len(self.kept)} node(s) kept "
                  f"in float32; nodes in low precision {self.lowp_before} -> {self.lowp_after}",
                  self.start_line()]
-        if self.mostly_float32:
+        if self.ok and (float32 := self.float32_model()):
+            lines.insert(0, f"tuned to a float32 model, no plain success: {float32}")
+        elif self.mostly_float32:
             lines.append(f"note: the result is mostly float32 ({self.matrix_after['lowp']} of "
                          f"{self.matrix_after['total']} matrix ops in {self.target}): it "
                          "meets the tolerance, but gains little speed")
@@ -815,7 +836,9 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
             raise InputError("tune: give the samples once, as inputs= (the command's --inputs) "
                              "or as feeds=, not both")
         feeds = inputs
-    opts = Options(**options)
+    # a SavedModel's trials keep its variables (what convert freezes by default renames the
+    # nodes the search keeps float32 by name)
+    opts = Options(**{"freeze": False, **options})
     opts.check()
     search = search_settings(metric, tolerance, opts.target, max_trials=max_trials,
                              headroom=headroom, error_margin=error_margin, relax=relax,
@@ -831,6 +854,8 @@ def tune(model: str | os.PathLike | Model, output: str | os.PathLike | None = No
                          outputs=outputs, init_ops=init_ops, progress=progress,
                          allow_holdout_failure=allow_holdout_failure)
         result.seconds = time.perf_counter() - started
+        if result.ok and (float32 := result.float32_model()):
+            result.report.warnings.append(float32)   # as convert's report holds its own
         if result.ok and out_paths is not None:
             _write(result, model, opts, out_paths, report, force, pages or {})
     return result

@@ -65,7 +65,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..core.dtypes import BFLOAT16, FLOAT, HALF, LARGEST, TARGET_NAMES, TARGETS
+from ..core.dtypes import BFLOAT16, FLOAT, HALF, LARGEST, TARGET_NAMES, TARGETS, held
 from ..core.errors import InputError
 from .runner import (
     GraphRunner,
@@ -359,6 +359,22 @@ class NodeError:
     added: float                # rel_l2 minus the largest rel_l2 among its compared inputs
     beyond_range: int = 0       # elements past the dtype's range held as ±inf (ErrorStats)
     harmless: bool = True       # ... which agree: a constant mask no consumer turns into an error
+    data_driven: bool = False   # ... past the range by the data's doing, not a constant mask's
+    differs: bool = False       # ... carried down to a tensor non-finite where float32 is not
+
+    def beyond_words(self, dtype: str) -> str:
+        """What its elements past ``dtype``'s range mean, for the ranking's line ("" if none)."""
+        if not self.beyond_range:
+            return ""
+        if self.harmless:
+            why = "a constant mask: no consumer's result changes"
+        elif self.data_driven:
+            why = ("the data drives it there, an overflow whatever the consumers show on this "
+                   "batch (the next batch's sign may differ)")
+            why += "; a consumer's result differs" if self.differs else ""
+        else:
+            why = "a constant mask, but a consumer's result differs"
+        return f"{self.beyond_range} past {dtype}'s range as ±inf: {why}"
 
 
 #: why ``--per-node`` could not compare a tensor (:class:`Uncompared`), by reason code
@@ -439,7 +455,7 @@ class VerifyResult:
                 "nodes": [asdict(n) for n in self.nodes], "nodes_compared": self.nodes_compared,
                 "per_node": self.per_node,
                 "uncompared": [dict(asdict(u), why=u.why) for u in self.uncompared],
-                "ranges": [t.to_dict() for t in self.ranges]}
+                "ranges": [t.to_dict(target=TARGETS.get(c.dtype, HALF)) for t in self.ranges]}
 
 
 def lowest_dtype(runner: Runner) -> int:
@@ -454,15 +470,7 @@ def _dtypes_in(runner: Runner) -> set[int]:
     else:
         graph_def = runner.fn.graph.as_graph_def()
     nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    found = set()
-    for node in nodes:
-        for value in node.attr.values():
-            kind = value.WhichOneof("value")
-            if kind == "type":
-                found.add(value.type)
-            elif kind == "list":
-                found.update(value.list.type)
-    return found
+    return set().union(*map(held, nodes))
 
 
 def feed_sets(runner: Runner, inputs: str | None, samples: int, shapes: Mapping,
@@ -645,14 +653,15 @@ def attribute(original: Runner, converted: Runner, feeds: Sequence[Mapping],
             skipped.setdefault(name, reason)
     for name in skipped:
         stats.pop(name, None)
-    harmful = _harmful_infinities(info, stats, ranges, crit.limit)
+    data, differs = _harmful_infinities(info, stats, ranges, crit.limit)
+    harmful = data | differs
     errors = {name: math.inf if name in harmful else s.rel_l2 for name, s in stats.items()}
     ranked = []
     for name, s in stats.items():
         inherited = [errors[i] for i in _float_sources(name, info, stats)]
         ranked.append(NodeError(name, info[name].op, dtypes.get(name, info[name].dtype),
                                 errors[name], _added(errors[name], max(inherited, default=0.0)),
-                                s.beyond, name not in harmful))
+                                s.beyond, name not in harmful, name in data, name in differs))
     ranked.sort(key=lambda n: (-n.added, info[n.tensor].order))
     compared = {n.tensor: n.dtype for n in ranked}
     return Attribution(ranked, info, compared, skipped, ranges)
@@ -684,27 +693,28 @@ def _has_tensor(runner: GraphRunner, name: str) -> bool:
 
 
 def _harmful_infinities(info: Mapping, stats: Mapping[str, ErrorStats], ranges: Ranges,
-                        limit: float) -> set[str]:
-    """The tensors whose ±inf past the dtype's range (``ErrorStats.beyond``) count as errors.
-    Every one the data drives past the range: not a constant mask
-    (:func:`~amp_rewrite.tools.masks.constant_masks` on the original's trace and ``ranges``),
-    even where nothing after it shows harm on these samples, since the sign of the next
-    batch's overflow, and so the harm, is the data's. And a constant mask whose infinities
-    reach a tensor holding a non-finite value the original does not, through an unbroken path
-    of such tensors: its infinities are that tensor's cause (``mask * 0`` is NaN in float16).
-    Only a constant mask no consumer turns into an error (a -1e9 mask a softmax turns into
-    zeros) agrees."""
+                        limit: float) -> tuple[set[str], set[str]]:
+    """The tensors whose ±inf past the dtype's range (``ErrorStats.beyond``) count as errors,
+    in two sets, which may meet. First, every one the data drives past the range: not a
+    constant mask (:func:`~amp_rewrite.tools.masks.constant_masks` on the original's trace
+    and ``ranges``), even where nothing after it shows harm on these samples, since the sign
+    of the next batch's overflow, and so the harm, is the data's. Second, every one whose
+    infinities reach a tensor holding a non-finite value the original does not, through an
+    unbroken path of such tensors: its infinities are that tensor's cause (``mask * 0`` is
+    NaN in float16). Only a constant mask no consumer turns into an error (a -1e9 mask a
+    softmax turns into zeros) agrees."""
     carrying = {name for name, s in stats.items() if s.beyond}
     if not carrying:
-        return set()
-    harmful = carrying - constant_masks(info, ranges.tensors, limit, carrying)
+        return set(), set()
+    data = carrying - constant_masks(info, ranges.tensors, limit, carrying)
+    differs: set[str] = set()
     todo = [name for name, s in stats.items() if s.nonfinite]
     while todo:
         for source in _float_sources(todo.pop(), info, stats):
-            if source in carrying and source not in harmful:
-                harmful.add(source)
+            if source in carrying and source not in differs:
+                differs.add(source)
                 todo.append(source)
-    return harmful
+    return data, differs
 
 
 def _float_sources(name: str, info: Mapping, stats: Mapping) -> set[str]:
@@ -789,6 +799,20 @@ def format_result(result: VerifyResult, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _ranges_line(result: VerifyResult) -> str:
+    """The original's largest tensors, as shares of the converted model's 16-bit dtype's
+    largest value (float16's 65504, bfloat16's 3.39e38; a float32 model: magnitudes only)."""
+    target = TARGETS.get(result.criteria.dtype)
+    if target is None:
+        return ("largest in the original (amp-rewrite ranges lists more): " + ", ".join(
+            f"{t.tensor} ({t.op}) max |x| {t.max_abs:.3g}" for t in result.ranges))
+    return (f"closest to {result.criteria.dtype}'s largest value {LARGEST[target]:.6g} in the "
+            f"original (amp-rewrite ranges --target {result.criteria.dtype} lists more): "
+            + ", ".join(
+                f"{t.tensor} ({t.op}) max |x| {t.max_abs:.3g} = {t.ratio(target):.3g} of it"
+                for t in result.ranges))
+
+
 def _format_nodes(result: VerifyResult, top: int) -> list[str]:
     """The per-node ranking's lines, then what could not be compared, by reason."""
     shown = result.nodes[:top]
@@ -796,16 +820,12 @@ def _format_nodes(result: VerifyResult, top: int) -> list[str]:
              "their inputs (relative L2)"]
     w = max((len(n.tensor) for n in shown), default=0)
     for i, n in enumerate(shown, 1):
-        beyond = "" if not n.beyond_range else (
-            f"  ({n.beyond_range} past {result.criteria.dtype}'s range as ±inf: "
-            + ("no consumer's result changes)" if n.harmless else "a consumer's result differs)"))
+        words = n.beyond_words(result.criteria.dtype)
+        beyond = f"  ({words})" if words else ""
         lines.append(f"{i:>3}. {n.tensor:<{w}}  {n.op:<16} {n.dtype:<9} added {n.added:.3g}  "
                      f"total {n.rel_l2:.3g}{beyond}")
     if result.ranges:
-        lines.append(f"closest to float16's largest value {LARGEST[HALF]:g} in the original "
-                     "(amp-rewrite ranges lists more): " + ", ".join(
-                         f"{t.tensor} ({t.op}) max |x| {t.max_abs:.3g} = {t.ratio():.3g} of it"
-                         for t in result.ranges))
+        lines.append(_ranges_line(result))
     if result.uncompared:
         total = sum(u.count for u in result.uncompared)
         lines.append(f"not compared: {total} tensor(s)")

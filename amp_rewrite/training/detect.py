@@ -5,7 +5,8 @@ a ``Fill`` of ones under a ``gradients/`` name scope (``gradients/grad_ys_0`` or
 ``gradients/Fill``); one built with ``tf.GradientTape`` starts at a Const of ones read only by
 nodes under ``gradient_tape/``. The gradients are the float tensors that leave that scope
 (moved past an all-reduce that reads them, so every replica checks the same values); the
-updates are the variable writes (Apply*, ResourceApply*, the sparse ones, Assign*, Scatter*)
+updates are the variable writes (Apply*, ResourceApply*, the sparse ones, Assign*, the
+Scatter* ops that write a variable; :func:`~amp_rewrite.schema.opdefs.is_variable_write`)
 that read them.
 
 Everything here only reads the graph. The backprop scope and what counts as training are
@@ -20,10 +21,10 @@ from dataclasses import dataclass, field
 from ..core.dtypes import CONVERTIBLE
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import Graph, TensorRef
-from ..core.ops import ALL_REDUCE_OPS, is_variable_write
+from ..core.ops import ALL_REDUCE_OPS
 from ..schema.backprop import backprop_scope, trains
 from ..schema.consts import is_all_ones
-from ..schema.opdefs import output_dtype
+from ..schema.opdefs import is_variable_write, output_dtype
 
 _SEED_LEAF = re.compile(r"^(?:Fill|grad_ys_\d+)$")
 
@@ -167,8 +168,8 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
     if not trained:
         if grads or loss:
             raise UnsupportedGraphError(
-                "the seed given with --grad/--loss reaches no variable update (Apply*, Assign*, "
-                "Scatter*): nothing to loss-scale")
+                "the seed given with --grad/--loss reaches no variable write (an optimizer's "
+                "Apply*, an Assign*, a variable's Scatter*): nothing to loss-scale")
         return None
     if not seeds:
         raise UnsupportedGraphError(
@@ -189,8 +190,9 @@ def find_backprop(graph: Graph, *, loss: str | None = None, grads: list[str] = (
     if not gradients or not updates:
         raise UnsupportedGraphError(
             f"found backprop seed(s) {', '.join(seeds)} but could not tell which tensors are the "
-            "gradients the updates read (they do not leave a gradients/ or gradient_tape/ scope); "
-            "name the seed with --grad")
+            "gradients the updates read: no float tensor leaving the backward pass's gradients/ "
+            "or gradient_tape/ scope reaches a variable write (an update made inside that scope "
+            "reads them there); convert with --loss-scale none, or --target bfloat16")
     return Backprop([s for s in graph.names() if s in seeds], gradients, updates, reduced)
 
 

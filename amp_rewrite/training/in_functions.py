@@ -54,7 +54,7 @@ from ..check.input import check_input
 from ..core.dtypes import CONVERTIBLE, FLOAT
 from ..core.errors import InputError, LintError, UnsupportedGraphError
 from ..core.ir import Node, TensorRef
-from ..core.ops import CALL_OPS, is_variable_write
+from ..core.ops import CALL_OPS
 from ..schema.functiondef import (
     FunctionGraph,
     called_functions,
@@ -69,6 +69,7 @@ from ..schema.opdefs import (
     graph_with_defaults,
     input_dtype,
     invalidate,
+    is_variable_write,
     node_types,
     op_def,
     output_dtype,
@@ -330,12 +331,12 @@ def _write_attrs(body: _Body, name: str) -> dict:
 
 
 def _gate_writes(body: _Body, library, finite: TensorRef, seeds: list[str],
-                 branches: dict) -> tuple[list[str], list[str]]:
+                 gradients: list[TensorRef], branches: dict) -> tuple[list[str], list[str]]:
     """Every variable write of the step becomes an ``If`` of the same name whose then-branch is
     the write and whose else-branch does nothing; returns those and the writes the check itself
     waits on (gating them would make a cycle), which run on every step. A write the check waits
-    on that reads gradients (one tape's update, which a later tape's forward pass reads) would
-    write a non-finite step's gradients: refused, with the split that converts."""
+    on that reads gradients would write a non-finite step's gradients: refused
+    (:func:`_refuse_write_before_check`)."""
     graph = body.graph
     before_check = graph.ancestors([finite.node])
     from_gradients = graph.descendants(seeds)
@@ -344,12 +345,7 @@ def _gate_writes(body: _Body, library, finite: TensorRef, seeds: list[str],
         if not is_variable_write(node.op):
             continue
         if node.name in before_check and node.name in from_gradients:
-            raise UnsupportedGraphError(
-                f"function {body.name!r} applies gradients ({node.name!r}, {node.op}) before "
-                "the gradients of another tape are computed, which wait on that write: one "
-                "finiteness check over the step cannot skip it. Split the step into one "
-                "tf.function per tape, called from the step: each is then scaled and checked on "
-                "its own (docs/training.md \"Several tapes in one step\")")
+            _refuse_write_before_check(body, node, seeds, gradients)
         if node.name in before_check:
             ungated.append(f"{node.name} ({node.op})")
             continue
@@ -364,6 +360,35 @@ def _gate_writes(body: _Body, library, finite: TensorRef, seeds: list[str],
         gated.append(f"{node.name} ({node.op})")
         _become_if(body, node, finite, tin, then_name, else_name)
     return gated, ungated
+
+
+def _refuse_write_before_check(body: _Body, node: Node, seeds: list[str],
+                               gradients: list[TensorRef]) -> None:
+    """Refuse write ``node``, which reads gradients and which the finiteness check waits on,
+    saying which gradients wait on it. Those of another seed: the step applies one tape's
+    gradients before the next tape's are computed (an alternating GAN), and its split into one
+    tf.function per tape converts. Only those of its own seeds: the write sits inside the
+    backward pass (a custom gradient that writes a variable and reads it back), and no split
+    helps."""
+    graph = body.graph
+    after = graph.descendants([node.name], control=True)
+    computed = {s: graph.descendants([s]) for s in seeds}
+    own = [s for s in seeds if node.name in computed[s]]
+    later = [s for s in seeds if s not in own
+             and any(g.node in after and g.node in computed[s] for g in gradients)]
+    if later:
+        raise UnsupportedGraphError(
+            f"function {body.name!r} applies gradients ({node.name!r}, {node.op}) before "
+            f"the gradients of another tape (seed {later[0]!r}) are computed, which wait on "
+            "that write: one finiteness check over the step cannot skip it. Split the step into "
+            "one tf.function per tape, called from the step: each is then scaled and checked on "
+            "its own (docs/training.md \"Several tapes in one step\")")
+    raise UnsupportedGraphError(
+        f"function {body.name!r} writes a variable ({node.name!r}, {node.op}) from the "
+        f"gradients of seed {own[0]!r}, and gradients of the same seed wait on that write "
+        "(such as a custom gradient that writes a variable and reads it back): the step's one "
+        "finiteness check comes after it, so an overflowing step cannot skip it; convert with "
+        "--loss-scale none, or --target bfloat16")
 
 
 def _become_if(body: _Body, node: Node, finite: TensorRef, tin: list[int], then_name: str,
@@ -461,8 +486,8 @@ def _scale_function(body: _Body, library, config: ScaleConfig, branches: dict) -
     scale = reads[0]
     for seed in seeds:   # one scale for every tape: one step, one check (module docstring)
         _scale_seed(body, seed, scale)
-    finite, gradients = _unscale_and_check(body, gradients, scale)
-    gated, ungated = _gate_writes(body, library, finite, seeds, branches)
+    finite, unscaled = _unscale_and_check(body, gradients, scale)
+    gated, ungated = _gate_writes(body, library, finite, seeds, gradients, branches)
     updates = _next_state(body, config, finite, handles, reads)
     # the step runs them, and its results wait on them, as TF2's automatic control
     # dependencies make every result wait on every stateful op
@@ -474,7 +499,7 @@ def _scale_function(body: _Body, library, config: ScaleConfig, branches: dict) -
         producer = body.graph.input(ret, 0).node
         if producer not in body.fg.args:
             body.graph.add_control_edge(group, producer)
-    return _Found(body.name, seeds, [_function_ref(body, g) for g in gradients], gated, ungated)
+    return _Found(body.name, seeds, [_function_ref(body, g) for g in unscaled], gated, ungated)
 
 
 def _scale_seed(body: _Body, seed: str, scale: TensorRef) -> None:

@@ -18,8 +18,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from ..core.dtypes import BOOL, FLOAT, INT64
 from ..core.ir import Graph, TensorRef
-from ..core.ops import is_variable_write
-from ..schema.opdefs import output_dtype
+from ..schema.opdefs import is_variable_write, output_dtype
 from . import nodes as nd
 from .config import ScaleConfig
 from .detect import Backprop, backprop_scope
