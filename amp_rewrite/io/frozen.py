@@ -28,9 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tensorflow as tf
-from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow.python.eager import def_function, wrap_function
+from tensorflow.python.framework import ops
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+from tensorflow.python.saved_model import fingerprinting_utils
 from tensorflow.python.trackable import resource as trackable_resource
 from tensorflow.python.util import nest
 
@@ -272,7 +275,42 @@ def _freeze_one(path: Path, key: str, fn, resources: dict):
     if len(inputs) != data:
         raise UnsupportedGraphError(f"{path}: signature {key!r}: an input was lost in freezing")
     outputs = [t.name for t in frozen.outputs]
-    return frozen.graph.as_graph_def(), inputs, outputs, tables, variables
+    fed = {name.split(":")[0] for name in inputs} | set(tables)
+    return _canonical(frozen.graph.as_graph_def(), fed), inputs, outputs, tables, variables
+
+
+def _canonical(graph_def: graph_pb2.GraphDef, fed: set[str]) -> graph_pb2.GraphDef:
+    """``graph_def`` the same in every run: without the Placeholders nothing reads and nothing
+    feeds, nor the ``_has_manual_control_dependencies`` marks, its nodes in name order.
+
+    Freezing prunes the function through ``lift_to_graph``, which walks a set: the order of
+    the nodes it copies changes from one Python process to the next, and so does the number
+    of ``unused_control_flow_input`` placeholders it puts in for loop inputs not copied yet
+    (then rewires their readers to the copies), marking the nodes it gives control inputs
+    that way for tf.function's automatic control dependencies, which a frozen graph imported
+    whole never meets. A conversion is deterministic (tests/test_determinism.py): the frozen
+    graph is put in one order, those dropped."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    out.node.extend(sorted(_live(graph_def.node, fed), key=lambda node: node.name))
+    for node in out.node:
+        if _MANUAL_CONTROL in node.attr:
+            del node.attr[_MANUAL_CONTROL]
+    return out
+
+
+_MANUAL_CONTROL = "_has_manual_control_dependencies"
+
+
+def _live(nodes, fed: set[str]) -> list:
+    """``nodes`` (of a GraphDef or a function body) but the Placeholders nothing among them
+    reads and that are not in ``fed``: the ones ``lift_to_graph`` leaves (see :func:`_canonical`)."""
+    read = set()
+    for node in nodes:
+        read.update(name.lstrip("^").split(":")[0] for name in node.input)
+    return [node for node in nodes
+            if node.op != "Placeholder" or node.name in read or node.name in fed]
 
 
 def _signature_def(fn, inputs: list[str], outputs: list[str]) -> meta_graph_pb2.SignatureDef:
@@ -326,6 +364,9 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     keys, dtypes and shapes, its lookup tables tracked (with their initializers and assets).
     Signatures that run the same graph on the same tensors share its function, so its weights
     are written once."""
+    # the functions traced here are numbered on from TensorFlow's process-wide counter, which
+    # freezing and pruning (lift_to_graph) move on by a number that changes from run to run
+    first = ops.uid()
     module = tf.Module()
     module.amp_lookup_tables = list(frozen.tables)
     functions, signatures = {}, {}
@@ -345,6 +386,89 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     # a frozen graph serves: no custom gradient is saved (nor any gradient function traced)
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
     tf.saved_model.save(module, str(folder), signatures=signatures, options=options)
+    _in_one_order(Path(folder), first)
+
+
+def _in_one_order(folder: Path, first: int) -> None:
+    """The SavedModel TensorFlow wrote in ``folder`` made the same in every run, its
+    fingerprint written again for it: its functions, and their nodes, in name order, without
+    the placeholders nothing reads and the ``_has_manual_control_dependencies`` marks
+    (``function_from_graph_def`` copies a graph's nodes in the order it walks a set, which
+    changes from one Python process to the next), the functions traced since TensorFlow's
+    counter stood at ``first`` numbered 0, 1, ... in the order they were traced (the counter
+    moves on between them by as much as the same sets' walks take: where that names no
+    function twice). The same
+    conversion writes the same bytes in every run, but the fingerprint's uuid."""
+    path = folder / "saved_model.pb"
+    model = saved_model_pb2.SavedModel()
+    model.ParseFromString(path.read_bytes())
+    for meta in model.meta_graphs:
+        names = {f.signature.name for f in meta.graph_def.library.function}
+        traced = []
+        for name in names:
+            stem, _, number = name.rpartition("_")
+            if name.startswith("__inference_") and number.isdigit() and int(number) >= first:
+                traced.append((int(number), stem, name))
+        renamed = {name: f"{stem}_{rank}" for rank, (_, stem, name) in enumerate(sorted(traced))}
+        if len(set(renamed.values()) | (names - set(renamed))) != len(names):
+            renamed = {}
+        for function in meta.graph_def.library.function:
+            returned = set(function.ret.values()) | set(function.control_ret.values())
+            nodes = sorted(_live(function.node_def, {r.split(":")[0] for r in returned}),
+                           key=lambda node: node.name)
+            del function.node_def[:]
+            function.node_def.extend(nodes)
+            for node in function.node_def:
+                if _MANUAL_CONTROL in node.attr:   # marked as it walked: see _canonical
+                    del node.attr[_MANUAL_CONTROL]
+        if renamed:
+            _rename_functions(meta, renamed)
+        library = meta.graph_def.library
+        functions = sorted(library.function, key=lambda f: f.signature.name)
+        del library.function[:]
+        library.function.extend(functions)
+    path.write_bytes(model.SerializeToString(deterministic=True))
+    fingerprinting_utils.write_fingerprint(str(folder))
+
+
+def _rename_functions(meta: meta_graph_pb2.MetaGraphDef, renamed: dict[str, str]) -> None:
+    """Every function of ``meta`` named in ``renamed`` called by its new name, wherever a
+    SavedModel names one: the library, its gradients, function attrs of graph and function
+    nodes, the object graph's concrete functions."""
+    library = meta.graph_def.library
+    for function in library.function:
+        function.signature.name = renamed.get(function.signature.name, function.signature.name)
+    for gradient in library.gradient:
+        gradient.function_name = renamed.get(gradient.function_name, gradient.function_name)
+        gradient.gradient_func = renamed.get(gradient.gradient_func, gradient.gradient_func)
+
+    def attrs(value):
+        if value.HasField("func"):
+            value.func.name = renamed.get(value.func.name, value.func.name)
+            for inner in value.func.attr.values():
+                attrs(inner)
+        elif value.HasField("list"):
+            for func in value.list.func:
+                func.name = renamed.get(func.name, func.name)
+
+    for nodes in [meta.graph_def.node] + [f.node_def for f in library.function]:
+        for node in nodes:
+            for value in node.attr.values():
+                attrs(value)
+    objects = meta.object_graph_def
+    for old, new in renamed.items():
+        if old in objects.concrete_functions:
+            objects.concrete_functions[new].CopyFrom(objects.concrete_functions[old])
+            del objects.concrete_functions[old]
+    for obj in objects.nodes:
+        if obj.HasField("function"):
+            names = [renamed.get(n, n) for n in obj.function.concrete_functions]
+            del obj.function.concrete_functions[:]
+            obj.function.concrete_functions.extend(names)
+        elif obj.HasField("bare_concrete_function"):
+            bare = obj.bare_concrete_function
+            bare.concrete_function_name = renamed.get(bare.concrete_function_name,
+                                                      bare.concrete_function_name)
 
 
 def _serving_graph(graph_def):
