@@ -2,8 +2,9 @@
 
 Builds the ``benchmarks/scaling.py`` graphs once, then converts each in fresh processes of two
 checkouts of this repository, alternating (before, after, before, after ...), so drift in the
-machine's speed falls on both; medians of ``--runs``. ``--before`` is a revision (checked out in
-a temporary git worktree), ``--after`` a revision or, by default, this working tree.
+machine's speed falls on both; medians of ``--runs`` of each conversion's CPU time.
+``--before`` is a revision (checked out in a temporary git worktree), ``--after`` a revision
+or, by default, this working tree.
 ``--write LABEL`` adds a row per graph to the "Conversion speed, change by change" section of
 BENCHMARKS.md (earlier rows are kept: the section is the change history).
 
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import scaling
-from benchmd import BENCHMARKS, write_section
+from benchmd import BENCHMARKS, commit, provenance, write_section
 
 SECTION = "## Conversion speed, change by change"
 
@@ -48,7 +49,7 @@ def compare(paths: dict[str, Path], graphs: dict[str, Path], runs: int) -> list[
                 got[side].append(scaling.convert_in_child(file, who, cwd=paths[side]))
         row = {"graph": graph, "bytes": file.stat().st_size}
         for side, results in got.items():
-            row[side + "_s"] = statistics.median(r["seconds"] for r in results)
+            row[side + "_s"] = statistics.median(r["cpu_seconds"] for r in results)
             row[side + "_mb"] = statistics.median(r["peak_kib"] - r["base_kib"] for r in results) / 1024
         rows.append(row)
         print(row, flush=True)
@@ -66,16 +67,22 @@ def lines(rows: list[dict], label: str, before: str, runs: int) -> list[str]:
     return out
 
 
-def write(new_lines: list[str]) -> None:
+def write(new_lines: list[str], label: str, measured: str) -> None:
+    """The section with ``new_lines`` added to its rows; the notes under its heading and the
+    paragraphs that say where earlier rows were measured are kept, and one is added for these:
+    ``measured`` (date, CPU, load as the run started, the command) and the commit measured as
+    "after"."""
     text = BENCHMARKS.read_text() if BENCHMARKS.exists() else ""
     start = text.find(SECTION + "\n")
-    old_rows = []
+    old_rows, notes, rows_said = [], [], []
     if start >= 0:
         end = text.find("\n## ", start + len(SECTION))
         body = text[start:end if end >= 0 else len(text)]
         old_rows = [ln for ln in body.splitlines()
                     if ln.startswith("| ") and not ln.startswith(("| change ", "| ---"))]
-    head = [f"{SECTION}\n",
+        notes = [ln for ln in body.splitlines() if ln.startswith("*") and ln.endswith("*")]
+        rows_said = [ln for ln in body.splitlines() if ln.startswith("Rows \"")]
+    head = [f"{SECTION}\n", *(n + "\n" for n in notes),
             "`benchmarks/changes.py`: each change to the conversion, its parent commit against "
             "it, converting the same `benchmarks/scaling.py` graphs in fresh processes of the two "
             "checkouts in turn (median of the runs; in-process `convert(gd, target=\"bfloat16\", "
@@ -83,10 +90,15 @@ def write(new_lines: list[str]) -> None:
             f"speed\"). Measured on {platform.machine()}, {os.cpu_count()} cores "
             f"({scaling.hardware.describe()}), TensorFlow {scaling.tf.__version__}. The machine's "
             "speed drifts by a fifth between minutes: read single rows' seconds with that in "
-            "mind; peak memory does not drift.\n",
+            "mind; peak memory does not drift. Seconds are the conversion's wall time up to the "
+            "rows of issue 41 item 5, its CPU time (`time.process_time`) from them on: on a "
+            "machine other jobs share, its wall time moved by a third between two runs of the "
+            "same rows.\n",
             "| change | graph | seconds before -> after | peak MB before -> after | before = | runs |",
             "| --- | --- | --- | --- | --- | --- |"]
-    write_section("\n".join(head + old_rows + new_lines) + "\n")
+    said = f'Rows "{label}": {measured} After = {commit()}.'
+    write_section("\n".join(head + old_rows + new_lines) + "\n\n"
+                  + "\n\n".join(rows_said + [said]) + "\n")
 
 
 def main() -> int:
@@ -99,6 +111,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--write", metavar="LABEL", help="add the rows to BENCHMARKS.md under LABEL")
     args = p.parse_args()
+    measured = provenance()   # the load as the run starts
     before = subprocess.run(["git", "-C", str(scaling.ROOT), "rev-parse", "--short", args.before],
                             capture_output=True, text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +135,7 @@ def main() -> int:
     new = lines(rows, args.write or "(not written)", before, args.runs)
     print("\n".join(new))
     if args.write:
-        write(new)
+        write(new, args.write, measured)
     return 0
 
 

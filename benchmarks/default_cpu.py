@@ -42,7 +42,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import provenance, publish  # noqa: E402
+from benchmd import provenance, publish, save_results  # noqa: E402
 from keras_models import set_batch_norms  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -84,22 +84,11 @@ def resnet_biased(size):
     return build
 
 
-def bert(seq=128, vocab=8000, layers=4, width=256, heads=4):
-    def build():
-        import keras
-        L, ops = keras.layers, keras.ops
-        ids = keras.Input((seq,), dtype="int32", name="tokens")
-        mask = ops.expand_dims(ops.not_equal(ids, 0), 1)
-        h = L.Embedding(vocab, width)(ids) + L.Embedding(seq, width)(ops.arange(seq))
-        h = L.LayerNormalization()(h)
-        for _ in range(layers):
-            a = L.MultiHeadAttention(heads, width // heads)(h, h, attention_mask=mask)
-            h = L.LayerNormalization()(h + a)
-            f = L.Dense(width)(L.Dense(4 * width, activation="gelu")(h))
-            h = L.LayerNormalization()(h + f)
-        pooled = L.Dense(width, activation="tanh")(h[:, 0])
-        return keras.Model(ids, L.Dense(2)(pooled))
-    return build
+def bert():
+    """The BERT-style encoder of BENCHMARKS.md "Serving SavedModels" (4 post-norm blocks 256
+    wide, 4 heads, the padding mask, GELU feed-forward 1024, 128 token ids)."""
+    from serving import bert as encoder
+    return encoder
 
 
 def vit(size=224, patch=16, layers=4, width=256, heads=4):
@@ -186,6 +175,62 @@ def models():
     }
 
 
+FROZEN_BATCH = 8
+
+
+def frozen_models():
+    """name -> (builder, input shape without the batch, value range): Keras models frozen to a
+    GraphDef at batch FROZEN_BATCH, as a TF1 server or a converter's user holds one."""
+    import keras
+    apps = keras.applications
+    return {"MobileNetV2 224": (_app(apps.MobileNetV2, 224), (224, 224, 3), 1.0),
+            "EfficientNetB0 224": (_app(apps.EfficientNetB0, 224), (224, 224, 3), 255.0),
+            "ResNet50 160, trained biases": (resnet_biased(160), (160, 160, 3), 1.0)}
+
+
+def freeze_graph(build, shape, path: Path) -> tuple[str, str]:
+    """The model frozen at batch FROZEN_BATCH into ``path``; its input and output tensors."""
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2)
+    model = build()
+    fn = tf.function(lambda x: model(x, training=False)).get_concrete_function(
+        tf.TensorSpec([FROZEN_BATCH, *shape], tf.float32, name="x"))
+    frozen = convert_variables_to_constants_v2(fn)
+    path.write_bytes(frozen.graph.as_graph_def().SerializeToString())
+    return frozen.inputs[0].name, frozen.outputs[0].name
+
+
+def measure_frozen(name: str, spec, rounds: int, seconds: float, tmp: Path) -> dict:
+    """A frozen graph as it is (FP32), under grappler's pass, converted by default, and
+    converted without folding (the default before issue 41), each timed in its own process."""
+    build, shape, value = spec
+    work = tmp / ("frozen_" + name.split()[0])
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / "fp32.pb"
+    x, y = freeze_graph(build, shape, src)
+    feeds = work / "feeds.npz"
+    np.savez(feeds, **{f"{x}@{FROZEN_BATCH}": feed(shape, value, FROZEN_BATCH)})
+    conversions, paths = {}, {"fp32": (str(src), False), "grappler": (str(src), True)}
+    for variant, extra in (("default", []), ("unfolded", ["--no-fold-constants"])):
+        out, report = work / f"{variant}.pb", work / f"{variant}.json"
+        p = amp(src, "-o", out, "--report", report, "--target", "bfloat16", "--device", "cpu",
+                "--force", *extra)
+        if p.returncode != 0:
+            conversions[variant] = {"error": (p.stdout + p.stderr).strip().splitlines()[-1]}
+            continue
+        rep = json.loads(report.read_text())
+        conversions[variant] = {"matrix": matrix(rep),
+                                "fusion": rep.get("fusion", {}).get("summary", "")}
+        paths[variant] = (str(out), False)
+    times = time_variants(paths, feeds, rounds, seconds, fetch=y)
+    row = {"name": name, "batch": FROZEN_BATCH, "conversions": conversions,
+           "times": {v: t[FROZEN_BATCH] for v, t in times.items()}}
+    print("frozen", name, summarize({"conversions": conversions, "times": row["times"]},
+                                    ("grappler", "default", "unfolded")), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
 def feed(shape, value, batch: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed + batch)
     if value is None:   # token ids with padding (id 0) after lengths 16..seq
@@ -213,20 +258,29 @@ def amp(*args) -> subprocess.CompletedProcess:
 
 
 def convert(src: Path, work: Path, key: str, shape, batch: int) -> dict:
-    """The conversions at ``batch``: variant -> (path, report dict)."""
+    """The conversions at ``batch`` (``amp-rewrite SRC -o OUT --target bfloat16 --device cpu
+    --shape KEY=B,...`` as a user runs it): variant -> its output, the report's estimate and
+    freeze entry, its matrix ops in bfloat16; ``--freeze`` is not run again where the default
+    froze (the same conversion)."""
     flags = ["--target", "bfloat16", "--device", "cpu", "--force",
              "--shape", ",".join(map(str, [f"{key}={batch}", *shape]))]
     out = {}
-    for variant, extra in (("default", []), ("freeze", ["--freeze"]),
-                           ("variables", ["--no-freeze"])):
+    for variant, extra in (("default", []), ("variables", ["--no-freeze"]),
+                           ("freeze", ["--freeze"])):
+        if variant == "freeze" and out.get("default", {}).get("frozen"):
+            out[variant] = {**out["default"], "same_as": "default"}
+            continue
         path, report = work / f"{variant}_{batch}", work / f"{variant}_{batch}.json"
         p = amp(src, "-o", path, "--report", report, *flags, *extra)
         if p.returncode != 0:
             out[variant] = {"error": (p.stdout + p.stderr).strip().splitlines()[-1]}
             continue
         rep = json.loads(report.read_text())
-        out[variant] = {"path": str(path), "summary": p.stdout.strip(),
-                        "estimate": rep.get("estimate"), "matrix": matrix(rep)}
+        out[variant] = {"path": str(path), "estimate": rep.get("estimate"),
+                        "frozen": rep.get("freeze", {}).get("frozen", True)
+                        if "freeze" in rep else False,
+                        "freeze": rep.get("freeze", {}).get("summary", ""),
+                        "matrix": matrix(rep)}
     return out
 
 
@@ -236,9 +290,10 @@ def matrix(report: dict) -> str:
     return f"{sum(n['precision'] == 'bfloat16' for n in ops)}/{len(ops)}"
 
 
-def time_variants(paths: dict, feeds: Path, rounds: int, seconds: float) -> dict:
+def time_variants(paths: dict, feeds: Path, rounds: int, seconds: float,
+                  fetch: str | None = None) -> dict:
     """variant -> batch -> [per-round median seconds], each variant in a process of its own,
-    the order rotating per round."""
+    the order rotating per round (``fetch``: frozen GraphDefs, the tensor to fetch)."""
     names = list(paths)
     times = {n: {} for n in names}
     for r in range(rounds):
@@ -246,7 +301,8 @@ def time_variants(paths: dict, feeds: Path, rounds: int, seconds: float) -> dict
         for name in names[k:] + names[:k]:
             path, grappler = paths[name]
             cmd = [sys.executable, str(HERE / "serve_worker.py"), path, str(feeds),
-                   "--seconds", str(seconds)] + (["--grappler"] if grappler else [])
+                   "--seconds", str(seconds)] + (["--grappler"] if grappler else []) + (
+                      ["--fetch", fetch] if fetch else [])
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
                 raise RuntimeError(f"{name}: {p.stderr.strip().splitlines()[-1:]}")
@@ -268,7 +324,8 @@ def measure(name: str, spec, rounds: int, seconds: float, tmp: Path) -> dict:
     for batch in BATCHES:
         conv = convert(src, work, key, shape, batch)
         paths = {"fp32": (str(src), False), "grappler": (str(src), True)}
-        paths.update({v: (c["path"], False) for v, c in conv.items() if "path" in c})
+        paths.update({v: (c["path"], False) for v, c in conv.items()
+                      if "path" in c and "same_as" not in c})
         bfeeds = work / f"feeds_{batch}.npz"
         np.savez(bfeeds, **{f"{key}@{batch}": feed(shape, value, batch)})
         times = time_variants(paths, bfeeds, rounds, seconds)
@@ -281,6 +338,8 @@ def measure(name: str, spec, rounds: int, seconds: float, tmp: Path) -> dict:
 
 def ratio(times: dict, variant: str) -> tuple[float, float, float]:
     base, mine = times["fp32"], times[variant]
+    if not mine:
+        return float("nan"), float("nan"), float("nan")
     med = float(np.median(base) / np.median(mine))
     per_round = [b / m for b, m in zip(base, mine)]
     return med, min(per_round), max(per_round)
@@ -300,10 +359,17 @@ def estimate_text(est: dict | None) -> str:
     return f"saves {net:.0f} µs"
 
 
-def summarize(b: dict) -> str:
+def _times(b: dict, variant: str) -> list[float]:
+    """A variant's per-round times (the default's where it was the same conversion)."""
+    same = b["conversions"].get(variant, {}).get("same_as")
+    return b["times"].get(same or variant, [])
+
+
+def summarize(b: dict, variants=VARIANTS[1:]) -> str:
     parts = [f"fp32 {np.median(b['times']['fp32']) * 1e3:.1f} ms"]
-    for v in VARIANTS[1:]:
-        if v in b["times"]:
+    for v in variants:
+        if _times(b, v):
+            b = {**b, "times": {**b["times"], v: _times(b, v)}}
             med, lo, hi = ratio(b["times"], v)
             parts.append(f"{v} {med:.2f}x ({lo:.2f}-{hi:.2f})")
         elif v in b["conversions"]:
@@ -311,6 +377,108 @@ def summarize(b: dict) -> str:
     est = b["conversions"].get("default", {}).get("estimate")
     parts.append(f"estimate {estimate_text(est)}")
     return "; ".join(parts)
+
+
+def _cell(b: dict, variant: str) -> str:
+    if variant in b["conversions"] and "error" in b["conversions"][variant]:
+        return "fails"
+    times = _times(b, variant)
+    if not times:
+        return "-"
+    med, lo, hi = ratio({"fp32": b["times"]["fp32"], variant: times}, variant)
+    return f"{med:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def _estimate_cell(b: dict) -> str:
+    """The default conversion's estimate: the matrix work's speed-up it weighed (float32 time
+    over float32 less what bfloat16 saves net), or that it could not weigh some."""
+    est = b["conversions"].get("default", {}).get("estimate")
+    if not est:
+        return "none"
+    if est.get("unknown"):
+        return f"not weighed ({est['unknown']} matrix ops)"
+    net = est["saved_us"] - est["lost_us"]
+    if not est.get("fp32_us") or net >= est["fp32_us"]:
+        return "-"
+    return f"{est['fp32_us'] / (est['fp32_us'] - net):.2f}x"
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v == v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def done_when(result: dict) -> list[tuple[str, bool]]:
+    """Issue 41's conditions on this table."""
+    lows = [(r["name"], batch, ratio(b["times"], "default")[0])
+            for r in result["rows"] for batch, b in r["batches"].items()]
+    worst = min(lows, key=lambda x: x[2])
+    checks = [(f"the default conversion at least 0.95x FP32 on every model and batch (lowest "
+               f"{worst[2]:.2f}x: {worst[0]}, batch {worst[1]})", worst[2] >= 0.95)]
+    frozen = [(r["name"], ratio(r["times"], "default")[0] / ratio(r["times"], "grappler")[0])
+              for r in result.get("frozen", [])]
+    if frozen:
+        name, least = min(frozen, key=lambda x: x[1])
+        checks.append((f"on frozen graphs the default conversion at least grappler's pass, "
+                       f"within 5% (the rounds' noise; lowest {least:.2f}x grappler's speed: "
+                       f"{name})", least >= 0.95))
+    return checks
+
+
+def table(result: dict) -> str:
+    """The section (rendered again from the kept result by tests/test_docs.py)."""
+    lines = [SECTION, "", result["provenance"], "",
+             "`benchmarks/default_cpu.py` (issue 41 item 6): Keras models as users export them "
+             "(random weights, batch norms given trained-looking statistics), each converted as "
+             "a user converts it, `amp-rewrite SAVEDMODEL -o OUT --target bfloat16 --device cpu "
+             "--shape KEY=B,...` told the batch it is timed at (**default**), with "
+             "`--no-freeze` (**variables kept**: the conversion before issue 41) and with "
+             "`--freeze` (the same as the default where the default froze: every model here "
+             "only serves); the FP32 SavedModel as exported, and under grappler's run-time "
+             "`auto_mixed_precision_onednn_bfloat16` pass. **Each variant timed in a process of "
+             f"its own**, as a server runs one model (`benchmarks/serve_worker.py`: a TF1 "
+             f"session as TF Serving loads it, warm-up calls, then calls for "
+             f"{result['seconds']:g} s), {result['rounds']} rounds with the order rotating; a "
+             "variant's time is the median of its rounds, its ratio FP32's over it (above 1: "
+             "faster than FP32), in brackets the lowest and highest of the per-round ratios. "
+             "\"estimate\" is the default conversion's cost model: the speed-up of the matrix "
+             "work it weighed, what it decides with (it leaves out fusions, layout, freezing's "
+             "gain), not the model's speed.", "",
+             "| model | batch | FP32 ms | grappler's pass | **default** | variables kept | "
+             "--freeze | MatMul/Conv in bf16 (default) | estimate |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        for batch, b in row["batches"].items():
+            frozen = b["conversions"].get("freeze", {}).get("same_as") == "default"
+            lines.append(
+                f"| {row['name']} | {batch} | {np.median(b['times']['fp32']) * 1e3:.1f} | "
+                f"{_cell(b, 'grappler')} | **{_cell(b, 'default')}** | {_cell(b, 'variables')} | "
+                f"{'= default' if frozen else _cell(b, 'freeze')} | "
+                f"{b['conversions'].get('default', {}).get('matrix', '-')} | {_estimate_cell(b)} |")
+    lines += ["", "Geometric means over the models (ratios to FP32):", "",
+              "| batch | grappler's pass | default | variables kept |", "| --- | --- | --- | --- |"]
+    for batch in sorted({bt for r in result["rows"] for bt in r["batches"]}, key=int):
+        cells = [geomean(ratio(r["batches"][batch]["times"], v)[0] for r in result["rows"]
+                         if batch in r["batches"] and v in r["batches"][batch]["times"])
+                 for v in ("grappler", "default", "variables")]
+        lines.append(f"| {batch} | " + " | ".join(f"{c:.2f}x" for c in cells) + " |")
+    if result.get("frozen"):
+        lines += ["", f"Frozen graphs (each model frozen to a GraphDef at batch {FROZEN_BATCH}, "
+                  "as a TF1 server holds one; `amp-rewrite FROZEN.pb -o OUT.pb --target bfloat16 "
+                  "--device cpu`, which folds constants and batch norms by default, and with "
+                  "`--no-fold-constants`, the default before issue 41), timed the same way:", "",
+                  "| model | batch | FP32 ms | grappler's pass | **default** | --no-fold-constants "
+                  "| MatMul/Conv in bf16 (default) | folded (default) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for row in result["frozen"]:
+            conv = row["conversions"].get("default", {})
+            lines.append(f"| {row['name']} | {row['batch']} | "
+                         f"{np.median(row['times']['fp32']) * 1e3:.1f} | {_cell(row, 'grappler')} "
+                         f"| **{_cell(row, 'default')}** | {_cell(row, 'unfolded')} | "
+                         f"{conv.get('matrix', '-')} | {conv.get('fusion') or 'nothing'} |")
+    lines += ["", "Done when (issue 41), as this run found:", ""]
+    lines += [f"- {'holds' if ok else 'FAILS'}: {text}" for text, ok in done_when(result)]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
@@ -321,16 +489,26 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    rows = []
+    result = {"provenance": provenance(), "rounds": args.rounds, "seconds": args.seconds,
+              "rows": []}
     with tempfile.TemporaryDirectory(prefix="default_cpu_") as tmp:
         for name, spec in models().items():
             if args.only and not any(o.lower() in name.lower() for o in args.only):
                 continue
-            rows.append(measure(name, spec, args.rounds, args.seconds, Path(tmp)))
-    result = {"provenance": provenance(), "rows": rows}
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    return 0
+            result["rows"].append(measure(name, spec, args.rounds, args.seconds, Path(tmp)))
+            if args.json:   # as it goes: a long run's rows survive its end
+                Path(args.json).write_text(json.dumps(result, indent=1))
+        result["frozen"] = []
+        for name, spec in frozen_models().items():
+            if args.only and not any(o.lower() in name.lower() for o in args.only):
+                continue
+            result["frozen"].append(measure_frozen(name, spec, args.rounds, args.seconds,
+                                                   Path(tmp)))
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.write:
+        save_results("default_cpu", result)
+    return publish(table(result), args.write)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Run ``.venv/bin/python benchmarks/inference.py [--write]`` (a few minutes on 2 cores). For each model it
 writes the FP32 GraphDef, converts it with ``amp-rewrite --target bfloat16 --device cpu``, and
 runs the three commands a user would run: ``verify`` (how far the numbers moved), ``kernels``
-(share of the MatMul/Conv work oneDNN ran on 16-bit matrix units) and ``bench`` (both models
-interleaved in one process; the ratio of their medians). ``--write`` puts the results in the
+(share of the MatMul/Conv work oneDNN ran on 16-bit matrix units) and ``bench`` (each model in
+its own process, in alternating rounds; the ratio of their medians). ``--write`` puts the results in the
 "Inference" section of BENCHMARKS.md. The script fails (exit 1) if the conv net's bfloat16 graph is not
 faster than its FP32 original, which is this project's claim for CPUs with AVX512-BF16 or AMX.
 """
@@ -95,11 +95,11 @@ def measure(label: str, fp32: Path, shape: str, runs: int, work: Path) -> dict:
 
 
 def section(results: list[dict]) -> str:
-    lines = [SECTION, "",
+    method = results[0]["bench"]["method"] if results else "each model in its own process"
+    lines = [SECTION, "", f"*Timing method: {method} (`amp-rewrite bench`).*", "",
              f"`benchmarks/inference.py`: FP32 GraphDef vs the same graph after "
              f"`amp-rewrite --target bfloat16 --device cpu`, timed by `amp-rewrite bench` "
-             f"(both models in one process, interleaved, 3 warm-up rounds, median of the timed "
-             f"runs). {provenance()}",
+             f"({method}, 3 warm-up runs, median of the timed runs). {provenance()}",
              "",
              "| model | input | FP32 median (ms) | bf16 median (ms) | speed-up | bf16 samples/s "
              "| matrix work on 16-bit units | output rel. L2 error |",
@@ -114,7 +114,7 @@ def section(results: list[dict]) -> str:
     lines += ["", "Speed-up is the FP32 median latency over the bfloat16 one, measured side by "
               "side in one run; in brackets, the p10-p90 of the ratio within single rounds (the "
               "machine is shared with other jobs, so absolute times are noisy and the ratio moves "
-              "between runs of the script; interleaving spreads that load over both sides); "
+              "between runs of the script; alternating rounds spread that load over both sides); "
               "\"matrix work on 16-bit units\" is the share of MatMul/Conv "
               "multiply-accumulates that oneDNN's verbose log shows on `avx512_core_bf16` or "
               "`amx` kernels (`amp-rewrite kernels`).", ""]

@@ -36,7 +36,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import publish  # noqa: E402
+from benchmd import commit, provenance, publish  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
@@ -134,10 +134,11 @@ CHILD = ("import gc, json, os, sys, time\n"
          "    run = lambda: scaling.grappler_amp(gd, sys.argv[2])\n"
          "gc.collect(); open('/proc/self/clear_refs', 'w').write('5')\n"
          "base = status('VmRSS:')\n"
-         "start = time.perf_counter()\n"
+         "start, cpu = time.perf_counter(), time.process_time()\n"
          "run()\n"
-         "seconds = time.perf_counter() - start\n"
-         "print(json.dumps({'base_kib': base, 'peak_kib': status('VmHWM:'), 'seconds': seconds}))\n")
+         "seconds, cpu = time.perf_counter() - start, time.process_time() - cpu\n"
+         "print(json.dumps({'base_kib': base, 'peak_kib': status('VmHWM:'), 'seconds': seconds,\n"
+         "                  'cpu_seconds': cpu}))\n")
 
 
 def convert_in_child(path: Path, who: str = "ours", cwd: Path = ROOT) -> dict:
@@ -145,7 +146,8 @@ def convert_in_child(path: Path, who: str = "ours", cwd: Path = ROOT) -> dict:
     amp-rewrite (``who="ours"``; ``"ours-painted"`` with ``min_matrix_intensity=0``, so the
     small layers of these graphs are painted and cast too) or grappler's pass (``who``: the
     node to fetch): resident
-    memory before converting (KiB), the peak while converting, and the seconds it took. The
+    memory before converting (KiB), the peak while converting, and the seconds it took (wall
+    and, as ``cpu_seconds``, the process's CPU time, which other jobs disturb less). The
     peak is reset first (``/proc/self/clear_refs``), so TensorFlow's import, whose own peak is
     higher than many conversions, does not hide it."""
     env = dict(os.environ, PYTHONPATH=str(cwd))
@@ -213,8 +215,11 @@ def fit(xs, ys) -> tuple[float, float]:
     return float(b), float(np.exp(log_a))
 
 
-def table(rows: list[dict], runs: int) -> str:
+def table(rows: list[dict], runs: int, measured: str = "") -> str:
+    """The section: ``measured`` (benchmd.provenance, taken as the run started), the commit,
+    what was timed and how, the table and the fits."""
     lines = [f"{SECTION}\n",
+             f"{measured or provenance()} Commit {commit()}.\n",
              f"`benchmarks/scaling.py`: in-process `amp_rewrite.convert(gd, target=\"bfloat16\", "
              f"device=\"cpu\")` against grappler's `auto_mixed_precision_onednn_bfloat16` pass "
              f"alone on the same GraphDef (`tf_optimizer.OptimizeGraph`), median of {runs} runs "
@@ -256,6 +261,7 @@ def main() -> int:
     p.add_argument("--cli-graph", default="mlp:100000", help="kind:nodes for the CLI end to end")
     p.add_argument("--write", action="store_true")
     args = p.parse_args()
+    measured = provenance()   # the load as the run starts
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}   # each graph built once (a 300k-node training graph takes a minute)
@@ -271,7 +277,7 @@ def main() -> int:
         cli = measure_cli(path, args.runs)
         print(json.dumps(cli), flush=True)
         extra = cli_lines(f"the {kind} graph of about {nodes} nodes", cli)
-    text = table(rows, args.runs) + "\n".join(extra) + "\n"
+    text = table(rows, args.runs, measured) + "\n".join(extra) + "\n"
     return publish(text, args.write)
 
 

@@ -8,7 +8,8 @@ for batch B when several batches are timed), runs warm-up calls, then times call
 ``--seconds`` (at least ``--min-runs``) per batch, and prints one JSON line: batch -> the
 median seconds of a call, with the runs' 10th and 90th percentiles.
 
-Run: ``python benchmarks/serve_worker.py PATH FEEDS.npz [--grappler] [--seconds 3]``
+Run: ``python benchmarks/serve_worker.py PATH FEEDS.npz [--grappler] [--seconds 3]``; a frozen
+GraphDef: ``PATH.pb FEEDS.npz --fetch TENSOR`` (the .npz keys the tensors fed)
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--min-runs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--fetch", help="a GraphDef file (.pb) instead: the tensor to fetch; the "
+                    ".npz keys are then the tensors to feed")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -47,14 +50,22 @@ def main(argv=None) -> int:
     g = tf.Graph()
     sess = v1.Session(graph=g, config=config)
     with g.as_default():
-        meta = v1.saved_model.loader.load(sess, ["serve"], args.path)
-    sig = meta.signature_def[args.signature]
-    fetches = [t.name for _, t in sorted(sig.outputs.items())]
+        if args.fetch:   # a frozen GraphDef, as a TF1 server holds one
+            graph_def = tf.compat.v1.GraphDef()
+            with open(args.path, "rb") as f:
+                graph_def.ParseFromString(f.read())
+            tf.graph_util.import_graph_def(graph_def, name="")
+            fetches, tensor = [args.fetch], (lambda name: name)
+        else:
+            meta = v1.saved_model.loader.load(sess, ["serve"], args.path)
+            sig = meta.signature_def[args.signature]
+            fetches = [t.name for _, t in sorted(sig.outputs.items())]
+            tensor = (lambda name: sig.inputs[name].name)
     data = np.load(args.feeds)
     batches: dict[int, dict[str, np.ndarray]] = {}
     for key in data.files:
         name, _, batch = key.partition("@")
-        batches.setdefault(int(batch or len(data[key])), {})[sig.inputs[name].name] = data[key]
+        batches.setdefault(int(batch or len(data[key])), {})[tensor(name)] = data[key]
     result = {}
     for batch, feed in sorted(batches.items()):
         for _ in range(args.warmup):

@@ -1,11 +1,14 @@
-"""bench: both models timed interleaved on the same inputs, and the ratio of their medians.
+"""bench: each model timed in its own process, the processes taking turns in alternating
+rounds on the same inputs, and the ratio of their medians with its spread round by round.
 
-No speed is asserted here (timed assertions are flaky on a shared machine): the speed claim
-lives in benchmarks/inference.py and BENCHMARKS.md.
+No speed is asserted here beyond "thousands of times the work is slower" (timed assertions
+are flaky on a shared machine): the speed claim lives in benchmarks/inference.py and
+BENCHMARKS.md. Few runs each: every bench call starts two processes that import TensorFlow.
 """
 
 import html
 import json
+import os
 import re
 import shlex
 
@@ -14,7 +17,7 @@ from test_verify import EXAMPLE, cnn_bf16  # noqa: F401  (the example CNN and it
 
 from amp_rewrite import cli
 from amp_rewrite.cli.run import parse
-from amp_rewrite.tools.bench import bench, time_interleaved
+from amp_rewrite.tools.bench import Timed, bench, schedule, time_apart
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +48,13 @@ def test_the_model_doing_more_work_is_the_slower_one(light_and_heavy, tmp_path, 
                      "--warmup", "2", "--json", str(tmp_path / "b.json"),
                      "--html", str(tmp_path / "b.html")])
     assert code == 0
-    printed = set(re.findall(r"\d+\.\d+", capsys.readouterr().out))
+    out = capsys.readouterr().out
+    printed = set(re.findall(r"\d+\.\d+", out))
     r = json.loads((tmp_path / "b.json").read_text())
-    assert (r["runs"], r["warmup"], r["batch"]) == (6, 2, 512)
+    assert (r["runs"], r["warmup"], r["batch"], r["rounds"]) == (6, 2, 512, 5)
+    # the output says how the two were timed
+    assert r["method"] == "each model in its own process, 5 alternating rounds"
+    assert f"6 timed runs each after 2 warm-up, {r['method']}, batch 512" in out.splitlines()
     for side in ("original", "converted"):
         t = r[side]
         assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
@@ -67,13 +74,38 @@ def test_the_model_doing_more_work_is_the_slower_one(light_and_heavy, tmp_path, 
     assert swapped.speedup > 1 and min(swapped.round_speedups) > 1
 
 
-def test_interleaving_warmup_and_progress():
-    calls, ticks = [], []
-    times_a, times_b = time_interleaved(lambda: calls.append("a"), lambda: calls.append("b"),
-                                        runs=4, warmup=2, progress=lambda d, t: ticks.append((d, t)))
-    assert len(times_a) == len(times_b) == 4
-    assert calls == list("ab" "ba" "ab" "ba" "ab" "ba")      # ABBA: neither always goes first
-    assert ticks == [(i, 6) for i in range(1, 7)]
+def test_the_turns_alternate_and_split_the_runs():
+    """ABBA: neither model always goes first; the timed runs split over the rounds (at most
+    5), the warm-up before a model's first round and one untimed run before each later one."""
+    assert schedule(["a", "b"], runs=6, warmup=2) == [
+        ("a", 2, 2), ("b", 2, 2), ("b", 1, 1), ("a", 1, 1), ("a", 1, 1), ("b", 1, 1),
+        ("b", 1, 1), ("a", 1, 1), ("a", 1, 1), ("b", 1, 1)]
+    turns = schedule(["f", "e", "p"], runs=20, warmup=3)
+    assert [name for name, _, _ in turns[:6]] == ["f", "e", "p", "p", "e", "f"]
+    for name in "fep":
+        assert sum(calls for n, _, calls in turns if n == name) == 20
+    assert schedule(["a", "b"], runs=1, warmup=0) == [("a", 0, 1), ("b", 0, 1)]
+
+
+def test_the_ratio_is_of_the_medians_and_its_spread_round_by_round():
+    timed = Timed({"a": [[4.0, 4.0, 100.0], [2.0, 2.0, 2.0]], "b": [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]},
+                  batch=8, warmup=1)
+    result = timed.result("a", "b")
+    assert (result.runs, result.rounds, result.batch) == (6, 2, 8)
+    assert result.original.median_ms == 3000.0 and result.converted.median_ms == 2000.0
+    assert result.speedup == 1.5 and result.round_speedups == [2.0, 1.0]
+    assert result.speedup_range() == (1.1, 1.9)
+
+
+def test_each_model_runs_in_a_process_of_its_own(light_and_heavy):
+    """Neither model runs in the caller's process nor in the other's, and each process
+    opened one model: what the times are of."""
+    light, heavy = light_and_heavy
+    timed = time_apart({"light": light, "heavy": heavy}, runs=2, warmup=0,
+                       shapes={"x": (8, 256)})
+    assert set(timed.pids) == {"light", "heavy"}
+    assert len({*timed.pids.values(), os.getpid()}) == 3
+    assert [len(rounds) for rounds in timed.seconds.values()] == [2, 2]
 
 
 def test_bench_library_call_and_bad_input(cnn_bf16, tmp_path):

@@ -168,9 +168,13 @@ def test_convert_html_report_renders(tmp_path):
     geometry = _geometry(dom)
     assert geometry["boxes"]["share"]["text"].startswith("100% of the matrix FLOPs in 16 bits")
     assert "4 of 4 matrix ops" in geometry["boxes"]["share"]["text"]
+    # the estimate is what the cost model decided with, not a speed it predicts (issue 41
+    # item 2: on whole models it was off by up to a factor of two)
     est = report["estimate"]
     saved = f"saves {est['saved_us'] - est['lost_us']:.2f} µs"
-    assert geometry["boxes"]["speed"]["text"].startswith(saved)
+    assert geometry["boxes"]["speed"]["text"].startswith("not predicted")
+    assert saved in geometry["boxes"]["speed"]["text"]
+    assert "bench measures it" in geometry["boxes"]["speed"]["text"]
     # whose rates: the CPU the cost table was measured on, and whether it is this one
     costs = report["cost_model"]["costs"]
     assert f"measured on {costs['cpu']}" in geometry["boxes"]["speed"]["text"]
@@ -282,8 +286,10 @@ def keras_app(tmp_path_factory):
     src, out = folder / "mobilenet_v2", folder / "mobilenet_v2_bf16"
     model.export(str(src), verbose=False)
     page, js = folder / "report.html", folder / "report.json"
+    # (its variables kept: a model that only serves is frozen by default, and frozen the cost
+    # model paints it; this page is of one with matrix ops kept float32)
     assert cli.main([str(src), "-o", str(out), "--target", "bfloat16", "--device", "cpu",
-                     "--html", str(page), "--report", str(js), "-q"]) == 0
+                     "--no-freeze", "--html", str(page), "--report", str(js), "-q"]) == 0
     return src, out, page, json.loads(js.read_text())
 
 

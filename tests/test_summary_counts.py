@@ -1,8 +1,9 @@
 """The conversion summary counts what the output holds, by dtype, and only the model's own ops.
 
-A graph whose matrix ops already run in the other 16-bit dtype is refused with the fix (convert
-the FP32 original); a graph already in the target converts and is counted in it; 16-bit values
-at an FP32 graph's edges are counted in their own dtype, never as the target. A SavedModel's
+A graph whose matrix ops already run in the other 16-bit dtype is widened to float32 first and
+counted in the target, nothing left in the first dtype (it used to be refused: convert the FP32
+original); a graph already in the target converts and is counted in it; 16-bit values at an FP32
+graph's edges are counted in their own dtype, never as the target. A SavedModel's
 saver functions (``__inference__traced_save/restore``) are reported node by node but left out of
 the counts, the functions painted and the HTML page's tables, and the summary says so.
 """
@@ -14,12 +15,11 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from refusals import assert_refused, run_cli, snapshot
+from refusals import run_cli
 from tensorflow.core.protobuf import saved_model_pb2
 
 import graphs
 from amp_rewrite import convert, convert_file
-from amp_rewrite.core.errors import UnsupportedGraphError
 from amp_rewrite.core.ops import MATRIX_OPS
 from amp_rewrite.io.load import load
 from amp_rewrite.report import html
@@ -45,19 +45,28 @@ def converted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("target", ["bfloat16", "float16"])
-def test_a_graph_converted_for_one_target_is_refused_for_the_other(converted, capsys, target):
-    folder, _, out = converted
-    given = out[OTHER[target]]
-    before = snapshot(folder)
-    code, _, err = run_cli(capsys, [given, "-o", folder / "again.pb", "--target", target,
-                                    "--device", "cpu"])
-    assert_refused(code, err, str(given), folder, before)
-    held = sum(nd.op in MATRIX_OPS for nd in _graph_def(given).node)
-    assert (f"already runs {held} of its {held} MatMul/Conv-family ops in {OTHER[target]}"
-            in err)
-    assert f"convert the FP32 original with --target {target}" in err
-    with pytest.raises(UnsupportedGraphError, match="convert the FP32 original"):
-        convert(_graph_def(given), target=target, **OPTS[target])
+def test_a_graph_converted_for_one_target_converts_to_the_other_and_counts_in_it(converted, capsys,
+                                                                                 target):
+    """Once refused ("convert the FP32 original"): now widened to float32 first, every matrix
+    op in the target and none left in the first 16-bit dtype, the counts saying so."""
+    folder, src, out = converted
+    given, again = out[OTHER[target]], folder / f"again_{target}.pb"
+    argv = [given, "-o", again, "--target", target, "--device", "cpu", "--force"] + (
+        ["--min-matrix-intensity", "0"] if target == "bfloat16" else [])
+    code, printed, err = run_cli(capsys, argv)
+    assert code == 0, err
+    held = sum(nd.op in MATRIX_OPS for nd in _graph_def(again).node)
+    assert f"{held}/{held} MatMul/Conv-family ops in {target}\n" in printed
+    other = OTHER[target]
+    first = tf.as_dtype(other).as_datatype_enum
+    assert not any(v.type == first for nd in _graph_def(again).node for v in nd.attr.values())
+    assert f"widening: the input computes in {other}" in printed
+    _, report = convert(_graph_def(given), target=target, **OPTS[target])
+    s = report.summary()
+    assert other not in s["matrix_by_dtype"] and other not in s["float_ops_by_dtype"]
+    feeds, fetches = graphs.mlp()[1:]
+    ref = graphs.run(_graph_def(src), feeds, fetches)[0]
+    assert graphs.rel_l2(graphs.run(_graph_def(again), feeds, fetches)[0], ref) < 0.03
 
 
 @pytest.mark.parametrize("target", ["float16", "bfloat16"])
@@ -239,15 +248,22 @@ def test_a_graph_saved_with_a_tf1_saver_has_no_saver_functions(tmp_path):
     assert "saver functions" not in report.format_summary()
 
 
-def test_a_saved_model_converted_for_one_target_is_refused_for_the_other(saved, capsys):
-    _, dst, _ = saved
-    before = snapshot(dst.parent)
-    code, _, err = run_cli(capsys, [dst, "-o", dst.parent / "again", "--target", "bfloat16",
-                                    "--device", "cpu"])
-    assert_refused(code, err, str(dst), dst.parent, before)
-    matmuls = [f"{f.signature.name}/{nd.name}" for f in load(dst).graph_def.library.function
+def test_a_saved_model_converted_for_one_target_converts_to_the_other(saved, capsys):
+    """Its variables stayed float32 (the master weights): widened back, the bfloat16 conversion
+    computes what the FP32 original's does, byte for byte in its outputs."""
+    src, dst, _ = saved
+    again, direct = dst.parent / "again", dst.parent / "direct"
+    for given, out in ((dst, again), (src, direct)):
+        code, _, err = run_cli(capsys, [given, "-o", out, "--target", "bfloat16", "--device",
+                                        "cpu", "--min-matrix-intensity", "0", "--force"])
+        assert code == 0, err
+    matmuls = [nd.attr["T"].type for f in load(again).graph_def.library.function
                for nd in f.node_def if nd.op in MATRIX_OPS]
-    assert len(matmuls) == 1 and f"(e.g. {matmuls[0]!r})" in err
+    assert matmuls == [tf.bfloat16.as_datatype_enum]
+    x = tf.constant(np.random.default_rng(3).normal(0, 1, (4, 16)).astype(np.float32))
+    got, want = (tf.saved_model.load(str(p)).signatures["serving_default"](x=x)
+                 for p in (again, direct))
+    assert [np.array_equal(got[k].numpy(), want[k].numpy()) for k in want] == [True]
 
 
 # ----------------------------------------------------------------- a function traced twice

@@ -38,6 +38,8 @@ from ..schema.opdefs import (
 )
 from .lint import lint_problems
 
+# the ops TensorFlow's importer lets close a cycle (IsMerge), where its check aborts the process
+_MERGES = MERGE_OPS | {"_XlaMerge"}
 # Ports a graph may declare through number attrs (N of ConcatV2, num_split of Split ...) beyond
 # one per data edge: the type model lists every port, so a forged N of 2**40 in a tiny file
 # would otherwise exhaust memory.
@@ -88,14 +90,21 @@ def check_importable(graph_def: graph_pb2.GraphDef, serialized: bytes | None = N
     imports only where their library is loaded, is imported with stand-ins for their nodes
     (:func:`~amp_rewrite.check.with_stand_ins`), after our checks of what the importer checks.
     """
-    custom = unregistered_ops(graph_def)
+    ops = {nd.op for nd in graph_def.node}
+    custom = unregistered_ops(graph_def, ops)
     light = without_weights(graph_def)   # the importer checks shapes, not weights
     if light is not None:
         serialized = None
     if serialized is None and not custom:
         serialized = (graph_def if light is None else light).SerializeToString()
+    # The importer aborts the process on a cycle only at a Merge; any other cycle it refuses,
+    # and ours (a pass over every edge) is then asked for the words, in the order it comes.
+    merges = not ops.isdisjoint(_MERGES)
     problem = next(graph_def_problems(graph_def, structure=bool(custom),
-                                           serialized=serialized), None)
+                                      serialized=serialized, cycles=merges), None)
+    if problem and not merges:   # the first problem, cycles included, as every check orders them
+        problem = next(graph_def_problems(graph_def, structure=bool(custom),
+                                          serialized=serialized))
     if problem:
         raise InputError(problem)
     if custom:   # the importer refuses ops it does not know: it checks the rest around them
@@ -105,7 +114,11 @@ def check_importable(graph_def: graph_pb2.GraphDef, serialized: bytes | None = N
     _return_freed_memory()
     if error is not None:
         # TensorFlow's words quote whole NodeDefs and OpDefs and do not always name the node;
-        # ours, asked only now that the graph is refused anyway, do
+        # ours, asked only now that the graph is refused anyway, do: a cycle first, as the
+        # checks before the importer would have found it
+        cycle = None if merges else next(_cycle_problems(graph_def), None)
+        if cycle:
+            raise InputError(cycle)
         _refuse_in_our_words(graph_def)
         raise InputError(f"TensorFlow's importer refuses the graph: {error}")
 
@@ -133,7 +146,7 @@ _NOT_STRINGS = ("i", "f", "b", "type", "shape", "tensor", "func")
 
 
 def graph_def_problems(graph_def: graph_pb2.GraphDef, *, structure: bool = True,
-                       serialized: bytes | None = None) -> Iterator[str]:
+                       serialized: bytes | None = None, cycles: bool = True) -> Iterator[str]:
     """The problems TensorFlow's importer would find in ``graph_def``'s nodes and library, as
     one sentence each naming the node (lazily: the caller usually wants the first).
 
@@ -145,7 +158,8 @@ def graph_def_problems(graph_def: graph_pb2.GraphDef, *, structure: bool = True,
     be run on (one with custom ops): node names as TensorFlow spells them, control inputs
     after the data inputs, the attrs an OpDef requires, colocation with nodes of the graph,
     no library function named like an op. And always no cycle but a v1 loop's: where the
-    importer's own check fails, it aborts the process. ``serialized``: the
+    importer's own check fails, it aborts the process (``cycles=False`` leaves that out, for a
+    graph with no Merge, where the importer refuses a cycle itself). ``serialized``: the
     GraphDef's bytes, if at hand (they tell which attrs no node has).
     """
     functions = {f.signature.name for f in graph_def.library.function}
@@ -159,9 +173,10 @@ def graph_def_problems(graph_def: graph_pb2.GraphDef, *, structure: bool = True,
             or _function_attr_problem(nd, functions)
         if problem:
             yield f"node {nd.name!r} ({nd.op}) {problem}"
-    # always: TensorFlow's importer aborts the process (not an error) on a Merge whose other
-    # input waits on it
-    yield from _cycle_problems(graph_def)
+    # TensorFlow's importer aborts the process (not an error) on a Merge whose other input
+    # waits on it
+    if cycles:
+        yield from _cycle_problems(graph_def)
     if structure:
         yield from _custom_port_problems(graph_def, functions)
     yield from _library_problems(graph_def.library, functions, structure)
@@ -364,11 +379,12 @@ def _library_problems(library, functions: set[str], structure: bool) -> Iterator
         yield "the function library's gradients form a cycle (every function has one)"
 
 
-def unregistered_ops(graph_def: graph_pb2.GraphDef) -> set[str]:
-    """The ops of the graph's nodes that neither TensorFlow registers nor its library defines:
-    custom ops, which TensorFlow imports only where their library is loaded."""
+def unregistered_ops(graph_def: graph_pb2.GraphDef, ops: set[str] | None = None) -> set[str]:
+    """The ops of the graph's nodes (``ops``, if at hand) that neither TensorFlow registers nor
+    its library defines: custom ops, which TensorFlow imports only where their library is
+    loaded."""
     functions = {f.signature.name for f in graph_def.library.function}
-    return {op for op in {nd.op for nd in graph_def.node}
+    return {op for op in ({nd.op for nd in graph_def.node} if ops is None else ops)
             if op_def(op) is None and op not in functions}
 
 

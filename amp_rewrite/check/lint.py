@@ -77,24 +77,23 @@ def _update_problems(graph: Graph, original: Before, names: list[str]) -> list[s
     """The edges of the update region (:func:`~amp_rewrite.schema.backprop.update_region`)
     into ``names``, on a path from a gradient leaving the backward pass to a variable write,
     that carry a 16-bit dtype their producer did not have before the conversion: an unscaled
-    gradient cast back to 16 bits, or a moment computed in float16."""
-    region = update_region(graph)
-    if not region:
-        return []
+    gradient cast back to 16 bits, or a moment computed in float16. The region is worked out
+    only where such an edge exists at all (it walks the whole graph; most lints have none)."""
     was_low = set(original.low_precision)
-    problems = []
+    suspects = []
     for name in names:
-        if name not in region.computed:
-            continue
         for port, ref in enumerate(graph.inputs(name)):
-            if ref.node not in region.computed and ref.node not in region.backward:
-                continue
             dtype = output_dtype(graph.node(ref.node), ref.port)
             if dtype in LOW_PRECISION and ref.node not in was_low:
-                problems.append(f"edge {ref} -> {name!r}:{port} ({graph.node(name).op}) carries "
-                                f"{dtype_name(dtype)} between the gradients and a variable "
-                                "write: the update must read them in float32")
-    return problems
+                suspects.append((name, port, ref, dtype))
+    region = update_region(graph) if suspects else None
+    if not region:
+        return []
+    return [f"edge {ref} -> {name!r}:{port} ({graph.node(name).op}) carries "
+            f"{dtype_name(dtype)} between the gradients and a variable write: the update must "
+            "read them in float32" for name, port, ref, dtype in suspects
+            if name in region.computed and (ref.node in region.computed
+                                            or ref.node in region.backward)]
 
 
 def _tensorlist_problems(graph: Graph, original: Before, names: list[str]) -> list[str]:

@@ -80,7 +80,10 @@ def _where(target: str | None) -> str:
 
 def convert(args) -> int:
     options = _options(args)
-    if args.measure:
+    # --cost-aware promises a model never slower than float32 on this machine: where the CPU
+    # has no bfloat16 unit every island stays float32 (painting_target); where it has one,
+    # only a timing can say it, so the conversion is measured against float32 (--measure)
+    if args.measure or (options.cost_aware and options.weighed() and not options.slower_here()):
         model, report, _ = measured_mod.measured_conversion(
             args.input, args.output, options, shapes=parse_shapes(args.shape))
     else:

@@ -86,9 +86,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
 
 
-def _rule_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
-                   help="low-precision dtype (default float16, for Tensor Cores)")
+def _rule_flags(p: argparse.ArgumentParser, float32: bool = False) -> None:
+    """``--target``, ``--device``, ``--rules``; ``float32``: the command also takes
+    ``--target float32`` (convert and explain: a model that computes in 16 bits moved back)."""
+    if float32:
+        p.add_argument("--target", choices=["float16", "bfloat16", "float32"], default="float16",
+                       help="low-precision dtype (default float16, for Tensor Cores), or "
+                            "float32: a model that computes in 16 bits (a Keras mixed_float16 "
+                            "export, a converted model) moved back to float32 whole")
+    else:
+        p.add_argument("--target", choices=["float16", "bfloat16"], default="float16",
+                       help="low-precision dtype (default float16, for Tensor Cores)")
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
                    help="device unplaced nodes run on; decides which kernels exist (default gpu)")
     p.add_argument("--rules", action="append", default=[], metavar="FILE",
@@ -148,7 +156,7 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), SavedModel "
                    "directory, or Keras file (.keras/.h5: converts to a SavedModel directory)")
     p.add_argument("-o", "--output", required=True, help="where to write the converted graph")
-    _rule_flags(p)
+    _rule_flags(p, float32=True)
     _painting_flags(p)
     p.add_argument("--emulate", action="store_true",
                    help="write float16's float32 emulation (float16 rules, but each float16 op "
@@ -156,15 +164,19 @@ def _convert_parser() -> argparse.ArgumentParser:
                         "numbers without a GPU (a SavedModel's function bodies included)")
     _folding_flags(p)
     p.add_argument("--cost-aware", action="store_true",
-                   help="never slower than float32 on this machine: for --device cpu --target "
-                        "bfloat16 on a CPU with no bfloat16 matrix unit (AVX2 only), keep every "
-                        "island float32 (code cost)")
+                   help="never slower than float32 on this machine, for --device cpu --target "
+                        "bfloat16: on a CPU with no bfloat16 matrix unit (AVX2 only) every "
+                        "island stays float32 (code cost), whatever --costs says; on one with a "
+                        "unit the conversion is timed against float32 as --measure times it, "
+                        "and the fastest written")
     _batch_flag(p)
     _costs_flag(p)
     p.add_argument("--measure", action="store_true",
-                   help="bfloat16 on cpu: where the cost model kept nodes float32, time its "
-                        "conversion against the one painted whole on this machine (inputs "
-                        "as bench feeds them, --shape for open dimensions) and write the faster")
+                   help="bfloat16 on cpu: time the float32 input, the cost model's conversion "
+                        "and, where it kept nodes float32, the one painted whole on this "
+                        "machine, each in its own process as bench times (inputs as bench "
+                        "feeds them, --shape for open dimensions), and write the fastest (the "
+                        "input unconverted where float32 ran fastest)")
     _calibration_flags(p)
     p.add_argument("--report", metavar="FILE.json", help="write every node's decision as JSON")
     p.add_argument("--force", action="store_true",
@@ -253,7 +265,7 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
     if command == "explain":
         p.add_argument("input", help=f"the FP32 model to explain ({MODEL_FORMATS})")
         p.add_argument("node", nargs="+", help="node name(s) to explain")
-        _rule_flags(p)
+        _rule_flags(p, float32=True)
         _painting_flags(p)
         _folding_flags(p)
         _batch_flag(p)

@@ -20,20 +20,27 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..check import lint
 from ..core import hardware
-from ..core.dtypes import HEADROOM, TARGET_NAMES, TARGETS
-from ..core.errors import InputError, LintError, UnsupportedGraphError
+from ..core.dtypes import CONVERSION_TARGETS, HEADROOM
+from ..core.errors import InputError, LintError, UnsupportedGraphError, option
 from ..core.ir import Graph, copy_except
-from ..core.ops import MATRIX_OPS, PLACEHOLDER_OPS
+from ..core.ops import PLACEHOLDER_OPS
 from ..report.decisions import Report
 from ..paint.costs import DEFAULT_BATCH
 from ..rules import cost_table
-from ..rules.loader import RuleSet, load_rules
-from ..schema.functiondef import check_call_types, reachable, saver_functions
-from ..schema.inputs import fitting_shape, input_keys, match_inputs, meta_graph_inputs
+from ..rules.loader import LISTS, RuleSet, load_rules
+from ..schema.functiondef import check_call_types, saver_functions
+from ..schema.inputs import (
+    component_shapes,
+    fitting_shape,
+    input_keys,
+    match_inputs,
+    meta_graph_inputs,
+)
 from ..schema.opdefs import graph_with_defaults, strip_graph_defaults
 from ..schema.snapshot import Before
 from ..training.config import HINTS, scale_config
@@ -44,6 +51,7 @@ from ..transforms import bnfold, constfold
 from ..transforms.emulate import emulate_float16
 from .library import kept, paint_library, rules_for, split_keep
 from .rewrite import Target, rewrite
+from .widening import Widened, dtypes_to_widen, note_widening, widen_meta_graph
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +114,16 @@ class Options:
     def rule_set(self) -> RuleSet:
         if isinstance(self.rules, RuleSet):
             return self.rules
+        if self.target == "float32":   # nothing is painted: no list applies
+            return RuleSet("float32", {name: frozenset() for name in LISTS})
         return load_rules(self.target, list(self.rules or ()))
 
     def check(self) -> None:
-        if self.target not in TARGETS:
-            raise InputError(f"unknown target {self.target!r}: choose float16 or bfloat16")
+        if self.target not in CONVERSION_TARGETS:
+            raise InputError(f"unknown target {self.target!r}: choose float16, bfloat16 or "
+                             "float32")
+        if self.target == "float32":
+            self._check_float32()
         if self.device not in DEVICES:
             raise InputError(f"unknown device {self.device!r}: choose gpu or cpu")
         if self.emulate and self.target != "float16":
@@ -151,6 +164,26 @@ class Options:
             if bad is not None:
                 raise InputError(f"calibration: tensor {bad[0]!r} has largest magnitude "
                                  f"{bad[1]!r}: must be a number >= 0")
+
+    def _check_float32(self) -> None:
+        """``--target float32`` puts nothing in 16 bits: an option that only says how to paint,
+        or loss scaling, would do nothing, so it is a usage error, as the loss-scale options
+        the mode ignores are (:func:`~amp_rewrite.training.config.scale_config`)."""
+        given = [(self.rules and not isinstance(self.rules, RuleSet), "--rules", "rules"),
+                 (self.lowp_io, "--lowp-io", "lowp_io"), (self.emulate, "--emulate", "emulate"),
+                 (self.min_matrix_intensity is not None, "--min-matrix-intensity",
+                  "min_matrix_intensity"),
+                 (self.cost_aware, "--cost-aware", "cost_aware"),
+                 (self.calibration is not None, "--calibration", "calibration"),
+                 (self.loss_scale is not None and str(self.loss_scale).strip().lower() != "none",
+                  "--loss-scale", "loss_scale")]
+        for asked, flag, keyword in given:
+            if asked:
+                name = option(flag, keyword)
+                target = option("--target float32", "target='float32'")
+                raise InputError(f"{name} says how to paint in 16 bits, and {target} paints "
+                                 "nothing (a model that computes in 16 bits is moved back to "
+                                 f"float32 whole): drop {name}")
 
     def painting_target(self) -> Target:
         """The target painting works for: dtype, device type, least matrix intensity."""
@@ -210,6 +243,9 @@ def input_shapes(shapes: Mapping[str, Sequence[int]], graph: Graph,
     shape that does not fit the input's stated one, is an InputError."""
     resolved = []
     specs = meta_graph_inputs(meta, graph)
+    # a RaggedTensor's or SparseTensor's shape as a whole (by the argument's name) fixes only
+    # what it fixes of its components (a RaggedTensor's rows: its row splits' length)
+    shapes = component_shapes(shapes, specs)
     for name in match_inputs(shapes, specs, "--shape"):
         # a signature's input key names that input of every signature that has it (a Keras
         # export's serve and serving_default)
@@ -309,8 +345,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     problems = check_call_types(source)
     if problems:  # the input's fault: the same check on the output would call it ours
         raise InputError(f"the input graph is not valid: {problems[0]}")
-    refuse_other_low_precision(meta_graph, options.target)
     interface = signature_tensors(meta)
+    source, widened = _widened(meta_graph, options, interface)
     fold = options.folds(source)
     if fold and constfold.foldable(source):   # (grappler's pass takes seconds to fold nothing)
         source = constfold.fold_constants(source, set(options.keep) | interface)
@@ -323,7 +359,7 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     calls = {f.signature.name: f.signature for f in source.library.function}
     main_rules = rules_for(rules, graph.names())  # overrides of function nodes: later
     target = dataclasses.replace(options.painting_target(),
-                                 input_shapes=input_shapes(options.shapes or {}, graph, meta))
+                                 input_shapes=input_shapes(options.shapes or {}, graph, meta_graph))
     report, before = rewrite(graph, main_rules, target, keep=keep, lowp_io=options.lowp_io,
                              calls=calls, ranges=options.calibration, headroom=options.headroom)
     if options.weighed():   # the batch an open first dimension is weighed at, here and in bodies
@@ -349,6 +385,8 @@ def convert_graph(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options, *,
     report.saver_functions = [scope for scope in report.scopes if scope in saver]
     if report.extra.get("batch"):
         _hint_batch(report, meta, graph, target.batch or DEFAULT_BATCH)
+    if widened is not None:
+        note_widening(report, widened, options.target)
     if state is not None:   # a train step in a library function: scaled once painted
         scale_train_functions(meta, steps, config, report)
         report.extra["loss_scaling"].update(state)
@@ -388,30 +426,21 @@ def _scale_graph(work: Graph, original: Before, meta, library, config, options: 
     return steps, state
 
 
-def refuse_other_low_precision(meta_graph: meta_graph_pb2.MetaGraphDef, target: str) -> None:
-    """Refuse, with :class:`UnsupportedGraphError`, a graph whose MatMul/Conv-family ops (its
-    own, or in a function it reaches) already compute in the other 16-bit dtype than
-    ``target``: converted before for the other target, or built so. Converting it would leave
-    them as they are and paint the rest in ``target``, two 16-bit dtypes in one model; the FP32
-    original converts right. A graph already in ``target`` converts (it is left as it is), and
-    16-bit values only at an FP32 graph's edges (inputs, Casts, stored Consts) are no reason to
-    refuse: they are left as they are and counted in their dtype."""
-    other = next(d for d in TARGET_NAMES if d != TARGETS[target])
-    graph_def = meta_graph.graph_def
-    by_name = {f.signature.name: f for f in graph_def.library.function}
-    called = reachable(graph_def.node, graph_def.library,
-                       meta_graph.object_graph_def.concrete_functions)
-    bodies = [("", graph_def.node)] + [(f"{name}/", by_name[name].node_def) for name in called]
-    matrix = [(prefix, nd) for prefix, nodes in bodies for nd in nodes if nd.op in MATRIX_OPS]
-    held = [prefix + nd.name for prefix, nd in matrix
-            if any(v.WhichOneof("value") == "type" and v.type == other for v in nd.attr.values())]
-    if held:
-        name = TARGET_NAMES[other]
-        raise UnsupportedGraphError(
-            f"the input already runs {len(held)} of its {len(matrix)} MatMul/Conv-family ops in "
-            f"{name} (e.g. {held[0]!r}): it was converted before, or built so, and converting it "
-            f"to {target} would leave them {name}; convert the FP32 original with --target "
-            f"{target} (docs/convert.md \"Converting a converted model\")")
+def _widened(meta_graph: meta_graph_pb2.MetaGraphDef, options: Options,
+             interface: set[str]) -> tuple[graph_pb2.GraphDef, Widened | None]:
+    """``meta_graph``'s GraphDef, widened to float32 where it computes in a 16-bit dtype the
+    conversion does not target (:func:`~amp_rewrite.conversion.widening.dtypes_to_widen`),
+    before anything else reads it (constant folding would round a float32 weight's Cast to
+    16 bits into a Const); the signature tensors and ``--keep`` names keep their dtypes."""
+    dtypes = dtypes_to_widen(meta_graph, options.target)
+    if not dtypes:
+        return meta_graph.graph_def, None
+    graph, _ = graph_with_defaults(meta_graph.graph_def)
+    user = split_keep(options.keep, graph, meta_graph.graph_def.library)
+    source, widened = widen_meta_graph(meta_graph, dtypes,
+                                       keep=kept(interface=interface, user=user),
+                                       user_keep=options.keep, device=DEVICES[options.device])
+    return source, widened
 
 
 def signature_tensors(meta_graph: meta_graph_pb2.MetaGraphDef) -> set[str]:

@@ -19,7 +19,7 @@ from typing import Collection, Mapping
 from tensorflow.core.framework import graph_pb2
 
 from ..check import lint
-from ..core.dtypes import HEADROOM, TARGETS
+from ..core.dtypes import FLOAT, HEADROOM, TARGETS
 from ..core.errors import InputError, LintError
 from ..core.ir import Graph
 from ..report.decisions import Report, did_you_mean
@@ -83,8 +83,10 @@ def paint_library(graph_def: graph_pb2.GraphDef, rules: RuleSet, report: Report,
         if fg is not None:
             graphs[name] = fg
     kept_signatures = set(roots) | gradient_linked(library) | set(reachable((), library, leave))
-    lowering = _lower(graph_def, graphs, kept_signatures, signatures, TARGETS[target.dtype], report,
-                      set(interface) | set(keep), rounds=8 if lower else 0)
+    # float32: no cast to a 16-bit dtype was painted, so no boundary carries one
+    lowering = _lower(graph_def, graphs, kept_signatures, signatures,
+                      TARGETS.get(target.dtype, FLOAT), report, set(interface) | set(keep),
+                      rounds=8 if lower and target.dtype in TARGETS else 0)
     for name in names:
         if name in graphs:
             by_name[name].CopyFrom(graph_to_function(graphs[name], signatures))

@@ -446,7 +446,9 @@ def convert(graph_def: graph_pb2.GraphDef | bytes, target: str = "float16", devi
     """Convert an FP32 GraphDef to mixed precision; returns ``(new_graph_def, report)``.
 
     ``graph_def``: a ``GraphDef``, or its serialized bytes (a file's, read as they are); anything
-    else is an :class:`InputError`. The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``; ``device`` is the
+    else is an :class:`InputError`. The input is not changed. ``target`` is ``"float16"`` or ``"bfloat16"``, or ``"float32"``
+    (a graph that computes in 16 bits moved back whole, docs/convert.md "Converting a converted
+    model"); ``device`` is the
     device unplaced nodes will run on (``"gpu"`` or ``"cpu"``), which decides which kernels
     exist; ``rules`` is a :class:`RuleSet` or a list of rule files stacked on the defaults;
     ``keep`` names nodes whose dtypes must not change; ``fold_constants`` folds Const-only

@@ -21,7 +21,7 @@ from ..check import lint
 from ..check.input import check_input
 from ..core.dtypes import HEADROOM, TARGETS
 from ..core.ir import Graph
-from ..paint import paint
+from ..paint import paint, paint_float32
 from ..report.decisions import Report, build_report
 from ..rules.cost_table import CostTable
 from ..rules.loader import RuleSet
@@ -59,7 +59,8 @@ def warn(text: str) -> None:
 
 @dataclass(frozen=True)
 class Target:
-    """What a conversion aims at: the dtype (``"float16"``/``"bfloat16"``), the device type
+    """What a conversion aims at: the dtype (``"float16"``/``"bfloat16"``, or ``"float32"``:
+    nothing painted, a 16-bit model widened back whole), the device type
     unplaced nodes run on (``"GPU"``/``"CPU"``), and the least matrix work per element of data
     moved (:func:`~amp_rewrite.paint.costs.matrix_intensity`) worth moving to 16 bits (0: any);
     for the cost model, the shapes the graph's placeholders are fed with (name, shape), the
@@ -98,10 +99,13 @@ def rewrite(graph: Graph, rules: RuleSet, target: Target, *,
     check_input(graph)
     before = Before(graph)
     upgraded = upgrades.upgrade(graph, target.device)
-    painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device, keep=keep,
-                     lowp_io=lowp_io, min_intensity=target.min_intensity, ranges=ranges,
-                     headroom=headroom, input_shapes=dict(target.input_shapes),
-                     batch=target.batch, costs=target.costs)
+    if target.dtype == "float32":
+        painting = paint_float32(graph, rules, device=target.device, keep=keep)
+    else:
+        painting = paint(graph, rules, target=TARGETS[target.dtype], device=target.device,
+                         keep=keep, lowp_io=lowp_io, min_intensity=target.min_intensity,
+                         ranges=ranges, headroom=headroom, input_shapes=dict(target.input_shapes),
+                         batch=target.batch, costs=target.costs)
     stats = casts.apply_painting(graph, painting, before)
     upgrades.restore(graph, upgraded)
     report = build_report(graph, before, painting, target=target.dtype, device=target.device,

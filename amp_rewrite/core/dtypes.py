@@ -31,6 +31,9 @@ FLOATING = (FLOAT, HALF, BFLOAT16, DOUBLE)
 #: the user's name of each target
 TARGETS = {"float16": HALF, "bfloat16": BFLOAT16}
 TARGET_NAMES = {dtype: name for name, dtype in TARGETS.items()}
+#: what a conversion can be for: a 16-bit target, or float32 (a model that computes in 16 bits
+#: moved back whole: docs/convert.md "Converting a converted model")
+CONVERSION_TARGETS = (*TARGETS, "float32")
 
 _REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100 in types.proto
 
@@ -72,3 +75,16 @@ SMALLEST_NORMAL = {HALF: 2.0 ** -14, BFLOAT16: 2.0 ** -126}
 #: the smallest positive subnormal of each 16-bit target: a magnitude at or below half of it
 #: rounds to zero there (float16 2**-25, bfloat16 2**-134; TensorFlow's casts keep subnormals)
 SMALLEST_SUBNORMAL = {HALF: 2.0 ** -24, BFLOAT16: 2.0 ** -133}
+
+
+def held(node_def) -> set[int]:
+    """The dtypes a NodeDef's attrs hold: its type attrs and type-list attrs, whatever their
+    names (``T``, ``DstT``, ``Tin`` ...)."""
+    out: set[int] = set()
+    for value in node_def.attr.values():
+        kind = value.WhichOneof("value")
+        if kind == "type":
+            out.add(value.type)
+        elif kind == "list":
+            out.update(value.list.type)
+    return out

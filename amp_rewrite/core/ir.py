@@ -3,7 +3,11 @@
 networkx is an implementation detail of this module: passes speak only the :class:`Graph` /
 :class:`Node` / :class:`TensorRef` vocabulary below. All edits go through a few checked
 primitives (:meth:`Graph.add_node`, :meth:`Graph.set_input`, :meth:`Graph.remove_node` ...) and
-all new names come from :meth:`Graph.unique_name`, so a conversion is deterministic.
+all new names come from :meth:`Graph.unique_name`, so a conversion is deterministic. Each
+primitive moves the graph's :attr:`Graph.version` on, and what several steps of a conversion
+work out from the whole graph (its topological order, the update region) is remembered under
+that version (:meth:`Graph.memo`): asked again of an unedited graph it costs nothing, and an
+edit drops it.
 
 Two kinds of failure: a GraphDef that TensorFlow would not import (a name used twice, an input
 naming a missing node) is the user's, an :class:`InputError` from :meth:`Graph.from_graph_def`;
@@ -106,7 +110,7 @@ class Node:
     them millions of times on large graphs; change the op with :meth:`set_op` only.
     """
 
-    __slots__ = ("proto", "meta", "name", "op", "attr")
+    __slots__ = ("proto", "meta", "name", "op", "attr", "_edits")
 
     def __init__(self, proto: node_def_pb2.NodeDef):
         self.proto = proto
@@ -114,9 +118,15 @@ class Node:
         self.name: str = proto.name
         self.op: str = proto.op
         self.attr = proto.attr   # the message's own map: edits through it edit the NodeDef
+        # the edit count of the graph holding the node (Graph.version), shared, not the graph
+        # itself: a node pointing at its graph would make every graph a reference cycle
+        self._edits: list[int] | None = None
 
     def set_op(self, op: str) -> None:
+        """Change the op: an edit of the graph holding the node (its version moves on)."""
         self.proto.op = self.op = op
+        if self._edits is not None:
+            self._edits[0] += 1
 
     @property
     def device(self) -> str:
@@ -140,6 +150,10 @@ def _data_key(port: int) -> tuple:
 
 
 _CONTROL_DATA = {"kind": _CONTROL}
+# networkx's attribute dict of every node: the IR keeps its Nodes in Graph._nodes and reads
+# no node attribute through networkx, so all nodes share one empty dict (one per node cost
+# 18 MB on a graph of 77k nodes)
+_NO_ATTRS: dict = {}
 
 
 def _orders(src_op: str, keyed: dict) -> bool:
@@ -172,6 +186,9 @@ class Graph:
         self._nodes: dict[str, Node] = {}   # the same Node objects networkx holds, by name
         # Every NodeDef ever inserted, at its id; a removed node's stays, unreachable.
         self._store = graph_pb2.GraphDef()
+        # edits so far (see version), in a list its nodes share, so Node.set_op counts too
+        self._edits = [0]
+        self._memo: dict[object, tuple[int, object]] = {}
 
     # ----------------------------------------------------------------- import / export
     @classmethod
@@ -179,20 +196,33 @@ class Graph:
         """Build the IR; raises :class:`InputError` on duplicate names or dangling inputs."""
         graph = cls()
         graph._store.node.MergeFrom(graph_def.node)
+        # the nodes, inserted as _insert does (in file order, each at its id), inline: one
+        # pass of hundreds of thousands of nodes
+        ids, name_of, nodes, edits = graph._ids, graph._name_of, graph._nodes, graph._edits
+        held, succ, pred = graph._g._node, graph._g._succ, graph._g._pred
         parsed: list[tuple[str, list[str]]] = []
-        for proto in graph._store.node:
-            name = proto.name
+        for ident, proto in enumerate(graph._store.node):
+            node = Node(proto)
+            name = node.name
             if not name:
-                raise InputError(f"a node of op {proto.op!r} has no name")
-            if name in graph._ids:
+                raise InputError(f"a node of op {node.op!r} has no name")
+            if name in ids:
                 raise InputError(f"node name {name!r} appears twice in the graph")
-            inputs = list(proto.input)
-            del proto.input[:]
-            graph._insert(Node(proto), after=None)
-            parsed.append((name, inputs))
+            node._edits = edits
+            ids[name] = ident
+            name_of.append(name)
+            nodes[name] = node
+            held[name] = _NO_ATTRS
+            succ[name], pred[name] = {}, {}
+            inputs = proto.input
+            if inputs:
+                parsed.append((name, list(inputs)))
+                del inputs[:]
+        graph._seq = list(range(len(name_of)))
+        edits[0] += len(name_of)
         # the edges, written straight into the adjacency (as _link does) and each node's
         # input list cached as it is read: one pass of hundreds of thousands of edges
-        ids, succ, pred, cache = graph._ids, graph._g._succ, graph._g._pred, graph._inputs
+        cache = graph._inputs
         shared: dict[tuple[int, int], tuple] = {}   # key and data per port pair: no call per edge
         for name, inputs in parsed:
             refs = []
@@ -202,10 +232,12 @@ class Graph:
                     if src not in ids:
                         raise InputError(f"node {name!r} has a control input from missing node {src!r}")
                 else:
-                    ref = TensorRef.parse(text)
-                    src, dst_port = ref.node, len(refs)
-                    key, data = shared.get((ref.port, dst_port)) or shared.setdefault(
-                        (ref.port, dst_port), (_data_key(dst_port), _data(ref.port, dst_port)))
+                    ref = TensorRef.parse(text) if ":" in text else TensorRef(text)
+                    src, pair = ref.node, (ref.port, len(refs))
+                    key_data = shared.get(pair)
+                    if key_data is None:
+                        key_data = shared[pair] = (_data_key(pair[1]), _data(*pair))
+                    key, data = key_data
                     if src not in ids:
                         raise InputError(f"node {name!r} reads missing node {src!r}")
                     refs.append(ref)
@@ -226,12 +258,17 @@ class Graph:
         out.Clear()
         if template is not None:
             copy_except(template, out, "node")
-        nodes = self._nodes
-        for name in self.names():
-            nd = out.node.add()
-            nd.CopyFrom(nodes[name].proto)
-            nd.input.extend([str(ref) for ref in self.inputs(name)]
-                            + ["^" + src for src in self.control_inputs(name)])
+        names = self.names()
+        nodes, pred = self._nodes, self._g._pred
+        out.node.extend([nodes[name].proto for name in names])   # copied in one call
+        for nd, name in zip(out.node, names):
+            texts = [str(ref) for ref in self.inputs(name)]
+            control = [src for src, keyed in pred[name].items() if (_CONTROL, src) in keyed]
+            if control:
+                control.sort()
+                texts += ["^" + src for src in control]
+            if texts:
+                nd.input.extend(texts)
         return out
 
     def _require(self, name: str, message: str) -> None:
@@ -243,6 +280,7 @@ class Graph:
     # multigraph: _succ[u][v] and _pred[v][u] are the same {key: data} dict): its add/remove
     # methods and view objects cost more than the edit, on every edge of a large graph.
     def _link(self, src: str, dst: str, key: tuple, data: dict) -> None:
+        self._edits[0] += 1
         self._inputs.pop(dst, None)
         keyed = self._g._succ[src].get(dst)
         if keyed is None:
@@ -250,6 +288,7 @@ class Graph:
         keyed[key] = data
 
     def _unlink(self, src: str, dst: str, key: tuple) -> None:
+        self._edits[0] += 1
         self._inputs.pop(dst, None)
         keyed = self._g._succ[src][dst]
         del keyed[key]
@@ -257,11 +296,13 @@ class Graph:
             del self._g._succ[src][dst], self._g._pred[dst][src]
 
     def _insert(self, node: Node, after: str | None) -> None:
+        self._edits[0] += 1
+        node._edits = self._edits
         ident = len(self._name_of)
         self._name_of.append(node.name)
         self._ids[node.name] = ident
         self._nodes[node.name] = node
-        self._g._node[node.name] = {"node": node}
+        self._g._node[node.name] = _NO_ATTRS
         self._g._succ[node.name] = {}
         self._g._pred[node.name] = {}
         if after is None:
@@ -296,6 +337,25 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    @property
+    def version(self) -> int:
+        """A count that moves on with every edit by a primitive (a node added or removed, an
+        edge made or dropped, an op changed by :meth:`Node.set_op`): what is worked out from
+        the graph's nodes, ops and edges holds while it stays the same. Attrs edited in place
+        (dtypes set through ``Node.attr``) do not move it."""
+        return self._edits[0]
+
+    def memo(self, key: object, compute: Callable[["Graph"], object]) -> object:
+        """``compute(self)``, remembered under ``key`` until :attr:`version` moves on: for
+        what follows from the graph's nodes, ops and edges (not from attrs edited in place),
+        worked out by several steps of one conversion."""
+        held = self._memo.get(key)
+        if held is not None and held[0] == self._edits[0]:
+            return held[1]
+        value = compute(self)
+        self._memo[key] = (self._edits[0], value)
+        return value
 
     def node(self, name: str) -> Node:
         try:
@@ -357,7 +417,11 @@ class Graph:
         self._require(name, f"no node named {name!r}")
         if not data:
             return bool(self._g._succ[name])
-        return any(key[0] == _DATA for keyed in self._g._succ[name].values() for key in keyed)
+        for keyed in self._g._succ[name].values():
+            for key in keyed:   # a loop, not any(): asked of every node of a graph
+                if key[0] == _DATA:
+                    return True
+        return False
 
     def read_once(self, name: str) -> bool:
         """Whether exactly one edge leaves ``name`` and it is a data edge (the one reader a
@@ -402,13 +466,40 @@ class Graph:
     def _reach(self, roots: Iterable[str], adjacency: dict, control: bool,
                stop: Collection[str], past: Callable[[Node], bool] | None,
                depth: int | None) -> set[str]:
-        """The one graph walk: breadth first over ``adjacency`` (networkx's successor or
-        predecessor dicts), without recursion, each node once, at the fewest edges from a
-        root (so ``depth`` bounds every path the walk could take)."""
-        seen: set[str] = set()
-        frontier = list(roots)
-        for name in frontier:
+        """The one graph walk over ``adjacency`` (networkx's successor or predecessor dicts),
+        without recursion, each node once. With ``depth``, breadth first, so each node is
+        reached at the fewest edges from a root and ``depth`` bounds every path the walk could
+        take; else depth first, which reaches the same set for less."""
+        roots = list(roots)
+        for name in roots:
             self._require(name, f"cannot walk from missing node {name!r}")
+        if depth is not None:
+            return self._reach_levels(roots, adjacency, control, stop, past, depth)
+        nodes, seen = self._nodes, set()
+        stack, pop, push, add = roots, roots.pop, roots.append, seen.add
+        while stack:
+            name = pop()
+            if name in seen:
+                continue
+            add(name)
+            if (stop and name in stop) or (past is not None and not past(nodes[name])):
+                continue
+            if control:
+                stack.extend(adjacency[name])
+                continue
+            for other, keyed in adjacency[name].items():
+                if other not in seen:
+                    for key in keyed:   # a data edge among the pair's (a loop, not any(): per edge)
+                        if key[0] == _DATA:
+                            push(other)
+                            break
+        return seen
+
+    def _reach_levels(self, frontier: list[str], adjacency: dict, control: bool,
+                      stop: Collection[str], past: Callable[[Node], bool] | None,
+                      depth: int) -> set[str]:
+        """:meth:`_reach` breadth first, level by level up to ``depth`` edges from a root."""
+        seen: set[str] = set()
         nodes, level = self._nodes, 0
         while frontier:
             ahead = []
@@ -474,6 +565,11 @@ class Graph:
             for name in among:
                 self._require(name, f"cannot order missing node {name!r}")
             return self._sorted(sorted(among, key=rank.__getitem__), rank, set(among))
+        # several steps of a conversion ask for it: worked out once per version of the graph
+        return list(self.memo(Graph.topological_order, Graph._whole_order))
+
+    def _whole_order(self) -> list[str]:
+        """Every node in :meth:`topological_order`'s order."""
         names = self.names()
         rank = self._ranks()
         if self._listed_in_order(names, rank):
@@ -598,9 +694,11 @@ class Graph:
         self._inputs.pop(name, None)
         for src in self._g._pred.pop(name):
             del self._g._succ[src][name]
+        self._nodes[name]._edits = None
         del self._g._succ[name], self._g._node[name], self._nodes[name]
         self._name_of[self._ids.pop(name)] = None
         self._listing = None
+        self._edits[0] += 1
 
     def copy(self) -> "Graph":
         """An independent copy: nodes (their NodeDefs and meta), edges and listing order."""
@@ -614,7 +712,8 @@ class Graph:
         for name, ident in self._ids.items():
             node = Node(protos[ident])
             node.meta = dict(self._nodes[name].meta)
-            new._g._node[name] = {"node": node}
+            node._edits = new._edits
+            new._g._node[name] = _NO_ATTRS
             new._nodes[name] = node
             new._g._succ[name] = {}
             new._g._pred[name] = {}

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow.python.eager import def_function, wrap_function
+from tensorflow.python.framework import ops
 from tensorflow.python.trackable import resource as trackable_resource
 from tensorflow.python.util import nest
 
@@ -428,7 +429,43 @@ def _freeze_one(path: Path, key: str, fn, resources: dict, kept: list[KeptVariab
         tables[name.split(":")[0]] = external
     if len(inputs) != data:
         raise UnsupportedGraphError(f"{path}: signature {key!r}: an input was lost in freezing")
+    _canonical(out, {name.split(":")[0] for name in frozen_inputs})
     return inputs, list(frozen_outputs), tables, variables
+
+
+def _canonical(graph_def, fed: set[str]) -> None:
+    """Make ``graph_def`` the same in every run, in place: without the Placeholders nothing
+    reads and nothing feeds, nor the ``_has_manual_control_dependencies`` marks, its nodes in
+    name order.
+
+    Freezing prunes the function through ``lift_to_graph``, which walks a set: the order of
+    the nodes it copies changes from one Python process to the next, and so does the number
+    of ``unused_control_flow_input`` placeholders it puts in for loop inputs not copied yet
+    (then rewires their readers to the copies), marking the nodes it gives control inputs
+    that way for tf.function's automatic control dependencies, which a frozen graph imported
+    whole never meets. A conversion is deterministic (tests/test_determinism.py): the frozen
+    graph is put in one order, those dropped. (In place: its Consts may hold gigabytes.)"""
+    _drop_dead_placeholders(graph_def.node, fed)
+    graph_def.node.sort(key=lambda node: node.name)
+    for node in graph_def.node:
+        if _MANUAL_CONTROL in node.attr:
+            del node.attr[_MANUAL_CONTROL]
+
+
+_MANUAL_CONTROL = "_has_manual_control_dependencies"
+
+
+def _drop_dead_placeholders(nodes, fed: set[str]) -> None:
+    """Delete from ``nodes`` (a GraphDef's or a function body's) the Placeholders nothing
+    among them reads and that are not in ``fed``: the ones ``lift_to_graph`` leaves (see
+    :func:`_canonical`)."""
+    read = set()
+    for node in nodes:
+        read.update(name.lstrip("^").split(":")[0] for name in node.input)
+    dead = [i for i, node in enumerate(nodes)
+            if node.op == "Placeholder" and node.name not in read and node.name not in fed]
+    for i in reversed(dead):
+        del nodes[i]
 
 
 def _signature_def(fn, inputs: list[str], outputs: list[str]) -> meta_graph_pb2.SignatureDef:
@@ -499,8 +536,11 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     times more as it saves (thirteen times their bytes in all, on a frozen model's weights):
     the SavedModel is written with its large Consts' values left out
     (:func:`~amp_rewrite.io.freezing.hollowed`), and ``saved_model.pb`` then written again
-    with them, once (:func:`_fill`); its ``fingerprint.pb`` goes, to be written again for the
+    with them, once (:func:`_finish`); its ``fingerprint.pb`` goes, to be written again for the
     bytes that stand (:func:`amp_rewrite.io.save` does)."""
+    # the functions traced here are numbered on from TensorFlow's process-wide counter, which
+    # freezing and pruning (lift_to_graph) move on by a number that changes from run to run
+    first = ops.uid()
     module = tf.Module()
     module.amp_lookup_tables = list(frozen.tables)
     functions, signatures, stored, values = {}, {}, {}, []
@@ -522,24 +562,50 @@ def write(frozen: Frozen, meta_graphs, folder: str | os.PathLike) -> None:
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
     tf.saved_model.save(module, str(folder), signatures=signatures, options=options)
     del functions, signatures, module
-    _fill(Path(folder), values)
+    _finish(Path(folder), values, first)
 
 
-def _fill(folder: Path, values: list) -> None:
-    """Put the large Consts' values (``values``: each Const's node, by the index its hollow
-    copy carries in :data:`_HOLLOW`) into the SavedModel written at ``folder``, once each."""
+def _finish(folder: Path, values: list, first: int) -> None:
+    """The SavedModel TensorFlow wrote at ``folder`` finished, read and written once: the
+    large Consts' values put in (``values``: each Const's node, by the index its hollow copy
+    carries in :data:`_HOLLOW`), once each, and the model made the same in every run: its
+    functions, and their nodes, in name order, without the placeholders nothing reads and the
+    ``_has_manual_control_dependencies`` marks (``function_from_graph_def`` copies a graph's
+    nodes in the order it walks a set, which changes from one Python process to the next),
+    the functions traced since TensorFlow's counter stood at ``first`` numbered 0, 1, ... in
+    the order they were traced (the counter moves on between them by as much as those walks
+    take), where that names no function twice. Its ``fingerprint.pb`` goes, to be written
+    again for the bytes that stand (:func:`amp_rewrite.io.save` does)."""
     path = folder / "saved_model.pb"
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString(path.read_bytes())
     filled = set()
     for meta in saved.meta_graphs:
-        for nodes in [meta.graph_def.node] + [f.node_def for f in meta.graph_def.library.function]:
+        library = meta.graph_def.library
+        for nodes in [meta.graph_def.node] + [f.node_def for f in library.function]:
             for node in nodes:
                 if _HOLLOW in node.attr:
                     index = node.attr[_HOLLOW].i
                     node.attr["value"].tensor.CopyFrom(values[index].attr["value"].tensor)
                     del node.attr[_HOLLOW]
                     filled.add(index)
+        for function in library.function:
+            returned = set(function.ret.values()) | set(function.control_ret.values())
+            _drop_dead_placeholders(function.node_def, {r.split(":")[0] for r in returned})
+            function.node_def.sort(key=lambda node: node.name)
+            for node in function.node_def:
+                if _MANUAL_CONTROL in node.attr:   # marked as it walked: see _canonical
+                    del node.attr[_MANUAL_CONTROL]
+        names = {f.signature.name for f in library.function}
+        traced = []
+        for name in names:
+            stem, _, number = name.rpartition("_")
+            if name.startswith("__inference_") and number.isdigit() and int(number) >= first:
+                traced.append((int(number), stem, name))
+        renamed = {name: f"{stem}_{rank}" for rank, (_, stem, name) in enumerate(sorted(traced))}
+        if renamed and len(set(renamed.values()) | (names - set(renamed))) == len(names):
+            _rename_functions(meta, renamed)
+        library.function.sort(key=lambda f: f.signature.name)
     if len(filled) != len(values):   # a Const TensorFlow did not write: ours to know
         raise IRError(f"{len(values) - len(filled)} of the frozen graphs' {len(values)} large "
                       "Consts are not in the SavedModel TensorFlow wrote")
@@ -549,8 +615,48 @@ def _fill(folder: Path, values: list) -> None:
     (folder / "fingerprint.pb").unlink(missing_ok=True)   # the hollow graph's
 
 
+def _rename_functions(meta: meta_graph_pb2.MetaGraphDef, renamed: dict[str, str]) -> None:
+    """Every function of ``meta`` named in ``renamed`` called by its new name, wherever a
+    SavedModel names one: the library, its gradients, function attrs of graph and function
+    nodes, the object graph's concrete functions."""
+    library = meta.graph_def.library
+    for function in library.function:
+        function.signature.name = renamed.get(function.signature.name, function.signature.name)
+    for gradient in library.gradient:
+        gradient.function_name = renamed.get(gradient.function_name, gradient.function_name)
+        gradient.gradient_func = renamed.get(gradient.gradient_func, gradient.gradient_func)
+
+    def attrs(value):
+        if value.HasField("func"):
+            value.func.name = renamed.get(value.func.name, value.func.name)
+            for inner in value.func.attr.values():
+                attrs(inner)
+        elif value.HasField("list"):
+            for func in value.list.func:
+                func.name = renamed.get(func.name, func.name)
+
+    for nodes in [meta.graph_def.node] + [f.node_def for f in library.function]:
+        for node in nodes:
+            for value in node.attr.values():
+                attrs(value)
+    objects = meta.object_graph_def
+    for old, new in renamed.items():
+        if old in objects.concrete_functions:
+            objects.concrete_functions[new].CopyFrom(objects.concrete_functions[old])
+            del objects.concrete_functions[old]
+    for obj in objects.nodes:
+        if obj.HasField("function"):
+            names = [renamed.get(n, n) for n in obj.function.concrete_functions]
+            del obj.function.concrete_functions[:]
+            obj.function.concrete_functions.extend(names)
+        elif obj.HasField("bare_concrete_function"):
+            bare = obj.bare_concrete_function
+            bare.concrete_function_name = renamed.get(bare.concrete_function_name,
+                                                      bare.concrete_function_name)
+
+
 #: the attr of a large Const written without its values: the index of its node in the list
-#: :func:`_fill` puts them back from
+#: :func:`_finish` puts them back from
 _HOLLOW = "_amp_hollow"
 
 

@@ -21,13 +21,14 @@ in the order :func:`paint` runs them, each in its own module:
    stayed float32.
 
 The graph is not changed: :mod:`amp_rewrite.transforms.casts` applies the result.
+:func:`paint_float32` is the painting of ``--target float32``: nothing goes to 16 bits.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from ..core.dtypes import HEADROOM
+from ..core.dtypes import FLOAT, HEADROOM
 from ..core.ir import Graph
 from ..rules.cost_table import CostTable
 from ..rules.loader import RuleSet
@@ -48,7 +49,8 @@ from .reasons import record
 from .state import PaintState, interface_names
 from .updates import block_updates
 
-__all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "paint"]
+__all__ = ["Decision", "LOWP_CODES", "Painting", "TNode", "interface_names", "paint",
+           "paint_float32"]
 
 
 def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
@@ -87,4 +89,18 @@ def paint(graph: Graph, rules: RuleSet, *, target: int, device: str = "GPU",
     agree_loops(s)
     agree_tensorlists(s)
     paint_feeders(s)
+    return record(s)
+
+
+def paint_float32(graph: Graph, rules: RuleSet, *, device: str = "GPU",
+                  keep: Mapping[str, tuple[str, str]] | None = None) -> Painting:
+    """The painting of ``--target float32``: no (node, type attribute) goes to 16 bits. What
+    holds state, the interface, the ``keep`` names and types that are not float32 say why as
+    in :func:`paint`; every other float32 item gets code ``target_float32``. (A model that
+    computed in 16 bits was widened before: :mod:`amp_rewrite.transforms.widen`.)"""
+    s = PaintState(graph, rules, target=FLOAT, device=device, keep=dict(keep or {}),
+                   lowp_io=False)
+    s.block_fixed(by_device=False)
+    for idx in range(len(s.items)):
+        s.blocked.setdefault(idx, Decision(False, "target_float32", "the target is float32"))
     return record(s)

@@ -40,6 +40,7 @@ from ..schema.opdefs import is_variable_write
 from ..schema.shapes import (FOLDED_DEPTH, FOLDED_OPS, Shapes, const_behind, convolution_output,
                              einsum_sizes, folded_value, parse_einsum)
 
+_IDENTITIES = frozenset({"Identity"})
 # ops a weight passes through unchanged on its way to a matrix op (or its gradient to an update)
 _PASS_THROUGH = frozenset({"Identity", "Cast", "ReadVariableOp", "Snapshot", "StopGradient",
                            "AddN", "CollectiveReduce", "CollectiveReduceV2", "NcclAllReduce",
@@ -275,14 +276,26 @@ def slow_unfused(graph: Graph, node: Node, island: set[str] | None = None,
 def _swish(graph: Graph, node: Node, x: TensorRef) -> bool:
     """x * sigmoid(x), the Mul the Sigmoid's only reader: the remapper makes it one _MklSwish.
     Keras' ``swish`` / ``silu`` computes sigmoid(beta * x) with beta a Const 1, which grappler
-    simplifies away first (a Keras 3 EfficientNet's swishes run as oneDNN's eltwise_swish)."""
+    simplifies away first (a Keras 3 EfficientNet's swishes run as oneDNN's eltwise_swish), or
+    constant folding makes an Identity of x, which grappler removes before the remapper looks
+    (a frozen Keras 3 EfficientNetV2's swishes)."""
     if not graph.read_once(node.name):
         return False
     reader, port = graph.consumers(node.name)[0]
     if graph.node(reader).op != "Mul" or port >= 2:
         return False
     other = graph.inputs(reader)[1 - port]
-    return other == x or other == _times_one(graph, x)
+    return (_past_identities(graph, other) == _past_identities(graph, x)
+            or other == _times_one(graph, x))
+
+
+def _past_identities(graph: Graph, ref: TensorRef) -> TensorRef:
+    """The tensor ``ref`` passes on through Identity ops (``ref`` itself if it is none's)."""
+    seen: set[str] = set()
+    while graph.node(ref.node).op in _IDENTITIES and ref.node not in seen and graph.inputs(ref.node):
+        seen.add(ref.node)
+        ref = graph.inputs(ref.node)[0]
+    return ref
 
 
 def _times_one(graph: Graph, ref: TensorRef) -> TensorRef | None:

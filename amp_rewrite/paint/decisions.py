@@ -15,7 +15,7 @@ TNode = tuple[str, TypeAttr]
 #: decision codes that mean "runs in the target dtype" (docs/report.md "Report schema")
 LOWP_CODES = ("allow_list", "between_allow", "follows_allow", "clear_spread", "user_force",
               "cast_retargeted", "const_converted", "variable_stored", "lowp_io",
-              "tensorlist_match")
+              "tensorlist_match", "retyped")
 
 
 @dataclass(frozen=True)

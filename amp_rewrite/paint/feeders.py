@@ -17,10 +17,13 @@ from .state import PaintState
 
 
 def paint_feeders(s: PaintState) -> None:
+    allow, blocked, fanout = s.allow, s.blocked, s.tg.fanout
     for idx, (name, attr) in enumerate(s.items):
-        node = s.nodes[name]
-        if idx in s.allow or idx in s.blocked or not s.tg.fanout[idx]:
+        # all of a node's readers in low precision: then those of this item's outputs are
+        # painted items it feeds (asked first: most items feed none)
+        if idx in allow or idx in blocked or not any(b in allow for b in fanout[idx]):
             continue
+        node = s.nodes[name]
         if not all(_reader_lowp(s, r, p) for r, p in s.graph.consumers(name)):
             if STORED_VARIABLE in node.attr and attr.attr == "dtype":
                 s.blocked[idx] = Decision(False, "variable", "variable --freeze keeps (too "

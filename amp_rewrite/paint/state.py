@@ -91,37 +91,59 @@ class PaintState:
     def node_of(self, idx: int) -> Node:
         return self.nodes[self.items[idx][0]]
 
-    def block_fixed(self) -> None:
+    def block_fixed(self, by_device: bool = True) -> None:
         """Block what no rule may paint: state, nodes placed on another device type than the
-        conversion's (grappler processes only nodes on its target device), non-float32 types,
-        user keeps, the interface."""
+        conversion's (grappler processes only nodes on its target device; not with
+        ``by_device`` False: a float32 target moves no node to 16 bits on any device),
+        non-float32 types, user keeps, the interface."""
         # whether a node holds state depends on its op and port layout alone, and nodes of
         # one layout share one NodeTypes (signatures): asked once per layout
         of_layout: dict[tuple[str, int], bool] = {}
-        holds_state = {}
-        for name, node in self.nodes.items():
-            key = (node.op, id(node_types(node)))
-            if key not in of_layout:
-                of_layout[key] = _holds_state(node)
-            holds_state[name] = of_layout[key]
+        # one Decision per reason, shared by the items it blocks (frozen: a value); the
+        # node's facts asked once for its items, which are numbered consecutively
+        said: dict[tuple, Decision] = {}
+        node_rule = self.rules.node_rule if self.rules.node_rules else lambda name: None
+        last = None
         for idx, (name, attr) in enumerate(self.items):
-            node = self.nodes[name]
-            rule = self.rules.node_rule(name)
-            placed = device_type(node, self.device)
-            if self.device not in placed:   # XLA_CPU counts as CPU, as in grappler
-                self.blocked[idx] = Decision(False, "other_device", f"placed on {node.device}, "
-                                             f"not on the {self.device} the conversion is for: "
-                                             "left as it is")
-            elif holds_state[name]:
-                self.blocked[idx] = Decision(False, "variable", "variable op: master weights stay float32")
+            if name != last:
+                last, node = name, self.nodes[name]
+                key = (node.op, id(node_types(node)))
+                holds = of_layout.get(key)
+                if holds is None:
+                    holds = of_layout[key] = holds_state(node)
+                rule = node_rule(name)
+                placed = self.device in device_type(node, self.device)
+            if by_device and not placed:   # XLA_CPU counts as CPU, as in grappler
+                why = ("other_device", node.device)
+            elif holds:
+                why = ("variable",)
             elif get_dtype(node, attr) != FLOAT:
-                self.blocked[idx] = Decision(False, "not_float32", f"type {attr} is "
-                                             f"{dtype_name(get_dtype(node, attr))}, not float32")
+                why = ("not_float32", attr, get_dtype(node, attr))
             elif rule is not None and rule.action == "keep_fp32":
-                self.blocked[idx] = Decision(False, "user_keep", f"kept float32 by override "
-                                             f"{rule.pattern} ({rule.source})")
+                why = ("user_keep", rule.pattern, rule.source)
             elif name in self.interface:
-                self.blocked[idx] = Decision(False, *self.interface[name])
+                why = ("interface",) + self.interface[name]
+            else:
+                continue
+            decision = said.get(why)
+            if decision is None:
+                decision = said[why] = self._fixed(why)
+            self.blocked[idx] = decision
+
+    def _fixed(self, why: tuple) -> Decision:
+        """The Decision :meth:`block_fixed` gives for ``why``: a code and what its text says."""
+        code = why[0]
+        if code == "other_device":
+            return Decision(False, "other_device", f"placed on {why[1]}, not on the "
+                            f"{self.device} the conversion is for: left as it is")
+        if code == "variable":
+            return Decision(False, "variable", "variable op: master weights stay float32")
+        if code == "not_float32":
+            return Decision(False, "not_float32", f"type {why[1]} is {dtype_name(why[2])}, not "
+                            "float32")
+        if code == "user_keep":
+            return Decision(False, "user_keep", f"kept float32 by override {why[1]} ({why[2]})")
+        return Decision(False, *why[1:])   # the interface's (code, reason)
 
 
 def interface_names(graph: Graph, keep: Mapping[str, tuple[str, str]],
@@ -154,7 +176,9 @@ def _reads_ref(graph: Graph, node: Node) -> bool:
     return False
 
 
-def _holds_state(node: Node) -> bool:
+def holds_state(node: Node) -> bool:
+    """Whether ``node`` holds or moves state (a variable op, or a ref or resource port): its
+    dtypes are the stored ones, which no conversion changes."""
     if node.op in VARIABLE_OPS:
         return True
     types = node_types(node)

@@ -180,8 +180,9 @@ class Report:
         sentence saying it is a float32 model and the codes that kept them, most first; else
         None. The summary prints it, and a conversion warns it."""
         matrix = [n for n in self._counted()[0] if n.op in MATRIX_OPS]
-        if not matrix or any(computes_in(n) not in ("float32", "none") for n in matrix):
-            return None
+        if self.target == "float32" or not matrix or any(
+                computes_in(n) not in ("float32", "none") for n in matrix):
+            return None   # (a float32 model is what --target float32 asks for)
         codes = Counter(n.code for n in matrix).most_common()
         return (f"the output is a float32 model: none of its {len(matrix)} MatMul/Conv-family "
                 f"ops computes in {self.target} (kept float32: "
@@ -263,7 +264,8 @@ class Report:
         """What the CLI prints: the matrix ops first, then the other float ops, plumbing apart;
         each count names the dtype it counts, and any op in another precision beside it."""
         s, t = self.summary(), self.target
-        lines = [f"target {t} on {self.device.lower()}: {s['matrix_converted']}/{s['matrix_total']} "
+        where = "" if t == "float32" else f" on {self.device.lower()}"   # float32 runs anywhere
+        lines = [f"target {t}{where}: {s['matrix_converted']}/{s['matrix_total']} "
                  f"MatMul/Conv-family ops in {t}" + _besides(s["matrix_by_dtype"], t),
                  f"other float ops: {s['float_ops_converted']}/{s['float_ops_total']} in {t}"
                  + _besides(s["float_ops_by_dtype"], t) + f"; {s['plumbing']} nodes without "
@@ -301,8 +303,8 @@ class Report:
         :meth:`find` takes it (a :class:`LookupError` with the closest names for an unknown
         one, where :meth:`node` returns None)."""
         node = self.find(name)
-        verdict = "kept float32" if node.precision == "float32" else (
-            f"runs in {node.precision}" if node.precision != "none" else "no float type")
+        verdict = _VERDICTS.get(node.code) or ("kept float32" if node.precision == "float32" else (
+            f"runs in {node.precision}" if node.precision != "none" else "no float type"))
         text = f"{node.name} ({node.op}): {verdict}: {node.reason}"
         if node.attrs:
             text += "\n  types: " + ", ".join(f"{k}={v}" for k, v in node.attrs.items())
@@ -363,6 +365,10 @@ def _besides(by_dtype: dict[str, int], target: str) -> str:
               for d, n in by_dtype.items() if d not in ("float32", "none", target)]
     return "; " + ", ".join(others) if others else ""
 
+
+# what explain says of a node whose code is not about keeping it float32: --target float32
+# asked for it, or the node is gone (conversion.widening)
+_VERDICTS = {"target_float32": "runs in float32", "cast_removed": "removed"}
 
 _KERAS_SUFFIX = re.compile(r"_\d+$")
 _TENSOR_SUFFIX = re.compile(r":\d+$")

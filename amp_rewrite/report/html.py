@@ -279,7 +279,7 @@ def _speed_figure(report: dict | None, bench: dict | None) -> str:
     if bench:
         return _figure("speed", f"{bench['speedup']:.2f}×",
                        f"the float32 model's speed, measured here (median of {bench['runs']} "
-                       f"interleaved runs each, batch {bench['batch']})")
+                       f"runs each, {bench['method']}, batch {bench['batch']})")
     measured = (report or {}).get("measured")
     if measured:
         return _figure("speed", "measured", escape(f"here, --measure: {measured['summary']}"))
@@ -302,23 +302,25 @@ def _no_estimate(report: dict | None) -> str:
 
 
 def _estimate_figure(est: dict, costs: dict | None) -> str:
-    """The cost model's estimate: what the 16-bit matrix work saves, net of what its islands
-    lose, beside the matrix work's float32 time, and the CPU whose rates it weighed with
-    (``costs``: the report's cost table); not known where it left bfloat16 matrix ops out (a
-    part would read as the whole)."""
+    """The cost model's weighing, said as what it is: what it decided with, not the model's
+    speed. Its rates are single ops'; a whole model's speed also holds what TensorFlow fuses,
+    reorders and runs in parallel, and freezing's gain, which it does not count (BENCHMARKS.md
+    "The default conversion on this CPU" has it beside the measurement)."""
     if est["unknown"]:
-        return _figure("speed", "not known", f"the cost model could not weigh {est['unknown']} "
-                       "of the bfloat16 matrix ops (their FLOPs, or their island's shapes, are "
-                       "not known); bench measures it", "muted")
+        return _figure("speed", "not predicted", f"the cost model could not weigh "
+                       f"{est['unknown']} of the bfloat16 matrix ops (their FLOPs, or their "
+                       "island's shapes, are not known); bench measures the speed", "muted")
     if not est["saved_us"]:
         return _figure("speed", "as float32", "nothing runs in bfloat16: the cost model expects "
                        "the float32 model's speed; bench measures it", "muted")
     net, us = est["saved_us"] - est["lost_us"], microseconds
-    return _figure("speed", f"{'saves' if net >= 0 else 'loses'} {us(abs(net))} µs",
-                   f"a run (a sample if the batch is open), by the cost model: the bfloat16 "
-                   f"matrix work saves {us(est['saved_us'])} µs, its islands lose "
-                   f"{us(est['lost_us'])}, of {us(est['fp32_us'])} µs in float32 "
-                   f"({escape(_rates_from(costs))}); bench measures it")
+    return _figure("speed", "not predicted",
+                   f"the cost model weighed the bfloat16 matrix work to decide what to paint: it "
+                   f"{'saves' if net >= 0 else 'loses'} {us(abs(net))} µs a run (a sample if the "
+                   f"batch is open; {us(est['saved_us'])} µs saved, {us(est['lost_us'])} lost, "
+                   f"of {us(est['fp32_us'])} µs in float32, {escape(_rates_from(costs))}); that "
+                   "is not the model's speed, which holds what TensorFlow fuses and reorders "
+                   "too: bench measures it", "muted")
 
 
 def _rates_from(costs: dict | None) -> str:
@@ -618,7 +620,7 @@ def _bench(b: dict) -> str:
     rows = [(name, b[name]["median_ms"], b[name]["p10_ms"], b[name]["p90_ms"], b[name]["throughput"])
             for name in ("original", "converted")]
     return (f"<h2>Bench: {b['speedup']:.2f}× speed-up</h2>"
-            f"<p>{b['runs']} timed runs each after {b['warmup']} warm-up, interleaved, "
+            f"<p>{b['runs']} timed runs each after {b['warmup']} warm-up, {b['method']}, "
             f"batch {b['batch']}; the ratio within single rounds ran from {b['speedup_p10']:.2f}× "
             f"(p10) to {b['speedup_p90']:.2f}× (p90).</p>"
             + _table(("model", "median (ms)", "p10 (ms)", "p90 (ms)", "samples/s"), rows, "bench"))

@@ -83,27 +83,36 @@ def update_region(graph: Graph) -> UpdateRegion:
     gradient penalty differentiates what another gradient computed; a forward loop reads its
     gradient's accumulators and is read by them): none of it is the update. The region is
     what the backward pass computes that feeds a write, and the side computations that feed
-    only it."""
+    only it. Worked out once per version of the graph (:meth:`Graph.memo`): painting and the
+    lint of an unedited graph share it."""
+    return graph.memo(update_region, _update_region)
+
+
+def _update_region(graph: Graph) -> UpdateRegion:
     names = graph.names()
-    scoped = [n for n in names if backprop_scope(n)]
+    # backprop_scope's test, its pattern looked for only in names that can hold it
+    scoped = [n for n in names if "gradient" in n and _BACKPROP_SCOPE.search(n)]
     if not scoped:
         return UpdateRegion()
-    sinks = [n for n in names if writes(graph, graph.node(n))]
+    sinks = [node.name for node in graph.nodes() if writes(graph, node)]
     if not sinks:
         return UpdateRegion()
     after = graph.descendants(scoped)
     upstream = graph.ancestors(scoped, control=False)
     backward = set(scoped) | (after & upstream)
-    computed = (after & graph.ancestors(sinks, control=False)) - backward
+    # A path from a node after the backward pass but not in it to a write stays outside it (a
+    # node on it that reached the backward pass would put the start in it too), so the walk up
+    # from the writes goes through those nodes only, not through the whole graph.
+    outside = after - backward
+    computed = graph.ancestors([s for s in sinks if s in outside], control=False,
+                               past=lambda node: node.name in outside) & outside
     if not computed:
         return UpdateRegion()
-    read = graph.ancestors(computed, control=False) - upstream - backward - computed
-    gradients: list[TensorRef] = []
-    for name in names:
-        if name not in computed:
-            continue
-        for ref in graph.inputs(name):
-            if ref.node in backward and ref not in gradients:
-                gradients.append(ref)
+    # nor does what only the update reads lie behind the forward or backward pass: the walk
+    # up from the update stops at them
+    read = graph.ancestors(computed, control=False, past=lambda node: node.name not in upstream) \
+        - upstream - computed
+    gradients = dict.fromkeys(ref for name in names if name in computed
+                              for ref in graph.inputs(name) if ref.node in backward)
     return UpdateRegion(frozenset(computed), frozenset(read), frozenset(backward),
                         tuple(gradients))

@@ -14,7 +14,7 @@ import numpy as np
 from tensorflow.core.framework import tensor_pb2
 from tensorflow.python.framework import tensor_util
 
-from ..core.dtypes import DOUBLE, FLOAT, HALF, LARGEST
+from ..core.dtypes import BFLOAT16, DOUBLE, FLOAT, HALF, LARGEST
 from ..core.errors import InputError
 from ..core.ir import Node
 
@@ -104,6 +104,27 @@ def convert(node: Node, target: int) -> None:
     proto = tensor_util.make_tensor_proto(_lowp(values, target), dtype=target, shape=list(values.shape))
     node.attr["value"].tensor.CopyFrom(proto)
     node.attr["dtype"].type = target
+
+
+def widen(node: Node) -> None:
+    """Store a float16 or bfloat16 Const's values in float32, in place: the same values (every
+    16-bit value is one of float32's); a splat stays a splat."""
+    tensor = node.attr["value"].tensor
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    if (tensor.dtype in (HALF, BFLOAT16) and not tensor.tensor_content
+            and all(d >= 0 for d in dims) and len(tensor.half_val) < max(1, math.prod(dims))):
+        # a splat (or one value) lists 16-bit patterns in half_val: widen what it lists
+        low = np.float16 if tensor.dtype == HALF else ml_dtypes.bfloat16
+        listed = np.array(tensor.half_val, np.uint16).view(low).astype(np.float32)
+        del tensor.half_val[:]
+        tensor.dtype = FLOAT
+        tensor.float_val[:] = listed.tolist()
+        node.attr["dtype"].type = FLOAT
+        return
+    values = const_values(node).astype(np.float32)
+    node.attr["value"].tensor.CopyFrom(
+        tensor_util.make_tensor_proto(values, dtype=FLOAT, shape=list(values.shape)))
+    node.attr["dtype"].type = FLOAT
 
 
 def _size(tensor: tensor_pb2.TensorProto) -> int:

@@ -22,7 +22,7 @@ good only against another count of the same rows (:meth:`Shapes.guessed` tells w
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 from tensorflow.python.framework import tensor_util
@@ -34,6 +34,7 @@ Shape = tuple[int, ...]
 # from it (an open batch is -1)
 ROWS = -2
 
+_UNSET = object()   # not worked out yet (None is a shape not known)
 # ops whose output 0 has the shape of input 0
 _SAME = frozenset({
     "Identity", "Snapshot", "StopGradient", "Cast", "CheckNumerics", "PreventGradient",
@@ -42,12 +43,13 @@ _SAME = frozenset({
     "Floor", "Ceil", "Round", "Rint", "Sign", "Reciprocal", "Inv", "Softmax", "LogSoftmax",
     "BiasAdd", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "ClipByValue",
     "Sin", "Cos", "IsNan", "IsFinite", "ZerosLike", "OnesLike", "LRN", "Mish", "Gelu",
+    "LogicalNot",
     # a TF1 loop's frame boundaries pass their input on (a lowered While's, in a frozen graph)
     "Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
 })
 # ops whose every output port has a rule: a Switch's both branches are its input; a Split's and
 # SplitV's pieces (which of their inputs is the value: _VALUE)
-_PORTS = frozenset({"Switch", "RefSwitch", "Split", "SplitV"})
+_PORTS = frozenset({"Switch", "RefSwitch", "Split", "SplitV", "IdentityN"})
 _NEXT = frozenset({"NextIteration", "RefNextIteration"})
 # the rules a frozen loop needs, where no ``_output_shapes`` are left: where a node states its
 # shape (a SavedModel's function body), that comes first, as before these rules
@@ -59,7 +61,7 @@ _VALUE = {"Switch": 0, "RefSwitch": 0, "Split": 1, "SplitV": 0}
 _BROADCAST = frozenset({
     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum",
     "SquaredDifference", "Pow", "FloorDiv", "FloorMod", "Greater", "GreaterEqual", "Less",
-    "LessEqual", "Equal", "NotEqual", "SelectV2", "AddN", "BiasAddV1",
+    "LessEqual", "Equal", "NotEqual", "SelectV2", "AddN", "BiasAddV1", "LogicalAnd", "LogicalOr",
 })
 _REDUCE = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin"})
 # gradient convolutions: output 0 has the shape their sizes input holds (input_sizes of an input
@@ -69,8 +71,8 @@ _SIZED = {"Conv2DBackpropInput": 0, "DepthwiseConv2dNativeBackpropInput": 0,
 
 
 class Shapes:
-    """Shapes of one graph's tensors, worked out on demand and remembered (the graph must not
-    change while this is in use)."""
+    """Shapes of one graph's tensors, worked out on demand and remembered while the graph is
+    not edited (an edit, :attr:`Graph.version`, makes it start over)."""
 
     def __init__(self, graph: Graph, given: Mapping[str, Shape] | None = None):
         """``given``: placeholder name -> the shape it is fed with (``convert --shape``),
@@ -79,6 +81,9 @@ class Shapes:
         self.given = dict(given or {})
         self._known: dict[TensorRef, Shape | None] = {}
         self._journal: list[TensorRef] | None = None   # what a walk round a loop worked out
+        # each node's place in the graph's topological order, and the version it is of
+        self._rank: dict[str, int] | None = None
+        self._version = graph.version
 
     def elements(self, ref: TensorRef) -> int | None:
         """Elements of ``ref`` per sample (an open first dimension counts as 1), or None."""
@@ -94,35 +99,59 @@ class Shapes:
 
     def shape(self, ref: TensorRef) -> Shape | None:
         """The static shape of ``ref``, or None where it is not known."""
-        if ref not in self._known:
-            for top in self._producers_first(ref):
-                if top in self._known:
-                    continue
-                try:
-                    self._remember(top, _rule(self, top))
-                except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
-                    self._remember(top, None)   # attrs or values a rule did not expect: unknown
-        return self._known[ref]
+        known = self._known.get(ref, _UNSET)
+        if known is _UNSET or self._version != self.graph.version:
+            self._work_out([ref])
+            known = self._known[ref]
+        return known
 
-    def _producers_first(self, ref: TensorRef) -> list[TensorRef]:
-        """``ref`` and the tensors it is computed from, producers first: the IR's walk up the
-        data edges from ``ref``'s node, not past a node whose shape is known, in the IR's
-        topological order of the nodes it walked past (a loop's back edge does not order: a
-        Merge comes before its body, and its rule walks round the loop itself); of each,
+    def work_out(self, names: Iterable[str]) -> None:
+        """Work out the shapes of output 0 of each node of ``names`` and of what they are
+        computed from, in one walk and one order, where most will be asked for (the FLOPs of
+        every matrix op): what asking :meth:`shape` of each would, for one walk instead of one
+        per node."""
+        self._work_out([TensorRef(name, 0) for name in names])
+
+    def _work_out(self, refs: list[TensorRef]) -> None:
+        if self._version != self.graph.version:   # edited: what was worked out may not hold
+            self._known.clear()
+            self._rank, self._version = None, self.graph.version
+        missing = [ref for ref in refs if ref not in self._known]
+        if not missing:
+            return
+        for top in self._producers_first(missing):
+            if top in self._known:
+                continue
+            try:
+                self._remember(top, _rule(self, top))
+            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
+                self._remember(top, None)   # attrs or values a rule did not expect: unknown
+
+    def _producers_first(self, refs: list[TensorRef]) -> list[TensorRef]:
+        """``refs`` and the tensors they are computed from, producers first: the IR's walk up
+        the data edges from their nodes, not past a node whose shape is known, in the graph's
+        topological order (worked out once, not per walk: a loop's back edge does not order,
+        so a Merge comes before its body, and its rule walks round the loop itself); of each,
         output 0 and, where each output has a rule (:data:`_PORTS`), the outputs the others
         read. Another output a rule asks for is worked out then. Without recursion: chains of
         thousands of nodes are common."""
         graph, known = self.graph, self._known
-        reached = graph.ancestors([ref.node], control=False,
-                                  past=lambda node: TensorRef(node.name, 0) not in known)
-        todo = {name for name in reached if TensorRef(name, 0) not in known}
+        # (nothing known yet, as when work_out starts: nothing to stop at)
+        past = (lambda node: TensorRef(node.name, 0) not in known) if known else None
+        reached = graph.ancestors([ref.node for ref in refs], control=False, past=past)
+        if self._rank is None:
+            self._rank = {name: i for i, name in enumerate(graph.topological_order())}
+        todo = [name for name in reached if TensorRef(name, 0) not in known] if known \
+            else list(reached)
+        todo.sort(key=self._rank.__getitem__)
         order = []
-        for name in graph.topological_order(among=todo):
-            ports = {0}
-            if graph.node(name).op in _PORTS:
-                ports |= {port for port, reader, _ in graph.out_edges(name) if reader in reached}
+        for name in todo:
+            if graph.node(name).op not in _PORTS:
+                order.append(TensorRef(name, 0))
+                continue
+            ports = {0} | {port for port, reader, _ in graph.out_edges(name) if reader in reached}
             order.extend(TensorRef(name, port) for port in sorted(ports))
-        return order + [ref]
+        return order + refs
 
     def _remember(self, ref: TensorRef, shape: Shape | None) -> None:
         if self._journal is not None and ref not in self._known:
@@ -227,9 +256,12 @@ def _measured(graph: Graph, ref: TensorRef) -> TensorRef | None:
 
 
 def _const_shape(shapes: Shapes, ref: TensorRef) -> Shape | None:
-    node = shapes.graph.node(ref.node)
-    if node.op == "Const":
-        return tuple(d.size for d in node.attr["value"].tensor.tensor_shape.dim)
+    """The shape of ``ref``, read off the value where it is a Const's not worked out yet (no
+    walk for a weight)."""
+    if ref not in shapes._known:
+        node = shapes.graph.node(ref.node)
+        if node.op == "Const":
+            return tuple(d.size for d in node.attr["value"].tensor.tensor_shape.dim)
     return shapes.shape(ref)
 
 
@@ -305,8 +337,12 @@ def _pad(shapes: Shapes, inputs, node) -> Shape | None:
 
 def _port(shapes: Shapes, ref: TensorRef, node) -> Shape | None:
     """Output ``ref.port`` of a Switch (its input's shape), a Split or a SplitV (its value's,
-    cut along the axis; None where a cut size or the axis is not a Const)."""
+    cut along the axis; None where a cut size or the axis is not a Const), an IdentityN (its
+    input of that port: Keras' swish passes its value and its input on through one, for its
+    custom gradient)."""
     inputs = shapes.graph.inputs(ref.node)
+    if node.op == "IdentityN":
+        return _const_shape(shapes, inputs[ref.port]) if ref.port < len(inputs) else None
     x = _const_shape(shapes, inputs[_VALUE[node.op]])
     if x is None or node.op in ("Switch", "RefSwitch"):
         return x
@@ -338,7 +374,10 @@ def _list_item(shapes: Shapes, inputs, node) -> Shape | None:
 
 def _fill(shapes: Shapes, inputs, node) -> Shape | None:
     """A Fill's shape input (:func:`_sizes`): zeros as many as a run-time size are a recurrent
-    layer's first state."""
+    layer's first state; or the shape of a tensor it is computed from (``ones_like``)."""
+    if shapes.graph.node(inputs[0].node).op == "Shape":
+        dims = _shape_value(shapes, inputs[0])
+        return None if dims is None else tuple(int(d) for d in dims)
     return _sizes(shapes, inputs[0])
 
 
@@ -541,8 +580,112 @@ def einsum_sizes(operands: list[str], found: list[Shape]) -> dict | None:
     return sizes
 
 
+def _gather(shapes: Shapes, inputs, node) -> Shape | None:
+    """A GatherV2 (an embedding's lookup): the params' shape with the axis taken by the
+    indices' (no batch dimensions); a ResourceGather, axis 0 of its variable's shape."""
+    if node.attr["batch_dims"].i if "batch_dims" in node.attr else 0:
+        return None
+    if node.op == "ResourceGather":
+        params, axis = _stated_variable(shapes, inputs[0]), 0
+    else:
+        params, axis = shapes.shape(inputs[0]), shapes.value(inputs[2])
+    indices = shapes.shape(inputs[1])
+    if params is None or indices is None or axis is None:
+        return None
+    axis = int(axis) % len(params)
+    return params[:axis] + indices + params[axis + 1:]
+
+
+def _stated_variable(shapes: Shapes, ref: TensorRef) -> Shape | None:
+    """The shape of the variable a resource handle ``ref`` is (a VarHandleOp's ``shape``)."""
+    node = shapes.graph.node(ref.node)
+    if node.op != "VarHandleOp" or node.attr["shape"].shape.unknown_rank:
+        return None
+    return tuple(d.size for d in node.attr["shape"].shape.dim)
+
+
 def _reshaped(shapes: Shapes, inputs, node) -> Shape | None:
-    return _reshape(shapes.shape(inputs[0]), shapes.value(inputs[1]))
+    target = shapes.value(inputs[1])
+    if target is None:
+        target = _shape_value(shapes, inputs[1])
+    return _reshape(shapes.shape(inputs[0]), target)
+
+
+# ops of the small integer arithmetic a model computes a reshape's target with from a tensor's
+# shape (Keras' Reshape layer: the batch of ``tf.shape(x)`` packed with the dimensions it
+# states), worked out from the shapes known: an open dimension stays -1, as a reshape's target
+# takes it
+_SHAPE_ARITHMETIC = frozenset({"Shape", "StridedSlice", "Pack", "ConcatV2", "Cast", "Identity",
+                               "GatherV2", "Prod", "Mul"})
+
+
+def _shape_value(shapes: Shapes, ref: TensorRef) -> np.ndarray | None:
+    """The value of ``ref`` where it is that arithmetic (:data:`_SHAPE_ARITHMETIC`) on Consts
+    and on the shapes of tensors, or None; its producers worked out first, without recursion."""
+    graph, found = shapes.graph, {}
+    stack = [(ref, False)]
+    while stack:
+        top, ready = stack.pop()
+        if top in found:
+            continue
+        const = shapes.value(top)
+        node = graph.node(top.node)
+        if const is not None or node.op not in _SHAPE_ARITHMETIC or top.port != 0:
+            found[top] = const
+            continue
+        inputs = graph.inputs(top.node)
+        operands = (inputs if node.op in ("Pack", "Mul") else inputs[:-1]
+                    if node.op == "ConcatV2" else inputs[:1])
+        if node.op == "Shape":
+            shape = shapes.shape(inputs[0])
+            found[top] = None if shape is None else np.array(shape, np.int64)
+            continue
+        if not ready:
+            stack.append((top, True))
+            stack.extend((r, False) for r in operands if r not in found)
+            continue
+        values = [found.get(r) for r in operands]
+        found[top] = None if any(v is None for v in values) else _arithmetic(
+            shapes, node, inputs, values)
+    return found[ref]
+
+
+def _arithmetic(shapes: Shapes, node, inputs, values) -> np.ndarray | None:
+    if node.op in ("Cast", "Identity"):
+        return values[0]
+    if node.op == "Mul":   # an open dimension (-1) times anything stays open
+        a, b = (np.asarray(v) for v in values)
+        return np.where((a < 0) | (b < 0), -1, a * b)
+    if node.op == "GatherV2":   # a tensordot's free or contracted dimensions of a shape
+        index, axis = shapes.value(inputs[1]), shapes.value(inputs[2])
+        x = np.asarray(values[0])
+        return (x[np.asarray(index)] if index is not None and axis is not None
+                and int(axis) == 0 and x.ndim == 1 else None)
+    if node.op == "Prod":   # the product of them; open if one is
+        axes, x = shapes.value(inputs[1]), np.asarray(values[0])
+        if axes is None or x.ndim != 1 or list(np.atleast_1d(axes)) not in ([0], [-1]):
+            return None
+        value = np.array(-1 if (x < 0).any() else int(np.prod(x)), np.int64)
+        return value.reshape(1) if "keep_dims" in node.attr and node.attr["keep_dims"].b else value
+    if node.op == "Pack":
+        return np.stack([np.asarray(v) for v in values]) if node.attr["axis"].i == 0 else None
+    if node.op == "ConcatV2":
+        axis = shapes.value(inputs[-1])
+        return (np.concatenate([np.atleast_1d(v) for v in values])
+                if axis is not None and int(axis) == 0 else None)
+    # StridedSlice of a vector: x[begin:end:stride], or x[begin] (shrink_axis_mask)
+    x = np.asarray(values[0])
+    begin, end, strides = (shapes.value(r) for r in inputs[1:4])
+    if x.ndim != 1 or begin is None or end is None or strides is None or \
+            len(np.atleast_1d(begin)) != 1 or any(node.attr[m].i for m in (
+                "ellipsis_mask", "new_axis_mask") if m in node.attr):
+        return None
+    b, e, st = (int(np.atleast_1d(v)[0]) for v in (begin, end, strides))
+    mask = {m: node.attr[m].i & 1 if m in node.attr else 0
+            for m in ("begin_mask", "end_mask", "shrink_axis_mask")}
+    if mask["shrink_axis_mask"]:
+        return x[b] if -len(x) <= b < len(x) else None
+    return x[None if mask["begin_mask"] else b:None if mask["end_mask"] else e:st]
 
 
 def _reduction(shapes: Shapes, inputs, node) -> Shape | None:
@@ -613,6 +756,7 @@ _HANDLERS = {
     "Squeeze": _squeeze, "Einsum": _einsum, "StridedSlice": _strided_slice,
     "Fill": _fill, "Merge": _merge, "RefMerge": _merge, "TensorListGetItem": _list_item,
     **dict.fromkeys(_SIZED, _sized),
+    "GatherV2": _gather, "ResourceGather": _gather,
 }
 
 

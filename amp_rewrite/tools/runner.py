@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import functools
 import logging
 import os
@@ -54,15 +53,18 @@ from ..io.load import SAVED_MODEL_FILES, Model, load
 from ..io.save import write_linked
 from ..schema.inputs import (
     InputSpec,
-    dtype_text,
+    composite_arguments,
     fitting_shape,
     input_keys,
     match_inputs,
     shape_text,
+    signature_composites,
+    split_whole_shapes,
 )
 from ..transforms.emulate import emulate_float16
+from . import composites
 from .analysis import UNSCALED_SUFFIX, Analysis, own_variables
-from .replay import SignatureReplay, saved_state, signature_call
+from .replay import SignatureReplay, saved_state, serving_meta_graph, signature_call
 from .traces import TensorInfo, Trace, reason, replay_errors, run_errors, tensor_name
 
 log = logging.getLogger(__name__)
@@ -119,10 +121,11 @@ def input_feeds(specs: Sequence[InputSpec], inputs: str | os.PathLike | None = N
     """Where ``--inputs`` and ``--shape`` become feeds, for every command that runs a model:
     the ``.npz`` file's arrays once (:func:`load_inputs`), or ``samples`` random sets
     (:func:`random_inputs`, seeds ``seed``, ``seed + 1`` ...). Every ``--shape`` name must name
-    an input, with or without ``--inputs``; with it, an array must have the shape given. An
-    iterator's output is never random: without an array it is left out, for
-    :func:`fill_iterator_inputs` (and a ``--shape`` cannot set its batches' shape)."""
-    shapes = input_shapes(specs, shapes)
+    an input, with or without ``--inputs``; with it, an array must have the shape given (a
+    RaggedTensor's or SparseTensor's arrays, the shape as a whole). An iterator's output is
+    never random: without an array it is left out, for :func:`fill_iterator_inputs` (and a
+    ``--shape`` cannot set its batches' shape)."""
+    whole, shapes = _split_shapes(specs, shapes, given=bool(inputs))
     feeds = load_inputs(inputs, specs) if inputs else None
     made = [spec for spec in specs if not spec.iterator]
     for name, given in shapes.items():
@@ -133,33 +136,83 @@ def input_feeds(specs: Sequence[InputSpec], inputs: str | os.PathLike | None = N
             raise InputError(f"--shape {name}={','.join(map(str, given))}: {inputs} holds "
                              f"{name} with shape {shape_text(feeds[name].shape)}")
     if inputs:
+        _check_whole_shapes(whole, specs, feeds, inputs)
         return [feeds]
-    fixed = {spec.name: concrete_shape(spec, shapes) for spec in made}  # warns once
+    batch = next((dims[0] for dims in [*shapes.values(), *whole.values()] if dims), 1)
+    fixed = {spec.name: concrete_shape(spec, shapes) for spec in made  # warns once
+             if spec.composite is None}
+    fixed |= {name: composites.whole_shape(c, whole, batch)
+              for name, c in composite_arguments(made).items()}
     return [random_inputs(made, fixed, seed + i) for i in range(samples)]
+
+
+def _split_shapes(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]] | None,
+                  given: bool) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """``--shape`` split into the composite arguments' shapes as a whole (by argument) and the
+    other inputs' (by input name, each name checked by :func:`match_inputs`). A component's own
+    shape is refused where data is made (random components are no valid argument), and only
+    checked against its array where ``--inputs`` gives one (``given``)."""
+    whole, rest = split_whole_shapes(shapes or {}, specs)
+    rest = input_shapes(specs, rest)
+    part = next((s for s in specs if s.name in rest and s.composite is not None), None)
+    if part is not None and not given:
+        raise InputError(f"--shape {part.name}: input {part.label()} is part of "
+                         f"{part.composite.text()}, made whole: give the argument's shape, "
+                         f"--shape {part.composite.name}=D1,D2,... (docs/verify.md \"Ragged and "
+                         "sparse inputs\")")
+    return whole, rest
+
+
+def _check_whole_shapes(whole: Mapping[str, tuple[int, ...]], specs: Sequence[InputSpec],
+                        feeds: Mapping[str, np.ndarray], inputs) -> None:
+    for name, given in whole.items():
+        composite = composite_arguments(specs)[name]
+        held = composites.bounding_shape(composite, _parts(specs, name), feeds)
+        if held is not None and held != tuple(given):
+            raise InputError(f"--shape {name}={','.join(map(str, given))}: {inputs} holds "
+                             f"{composite.kind} {name} with shape {shape_text(held)}")
+
+
+def _parts(specs: Sequence[InputSpec], name: str) -> list[InputSpec]:
+    return [s for s in specs if s.composite is not None and s.composite.name == name]
 
 
 def random_inputs(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]] | None = None,
                   seed: int = 0) -> dict[str, np.ndarray]:
     """Random feeds, one per input: normal floats, small non-negative ints, random bools
-    (``shapes``: ``--shape``, checked by :func:`input_shapes`)."""
+    (``shapes``: ``--shape``, checked by :func:`input_shapes`); a RaggedTensor or SparseTensor
+    argument drawn whole and fed as its components (:func:`~.composites.random_composite`, at
+    ``shapes``' entry for its name, its shape as a whole)."""
     rng = np.random.default_rng(seed)
-    shapes = input_shapes(specs, shapes)
+    whole, rest = _split_shapes(specs, shapes, given=False)
+    batch = next((dims[0] for dims in [*rest.values(), *whole.values()] if dims), 1)
     feeds = {}
     for spec in specs:
-        shape = concrete_shape(spec, shapes or {})
-        np_dtype = tf.dtypes.as_dtype(spec.dtype).as_numpy_dtype
-        if spec.dtype in FLOATING:
-            value = rng.standard_normal(shape).astype(np_dtype)
-        elif spec.dtype == BOOL:
-            value = rng.random(shape) < 0.5
-        elif tf.dtypes.as_dtype(spec.dtype).is_integer:
-            # small values: integer inputs are usually indices or lengths
-            value = rng.integers(0, 4, shape).astype(np_dtype)
-        else:
-            raise InputError(f"input {spec.name!r} has dtype {tf.dtypes.as_dtype(spec.dtype).name}: "
-                             "cannot make random data for it; pass --inputs data.npz")
-        feeds[spec.name] = value
+        if spec.composite is None:
+            feeds[spec.name] = random_array(spec.dtype, concrete_shape(spec, rest), rng,
+                                            spec.name)
+        elif spec.name not in feeds:
+            name = spec.composite.name
+            shape = composites.whole_shape(spec.composite, whole, batch)
+            feeds |= composites.random_composite(spec.composite, _parts(specs, name), shape, rng,
+                                                 random_array)
     return feeds
+
+
+def random_array(dtype: int, shape: tuple[int, ...], rng: np.random.Generator,
+                 name: str = "") -> np.ndarray:
+    """Random values of ``dtype``: normal floats, small non-negative ints (integer inputs are
+    usually indices or lengths), random bools; another dtype is an InputError naming input
+    ``name``."""
+    np_dtype = tf.dtypes.as_dtype(dtype).as_numpy_dtype
+    if dtype in FLOATING:
+        return rng.standard_normal(shape).astype(np_dtype)
+    if dtype == BOOL:
+        return rng.random(shape) < 0.5
+    if tf.dtypes.as_dtype(dtype).is_integer:
+        return rng.integers(0, 4, shape).astype(np_dtype)
+    raise InputError(f"input {name!r} has dtype {tf.dtypes.as_dtype(dtype).name}: cannot make "
+                     "random data for it; pass --inputs data.npz")
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -208,7 +261,9 @@ def _first_line(exc: Exception) -> str:
 
 def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
     """Feeds from an ``.npz`` file (:func:`read_npz`) whose keys are input names (or tensor
-    names): one array for every input, and every key names one (:func:`match_inputs`); an
+    names; a RaggedTensor's or SparseTensor's components also as ``ids.values``,
+    ``ids.row_splits``: :func:`~amp_rewrite.schema.inputs.input_keys`): one array for every
+    input, and every key names one (:func:`match_inputs`); an
     iterator's output it lacks is left for :func:`fill_iterator_inputs`. Each input fed is
     logged with the shape of its array."""
     data = read_npz(path)
@@ -218,7 +273,9 @@ def load_inputs(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str
         if spec.name not in feeds:
             if spec.iterator:
                 continue
-            raise InputError(f"{path}: no array for input {spec.name!r} (keys: "
+            whole = "" if spec.composite is None else (
+                f"; give {spec.composite.text()} as {spec.composite.keys()}")
+            raise InputError(f"{path}: no array for input {spec.label()}{whole} (keys: "
                              f"{', '.join(data) or 'none'})")
         log.info("input %s: %s %s from %s", spec.name, feeds[spec.name].dtype,
                  shape_text(feeds[spec.name].shape), path)
@@ -623,12 +680,27 @@ class SavedModelRunner(Runner):
             raise InputError(f"{path}: no signature {key!r} (has: {', '.join(sorted(sigs))})")
         self.path, self.key, self._loaded, self.fn = path, key, loaded, sigs[key]
         specs = self.fn.structured_input_signature[1]
+        parts = self._composites() if len(specs) > 1 else {}
         self.inputs = [InputSpec(k, k, s.dtype.as_datatype_enum,
-                                 None if s.shape.rank is None else tuple(s.shape.as_list()))
+                                 None if s.shape.rank is None else tuple(s.shape.as_list()),
+                                 composite=parts.get(k, (None, ""))[0],
+                                 part=parts.get(k, (None, ""))[1])
                        for k, s in sorted(specs.items())]
         self.outputs = sorted(self.fn.structured_outputs)
         self._tracer: SignatureReplay | GraphRunner | None = None
         self._state = saved_state(self.fn)   # taken before any run: the checkpoint's values
+
+    def _composites(self) -> dict:
+        """The signature's inputs that are components of a RaggedTensor or SparseTensor
+        argument (:func:`~amp_rewrite.schema.inputs.signature_composites`), read off the
+        SavedModel's MetaGraph; none where our reader refuses a SavedModel TensorFlow loaded
+        (the signature then runs as before, its inputs plain)."""
+        try:
+            meta = serving_meta_graph(load(self.path), self.key)
+        except InputError as exc:
+            log.info("%s: the signature's inputs read as plain tensors: %s", self.path, exc)
+            return {}
+        return signature_composites(meta, self.key)
 
     def callable(self):
         def call(feeds):

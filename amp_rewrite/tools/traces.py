@@ -106,8 +106,11 @@ def replay_errors(path, what: str):
         raise ReplayError(f"{head}: {reason(exc)}") from exc
 
 
+#: the lines of a TensorFlow error that say where, not what: a loaded SavedModel's functions
+#: carry no Python source, so its "defined at" traceback is the line "<stack traces
+#: unavailable>", which would otherwise be the first line left
 _NOISE = ("Graph execution error", "Detected at node", "Node:", "Original stack trace", "File ",
-          "[[", "(most recent call last)")
+          "[[", "(most recent call last)", "<stack traces unavailable>")
 
 
 def reason(exc: Exception) -> str:

@@ -65,7 +65,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..core.dtypes import BFLOAT16, FLOAT, HALF, LARGEST, TARGET_NAMES, TARGETS
+from ..core.dtypes import BFLOAT16, FLOAT, HALF, LARGEST, TARGET_NAMES, TARGETS, held
 from ..core.errors import InputError
 from .runner import (
     GraphRunner,
@@ -470,15 +470,7 @@ def _dtypes_in(runner: Runner) -> set[int]:
     else:
         graph_def = runner.fn.graph.as_graph_def()
     nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    found = set()
-    for node in nodes:
-        for value in node.attr.values():
-            kind = value.WhichOneof("value")
-            if kind == "type":
-                found.add(value.type)
-            elif kind == "list":
-                found.update(value.list.type)
-    return found
+    return set().union(*map(held, nodes))
 
 
 def feed_sets(runner: Runner, inputs: str | None, samples: int, shapes: Mapping,

@@ -53,7 +53,7 @@ def apply_painting(graph: Graph, painting: Painting, before: Before) -> CastStat
     retargeted = {name for (name, attr), d in painting.decisions.items()
                   if d.code == "cast_retargeted" and attr == TypeAttr("DstT")}
     _retype(graph, painting, stats)
-    _cast_edges(graph, before, retargeted, stats)
+    cast_edges(graph, before, retargeted, stats)
     _drop_unread_casts(graph, originally_read, retargeted, stats)
     return stats
 
@@ -71,7 +71,7 @@ def _retype(graph: Graph, painting: Painting, stats: CastStats) -> None:
             stats.consts.append(name)
 
 
-def _cast_edges(graph: Graph, before: Before, retargeted: set[str], stats: CastStats) -> None:
+def cast_edges(graph: Graph, before: Before, retargeted: set[str], stats: CastStats) -> None:
     """Put a cast on every edge whose two ends now disagree (one per source tensor and dtype).
 
     The input's edges all agreed (``check_input``), so only those into or out of a node the
