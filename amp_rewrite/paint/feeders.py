@@ -18,18 +18,21 @@ from .state import PaintState
 
 def paint_feeders(s: PaintState) -> None:
     allow, blocked, fanout = s.allow, s.blocked, s.tg.fanout
+    stand_ins = {name for name, node in s.nodes.items()
+                 if node.op == "Placeholder" and STORED_VARIABLE in node.attr}
     for idx, (name, attr) in enumerate(s.items):
+        if idx in allow or idx in blocked:
+            continue
         # all of a node's readers in low precision: then those of this item's outputs are
         # painted items it feeds (asked first: most items feed none)
-        if idx in allow or idx in blocked or not any(b in allow for b in fanout[idx]):
-            continue
-        node = s.nodes[name]
-        if not all(_reader_lowp(s, r, p) for r, p in s.graph.consumers(name)):
-            if STORED_VARIABLE in node.attr and attr.attr == "dtype":
+        if not any(b in allow for b in fanout[idx]) or not all(
+                _reader_lowp(s, r, p) for r, p in s.graph.consumers(name)):
+            if name in stand_ins and attr.attr == "dtype":
                 s.blocked[idx] = Decision(False, "variable", "variable --freeze keeps (too "
                                           "large for a Const), read in float32: stored as "
                                           "float32")
             continue
+        node = s.nodes[name]
         if node.op == "Cast" and attr.attr == "DstT" and s.kernel_ok(idx):
             s.allow[idx] = Decision(True, "cast_retargeted", f"existing Cast feeds only "
                                     f"{s.tname} ops: it casts to {s.tname} instead")
