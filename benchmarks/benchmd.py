@@ -93,15 +93,6 @@ def save_results(name: str, result: dict) -> Path:
     return path
 
 
-def commit() -> str:
-    """The checkout's commit (short), and whether its working tree differs from it."""
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return head + (" with uncommitted changes" if dirty else "")
-
-
 def write_section(text: str, path: Path = BENCHMARKS) -> None:
     """Replace the section whose heading is ``text``'s first line (append it if new)."""
     heading = text.splitlines()[0].strip()

@@ -36,7 +36,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from benchmd import commit, provenance, publish  # noqa: E402
+from benchmd import provenance, publish  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
@@ -216,10 +216,10 @@ def fit(xs, ys) -> tuple[float, float]:
 
 
 def table(rows: list[dict], runs: int, measured: str = "") -> str:
-    """The section: ``measured`` (benchmd.provenance, taken as the run started), the commit,
-    what was timed and how, the table and the fits."""
+    """The section: ``measured`` (benchmd.provenance, taken as the run started: it names the
+    commit), what was timed and how, the table and the fits."""
     lines = [f"{SECTION}\n",
-             f"{measured or provenance()} Commit {commit()}.\n",
+             f"{measured or provenance()}\n",
              f"`benchmarks/scaling.py`: in-process `amp_rewrite.convert(gd, target=\"bfloat16\", "
              f"device=\"cpu\")` against grappler's `auto_mixed_precision_onednn_bfloat16` pass "
              f"alone on the same GraphDef (`tf_optimizer.OptimizeGraph`), median of {runs} runs "
