@@ -25,7 +25,7 @@ from tensorflow.python.framework import c_api_util
 from tensorflow.python.framework import function as tf_function
 
 from ..core.errors import InputError
-from ..core.ir import Graph, Node, TensorRef, copy_except
+from ..core.ir import Graph, Node, TensorRef, copy_except, unused_name
 from ..core.ops import MERGE_OPS, NEXT_ITERATION_OPS
 from ..schema.opdefs import (
     fill_defaults,
@@ -454,7 +454,8 @@ def with_stand_ins(graph_def: graph_pb2.GraphDef, custom: set[str]) -> graph_pb2
             if text.startswith("^") or _input_node(text) not in standing:
                 continue
             reader = reader or _typed(nd, calls)
-            name = _fresh(f"{_input_node(text)}/amp_stand_in", names)
+            name = unused_name(f"{_input_node(text)}/amp_stand_in", names)
+            names.add(name)
             added.append(_stand_in(name, _input_node(text), input_dtype(reader, port), nd.op))
             nd.input[port] = name
     out.node.extend(added)
@@ -470,15 +471,6 @@ def _typed(nd, calls) -> Node:
     if nd.op in calls:
         set_call_signature(node, calls[nd.op])
     return node
-
-
-def _fresh(base: str, names: set[str]) -> str:
-    name, n = base, 0
-    while name in names:
-        n += 1
-        name = f"{base}_{n}"
-    names.add(name)
-    return name
 
 
 def _stand_in(name: str, after: str, dtype: int | None, reader_op: str):

@@ -162,6 +162,16 @@ def _orders(src_op: str, keyed: dict) -> bool:
     return src_op not in NEXT_ITERATION_OPS or any(key[0] == _CONTROL for key in keyed)
 
 
+
+def unused_name(base: str, names) -> str:
+    """``base``, else ``base_1``, ``base_2`` ...: the first not in ``names`` (any container)."""
+    if base not in names:
+        return base
+    i = 1
+    while f"{base}_{i}" in names:
+        i += 1
+    return f"{base}_{i}"
+
 class Graph:
     """A TensorFlow graph as nodes with ported data edges and separate control edges.
 
@@ -617,12 +627,7 @@ class Graph:
     # ----------------------------------------------------------------- edits
     def unique_name(self, base: str) -> str:
         """A node name not yet used: ``base``, else ``base_1``, ``base_2`` ..."""
-        if base not in self._ids:
-            return base
-        i = 1
-        while f"{base}_{i}" in self._ids:
-            i += 1
-        return f"{base}_{i}"
+        return unused_name(base, self._ids)
 
     def add_node(self, op: str, name: str, inputs: Iterable[TensorRef] = (),
                  attrs: dict[str, attr_value_pb2.AttrValue] | None = None, device: str = "",

@@ -38,6 +38,7 @@ from tensorflow.python.trackable import resource as trackable_resource
 from tensorflow.python.util import nest
 
 from ..core.errors import InputError, IRError, UnsupportedGraphError
+from ..core.ir import unused_name
 from ..core.ops import STORED_VARIABLE
 from .freezing import KEPT_INDEX, StandIn, freeze_function, hollowed
 
@@ -683,7 +684,8 @@ def _serving_graph(graph_def, kept: list[KeptVariable], stored: dict, values: li
         index, dtype = int(node.attr[KEPT_INDEX].i), node.attr["dtype"].type
         if (index, dtype) not in stored:
             stored[index, dtype] = _stored_variable(kept[index], dtype)
-        handle = _unique(f"{node.name}/amp_variable", names)
+        handle = unused_name(f"{node.name}/amp_variable", names)
+        names.add(handle)
         placeholder = out.node.add(name=handle, op="Placeholder")
         placeholder.attr["dtype"].type = tf.resource.as_datatype_enum
         placeholder.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
@@ -704,15 +706,6 @@ def _stored_variable(kept: KeptVariable, dtype: int):
         return kept.variable
     return tf.Variable(tf.cast(kept.variable, tf.as_dtype(dtype)), trainable=False,
                        name=kept.name)
-
-
-def _unique(name: str, names: set[str]) -> str:
-    out, n = name, 0
-    while out in names:
-        n += 1
-        out = f"{name}_{n}"
-    names.add(out)
-    return out
 
 
 _CUSTOM_GRADIENT = "_gradient_op_type"
