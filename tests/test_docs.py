@@ -810,7 +810,8 @@ def test_every_number_is_one_of_the_checked_claims(doc):
 # run was at): rendered again, it must be the section word for word. Section -> (script in
 # benchmarks/, its function from the result to the section's text, the result's name).
 RENDERED = {"Serving SavedModels": ("serving", "table", "serving"),
-            "The default conversion on this CPU": ("default_cpu", "table", "default_cpu")}
+            "The default conversion on this CPU": ("default_cpu", "table", "default_cpu"),
+            "--freeze at scale": ("freeze_scale", "table", "freeze_scale")}
 # sections whose result is lost, with why; their own tests hold what can be held without it
 LOST = {"Serving SavedModels": "its run's --json file lived in /tmp/srv on the AMX machine that "
         "ran it (BENCHMARKS.md names the command) and was never committed; the next run keeps "
