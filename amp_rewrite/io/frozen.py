@@ -430,14 +430,14 @@ def _freeze_one(path: Path, key: str, fn, resources: dict, kept: list[KeptVariab
         tables[name.split(":")[0]] = external
     if len(inputs) != data:
         raise UnsupportedGraphError(f"{path}: signature {key!r}: an input was lost in freezing")
-    _canonical(out, {name.split(":")[0] for name in frozen_inputs})
+    _canonical(out.node, {name.split(":")[0] for name in frozen_inputs})
     return inputs, list(frozen_outputs), tables, variables
 
 
-def _canonical(graph_def, fed: set[str]) -> None:
-    """Make ``graph_def`` the same in every run, in place: without the Placeholders nothing
-    reads and nothing feeds, nor the ``_has_manual_control_dependencies`` marks, its nodes in
-    name order.
+def _canonical(nodes, fed: set[str]) -> None:
+    """Make ``nodes`` (a GraphDef's or a function body's) the same in every run, in place:
+    without the Placeholders nothing reads and nothing in ``fed`` feeds, nor the
+    ``_has_manual_control_dependencies`` marks, in name order.
 
     Freezing prunes the function through ``lift_to_graph``, which walks a set: the order of
     the nodes it copies changes from one Python process to the next, and so does the number
@@ -446,9 +446,9 @@ def _canonical(graph_def, fed: set[str]) -> None:
     that way for tf.function's automatic control dependencies, which a frozen graph imported
     whole never meets. A conversion is deterministic (tests/test_determinism.py): the frozen
     graph is put in one order, those dropped. (In place: its Consts may hold gigabytes.)"""
-    _drop_dead_placeholders(graph_def.node, fed)
-    graph_def.node.sort(key=lambda node: node.name)
-    for node in graph_def.node:
+    _drop_dead_placeholders(nodes, fed)
+    nodes.sort(key=lambda node: node.name)
+    for node in nodes:
         if _MANUAL_CONTROL in node.attr:
             del node.attr[_MANUAL_CONTROL]
 
@@ -592,11 +592,7 @@ def _finish(folder: Path, values: list, first: int) -> None:
                     filled.add(index)
         for function in library.function:
             returned = set(function.ret.values()) | set(function.control_ret.values())
-            _drop_dead_placeholders(function.node_def, {r.split(":")[0] for r in returned})
-            function.node_def.sort(key=lambda node: node.name)
-            for node in function.node_def:
-                if _MANUAL_CONTROL in node.attr:   # marked as it walked: see _canonical
-                    del node.attr[_MANUAL_CONTROL]
+            _canonical(function.node_def, {r.split(":")[0] for r in returned})
         names = {f.signature.name for f in library.function}
         traced = []
         for name in names:

@@ -168,11 +168,6 @@ def mac_dtype(implementation: str, dtype: str) -> str:
     return SIXTEEN_BIT_ISA.get(isa, {}).get(dtype, "")
 
 
-def on_sixteen_bit_unit(implementation: str, dtype: str) -> bool:
-    """Whether the ISA of ``implementation`` has instructions for ``dtype``'s 16-bit data."""
-    return bool(mac_dtype(implementation, dtype))
-
-
 def parse_onednn_log(text: str) -> tuple[list[Kernel], str]:
     """The matrix primitives executed according to a oneDNN verbose log, and the runtime line."""
     kernels, info = [], []
