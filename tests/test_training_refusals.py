@@ -226,15 +226,22 @@ def test_a_seed_that_reaches_no_write(tmp_path, capsys):
     assert not [n for n in _downstream(graph_def.node, ["x"]) if by_name[n].op.startswith(WRITES)]
 
 
+def _digits_inputs():
+    """In the graph being built: the digits' features ``x`` and labels ``y`` as placeholders,
+    and a resource variable ``w`` of softmax-regression weights."""
+    x = v1.placeholder(tf.float32, [None, 64], name="x")
+    y = v1.placeholder(tf.int64, [None], name="y")
+    w = v1.get_variable("w", initializer=np.random.default_rng(0).normal(
+        0, 0.1, (64, 10)).astype(np.float32), use_resource=True)
+    return x, y, w
+
+
 def _update_in_backprop_scope():
     """The digits regression whose optimizer update is made under ``gradients/``, the scope
     tf.gradients names its backward pass by: the gradients never leave it."""
     g = tf.Graph()
     with g.as_default():
-        x = v1.placeholder(tf.float32, [None, 64], name="x")
-        y = v1.placeholder(tf.int64, [None], name="y")
-        w = v1.get_variable("w", initializer=np.random.default_rng(0).normal(
-            0, 0.1, (64, 10)).astype(np.float32), use_resource=True)
+        x, y, w = _digits_inputs()
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=y, logits=tf.matmul(x, w)), name="loss")
         grads = tf.gradients(loss, [w])
@@ -417,10 +424,7 @@ def _graph_calling_a_train_function(own_step: bool = False) -> tf.Graph:
     variable); with ``own_step``, a second model trained by the graph's own nodes too."""
     g = tf.Graph()
     with g.as_default():
-        x = v1.placeholder(tf.float32, [None, 64], name="x")
-        y = v1.placeholder(tf.int64, [None], name="y")
-        w = v1.get_variable("w", initializer=np.random.default_rng(0).normal(
-            0, 0.1, (64, 10)).astype(np.float32), use_resource=True)
+        x, y, w = _digits_inputs()
 
         @tf.function
         def step(x, y):
@@ -493,10 +497,7 @@ def test_a_train_function_called_directly(tmp_path, capsys):
     """A TF1 ``Defun`` train step: the graph calls it by its name as an op."""
     g = tf.Graph()
     with g.as_default():
-        x = v1.placeholder(tf.float32, [None, 64], name="x")
-        y = v1.placeholder(tf.int64, [None], name="y")
-        w = v1.get_variable("w", initializer=np.random.default_rng(0).normal(
-            0, 0.1, (64, 10)).astype(np.float32), use_resource=True)
+        x, y, w = _digits_inputs()
 
         @tf1_function.Defun(tf.resource, tf.float32, tf.int64)
         def step(handle, x, y):
